@@ -1,0 +1,40 @@
+# KafScale developer commands. `make run` and `make test` are the two set-up commands.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := kcat etcd-server
+
+.PHONY: install run test bench system-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[s3,etcd,pipeline,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
+
+# Debian packages the integration tests use (kcat, etcd); installed only when missing.
+system-deps:
+	@missing=""; \
+	command -v kcat >/dev/null || missing="$$missing kcat"; \
+	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+test: install system-deps
+	@# pytest exit code 5 (nothing collected) is not a failure of the suite
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+bench: install
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) data

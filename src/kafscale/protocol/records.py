@@ -1,0 +1,340 @@
+"""Kafka v2 record batches: a zero-copy header view for the produce/fetch paths, and a
+full decoder (with decompression) for tests, the CLI and the Spark reader.
+
+The broker itself never decodes records: it validates the CRC32C of each batch, patches
+the base offset and partition leader epoch in place and keeps the bytes as they came.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+import crc32c as _crc32c
+
+# Offsets of the v2 batch header fields (see the spec's "Message Batch Format").
+BASE_OFFSET = 0
+BATCH_LENGTH = 8
+PARTITION_LEADER_EPOCH = 12
+MAGIC = 16
+CRC = 17
+ATTRIBUTES = 21
+LAST_OFFSET_DELTA = 23
+FIRST_TIMESTAMP = 27
+MAX_TIMESTAMP = 35
+PRODUCER_ID = 43
+PRODUCER_EPOCH = 51
+BASE_SEQUENCE = 53
+RECORD_COUNT = 57
+HEADER_SIZE = 61
+# Bytes before the batch-length-counted part: base offset (8) + batch length (4).
+LOG_OVERHEAD = 12
+# The CRC covers everything from the attributes to the end of the batch.
+CRC_START = ATTRIBUTES
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_MASK = 0x10
+CONTROL_MASK = 0x20
+
+COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+
+
+def crc32c(data) -> int:
+    return _crc32c.crc32c(data)
+
+
+class InvalidRecordError(ValueError):
+    """A record set that cannot be accepted. `error_code` is the Kafka error to answer."""
+
+    def __init__(self, message: str, error_code: int):
+        super().__init__(message)
+        self.error_code = error_code
+
+
+# Kafka error codes used here (kept local so that protocol/ needs nothing from broker/).
+CORRUPT_MESSAGE = 2
+INVALID_RECORD = 87
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies, including offset and length prefix."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_MASK)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_MASK)
+
+
+def read_header(buf, pos: int = 0) -> BatchHeader:
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def iter_batches(buf, pos: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) for each complete batch in buf[pos:end].
+
+    A trailing partial batch (as a Fetch with a byte limit may return) is ignored.
+    """
+    end = len(buf) if end is None else end
+    while pos + HEADER_SIZE <= end:
+        header = read_header(buf, pos)
+        if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + header.size > end:
+            return
+        yield pos, header
+        pos += header.size
+
+
+def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) -> list[BatchHeader]:
+    """Check a produced record set: whole v2 batches, each with a valid CRC32C.
+
+    Returns the batch headers. Raises InvalidRecordError with the Kafka error code.
+    """
+    headers: list[BatchHeader] = []
+    pos, end = 0, len(data)
+    if end == 0:
+        raise InvalidRecordError("empty record set", INVALID_RECORD)
+    while pos < end:
+        if end - pos < MAGIC + 1:
+            raise InvalidRecordError("truncated record batch", CORRUPT_MESSAGE)
+        magic = data[pos + MAGIC]
+        if magic != 2:
+            raise InvalidRecordError(
+                f"message format v{magic} is not supported; use record batches (magic 2)",
+                UNSUPPORTED_FOR_MESSAGE_FORMAT,
+            )
+        if end - pos < HEADER_SIZE:
+            raise InvalidRecordError("truncated record batch header", CORRUPT_MESSAGE)
+        header = read_header(data, pos)
+        size = header.size
+        if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + size > end:
+            raise InvalidRecordError("record batch length exceeds the record set", CORRUPT_MESSAGE)
+        if max_batch_bytes is not None and size > max_batch_bytes:
+            raise InvalidRecordError(f"record batch of {size} bytes exceeds max.message.bytes", 10)
+        if crc32c(data[pos + CRC_START : pos + size]) != header.crc:
+            raise InvalidRecordError("record batch CRC32C mismatch", CORRUPT_MESSAGE)
+        if header.record_count < 0 or header.last_offset_delta < 0:
+            raise InvalidRecordError("negative record count or offset delta", CORRUPT_MESSAGE)
+        headers.append(header)
+        pos += size
+    return headers
+
+
+def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Set base offset and partition leader epoch in place; neither is covered by the CRC."""
+    _I64.pack_into(buf, pos + BASE_OFFSET, base_offset)
+    _I32.pack_into(buf, pos + PARTITION_LEADER_EPOCH, leader_epoch)
+
+
+def set_max_timestamp(buf: bytearray | memoryview, pos: int, size: int, timestamp: int) -> None:
+    """LogAppendTime: the broker stamps max timestamp and the timestamp-type bit, then re-CRCs.
+
+    Only the header changes; the records themselves are not touched.
+    """
+    attrs = struct.unpack_from(">h", buf, pos + ATTRIBUTES)[0] | TIMESTAMP_TYPE_MASK
+    struct.pack_into(">h", buf, pos + ATTRIBUTES, attrs)
+    _I64.pack_into(buf, pos + MAX_TIMESTAMP, timestamp)
+    struct.pack_into(">I", buf, pos + CRC, crc32c(memoryview(buf)[pos + CRC_START : pos + size]))
+
+
+# ---------------------------------------------------------------------------------------
+# Full decoding (not on the broker's hot path).
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def _read_varint(buf, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _read_varbytes(buf, pos: int) -> tuple[bytes | None, int]:
+    n, pos = _read_varint(buf, pos)
+    if n < 0:
+        return None, pos
+    return bytes(buf[pos : pos + n]), pos + n
+
+
+def _xerial_snappy_decompress(data: bytes) -> bytes:
+    # Java clients frame snappy as: 8-byte magic, version, compat, then (len, block) chunks.
+    import cramjam
+
+    out = bytearray()
+    pos = 16
+    while pos < len(data):
+        (n,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + n]))
+        pos += n
+    return bytes(out)
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def decompress(codec: int, data) -> bytes:
+    import cramjam
+
+    if codec == COMPRESSION_NONE:
+        return bytes(data)
+    if codec == COMPRESSION_GZIP:
+        return bytes(cramjam.gzip.decompress(bytes(data)))
+    if codec == COMPRESSION_SNAPPY:
+        raw = bytes(data)
+        if raw.startswith(_XERIAL_MAGIC):
+            return _xerial_snappy_decompress(raw)
+        return bytes(cramjam.snappy.decompress_raw(raw))
+    if codec == COMPRESSION_LZ4:
+        return bytes(cramjam.lz4.decompress(bytes(data)))
+    if codec == COMPRESSION_ZSTD:
+        return bytes(cramjam.zstd.decompress(bytes(data)))
+    raise ValueError(f"unknown compression codec {codec}")
+
+
+def decode_records(buf, pos: int = 0, header: BatchHeader | None = None, verify_crc: bool = True) -> list[Record]:
+    """Decode every record of the batch at buf[pos:]."""
+    header = header or read_header(buf, pos)
+    end = pos + header.size
+    if verify_crc and crc32c(memoryview(buf)[pos + CRC_START : end]) != header.crc:
+        raise InvalidRecordError(f"CRC mismatch in batch at offset {header.base_offset}", CORRUPT_MESSAGE)
+    body = buf[pos + HEADER_SIZE : end]
+    if header.compression != COMPRESSION_NONE:
+        body = decompress(header.compression, body)
+    records = []
+    p = 0
+    for _ in range(header.record_count):
+        length, p = _read_varint(body, p)
+        rec_end = p + length
+        p += 1  # attributes
+        ts_delta, p = _read_varint(body, p)
+        off_delta, p = _read_varint(body, p)
+        key, p = _read_varbytes(body, p)
+        value, p = _read_varbytes(body, p)
+        n_headers, p = _read_varint(body, p)
+        hdrs = []
+        for _ in range(n_headers):
+            hk, p = _read_varbytes(body, p)
+            hv, p = _read_varbytes(body, p)
+            hdrs.append(((hk or b"").decode("utf-8", "replace"), hv))
+        timestamp = header.max_timestamp if header.is_log_append_time else header.first_timestamp + ts_delta
+        records.append(Record(header.base_offset + off_delta, timestamp, key, value, tuple(hdrs)))
+        p = rec_end
+    return records
+
+
+# ---------------------------------------------------------------------------------------
+# Building batches (tests, CLI produce, benchmarks).
+
+
+def _varint(n: int) -> bytes:
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varbytes(b: bytes | None) -> bytes:
+    if b is None:
+        return _varint(-1)
+    return _varint(len(b)) + b
+
+
+def build_batch(
+    records: list[tuple[bytes | None, bytes | None]] | list[tuple[bytes | None, bytes | None, list]],
+    *,
+    base_offset: int = 0,
+    timestamp: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    codec: int = COMPRESSION_NONE,
+    attributes: int = 0,
+) -> bytes:
+    """Encode a v2 record batch. Each record is (key, value) or (key, value, headers)."""
+    import cramjam
+
+    body = bytearray()
+    for i, rec in enumerate(records):
+        key, value = rec[0], rec[1]
+        hdrs = rec[2] if len(rec) > 2 else []
+        r = bytearray(b"\x00")
+        r += _varint(0)  # timestamp delta
+        r += _varint(i)  # offset delta
+        r += _varbytes(key)
+        r += _varbytes(value)
+        r += _varint(len(hdrs))
+        for hk, hv in hdrs:
+            r += _varbytes(hk.encode() if isinstance(hk, str) else hk)
+            r += _varbytes(hv)
+        body += _varint(len(r)) + r
+    if codec == COMPRESSION_GZIP:
+        body = bytes(cramjam.gzip.compress(bytes(body)))
+    elif codec == COMPRESSION_SNAPPY:
+        body = bytes(cramjam.snappy.compress_raw(bytes(body)))
+    elif codec == COMPRESSION_LZ4:
+        body = bytes(cramjam.lz4.compress(bytes(body)))
+    elif codec == COMPRESSION_ZSTD:
+        body = bytes(cramjam.zstd.compress(bytes(body)))
+    attrs = (attributes & ~COMPRESSION_MASK) | codec
+    n = len(records)
+    after_crc = struct.pack(">hiqqqhii", attrs, max(n - 1, 0), timestamp, timestamp, producer_id, producer_epoch, base_sequence, n) + bytes(body)
+    batch_length = 4 + 1 + 4 + len(after_crc)
+    return struct.pack(">qiib", base_offset, batch_length, -1, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc

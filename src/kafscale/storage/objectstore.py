@@ -1,0 +1,146 @@
+"""ObjectStore: where segments live. One small async interface, several backends.
+
+The broker, the cleaner and the Spark reader only see this interface; `open_store(url)`
+picks the backend from the storage URL (`file:///dir`, `s3://bucket/prefix`).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+
+class ObjectStoreError(IOError):
+    """The store is unreachable or failed; callers answer a retriable Kafka error."""
+
+
+class ObjectNotFound(ObjectStoreError, KeyError):
+    pass
+
+
+class ObjectStore(abc.ABC):
+    @abc.abstractmethod
+    async def put(self, key: str, parts: list) -> None:
+        """Store the concatenation of `parts` (bytes-like) at `key`, atomically."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of the object (end None: to the end). Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    async def delete(self, keys: list[str]) -> None:
+        """Delete objects; missing ones are ignored."""
+
+    @abc.abstractmethod
+    async def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix`, sorted."""
+
+    async def check(self) -> None:
+        """Raise ObjectStoreError when the store is unreachable (readiness probe)."""
+        await self.list("__kafscale_health__/")
+
+    async def close(self) -> None:
+        pass
+
+
+class LocalObjectStore(ObjectStore):
+    """A directory as object store: the embedded default.
+
+    Writes go to a temp file, are fsynced and renamed into place, so a reader or a crash
+    never sees half an object.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"invalid object key {key!r}")
+        return self.root / key
+
+    def _put_sync(self, key: str, parts: list) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(parts)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    async def put(self, key: str, parts: list) -> None:
+        try:
+            await asyncio.to_thread(self._put_sync, key, parts)
+        except OSError as e:
+            raise ObjectStoreError(f"put {key}: {e}") from e
+
+    def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        try:
+            return await asyncio.to_thread(self._get_sync, key, start, end)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _delete_sync(self, keys: list[str]) -> None:
+        for key in keys:
+            try:
+                os.unlink(self._path(key))
+            except FileNotFoundError:
+                pass
+
+    async def delete(self, keys: list[str]) -> None:
+        await asyncio.to_thread(self._delete_sync, keys)
+
+    def _list_sync(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        out = []
+        if not base.exists():
+            return out
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(self._list_sync, prefix)
+
+    async def check(self) -> None:
+        if not self.root.is_dir() or not os.access(self.root, os.W_OK):
+            raise ObjectStoreError(f"{self.root} is not a writable directory")
+
+
+def open_store(url: str) -> ObjectStore:
+    """Object store for a storage URL: `file:///path` (or a plain path) or `s3://bucket/prefix`."""
+    if url.startswith("s3://"):
+        from kafscale.storage.s3 import S3ObjectStore
+
+        return S3ObjectStore.from_url(url)
+    if url.startswith("file://"):
+        return LocalObjectStore(url[len("file://") :])
+    if "://" in url:
+        raise ValueError(f"unsupported storage URL {url!r} (use file:// or s3://)")
+    return LocalObjectStore(url)

@@ -1,0 +1,178 @@
+"""Segment (.kfs) and sparse index (.index) files, byte-exact to kafscale-spec.md.
+
+Segment: 32-byte header | Kafka v2 record batches as produced | 16-byte footer.
+Index:   16-byte header | entries of (offset i64, file position i32).
+
+Shared by the broker (write and read paths) and the Spark reader, so there is one codec.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import time
+from dataclasses import dataclass
+
+from kafscale.protocol import records
+
+SEGMENT_MAGIC = 0x4B414653  # "KAFS"
+FOOTER_MAGIC = 0x454E4421  # "END!"
+INDEX_MAGIC = 0x00494458  # "IDX"
+FORMAT_VERSION = 1
+HEADER = struct.Struct(">IHHqiqI")  # magic, version, flags, base offset, count, created, reserved
+FOOTER = struct.Struct(">IqI")  # crc32c of batches, last offset, magic
+INDEX_HEADER = struct.Struct(">IHIIH")  # magic, version, entry count, interval, reserved
+INDEX_ENTRY = struct.Struct(">qi")
+HEADER_SIZE = HEADER.size
+FOOTER_SIZE = FOOTER.size
+DEFAULT_INDEX_INTERVAL = 100  # records between index entries
+
+assert HEADER_SIZE == 32 and FOOTER_SIZE == 16 and INDEX_HEADER.size == 16
+
+
+class SegmentFormatError(ValueError):
+    pass
+
+
+def segment_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
+    return f"{namespace}/{topic}/{partition}/segment-{base_offset:020d}.kfs"
+
+
+def index_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
+    return f"{namespace}/{topic}/{partition}/segment-{base_offset:020d}.index"
+
+
+def partition_prefix(namespace: str, topic: str, partition: int) -> str:
+    return f"{namespace}/{topic}/{partition}/"
+
+
+def parse_segment_key(key: str) -> int | None:
+    """Base offset of a `segment-<offset>.kfs` key, or None for any other key."""
+    name = key.rsplit("/", 1)[-1]
+    if not (name.startswith("segment-") and name.endswith(".kfs")):
+        return None
+    digits = name[len("segment-") : -len(".kfs")]
+    return int(digits) if digits.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What the metadata store records about one sealed segment."""
+
+    base_offset: int
+    last_offset: int
+    size: int  # bytes of the .kfs object
+    record_count: int
+    max_timestamp: int
+    created_ms: int
+
+
+@dataclass(slots=True)
+class EncodedSegment:
+    info: SegmentInfo
+    parts: list  # header, batch buffers..., footer: written without joining first
+    index: bytes
+
+    def segment_bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def encode(batches: list, base_offset: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL, created_ms: int | None = None) -> EncodedSegment:
+    """Wrap already-offset-patched batch buffers in a segment, and build its sparse index.
+
+    `batches` is a list of bytes-like objects, each holding one or more whole batches.
+    """
+    created_ms = int(time.time() * 1000) if created_ms is None else created_ms
+    count = 0
+    last_offset = base_offset - 1
+    max_ts = -1
+    crc = 0
+    entries: list[bytes] = []
+    since_entry = index_interval  # force an entry for the first batch
+    pos = HEADER_SIZE
+    for buf in batches:
+        crc = records._crc32c.crc32c(buf, crc)
+        for bpos, h in records.iter_batches(buf):
+            if since_entry >= index_interval:
+                entries.append(INDEX_ENTRY.pack(h.base_offset, pos + bpos))
+                since_entry = 0
+            since_entry += h.record_count
+            count += h.record_count
+            last_offset = h.last_offset
+            if h.max_timestamp > max_ts:
+                max_ts = h.max_timestamp
+        pos += len(buf)
+    size = pos + FOOTER_SIZE
+    header = HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0, base_offset, count, created_ms, 0)
+    footer = FOOTER.pack(crc, last_offset, FOOTER_MAGIC)
+    index = INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, len(entries), index_interval, 0) + b"".join(entries)
+    info = SegmentInfo(base_offset, last_offset, size, count, max_ts, created_ms)
+    return EncodedSegment(info, [header, *batches, footer], index)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedSegment:
+    info: SegmentInfo
+    data: memoryview  # the whole object; batches live in data[HEADER_SIZE : size - FOOTER_SIZE]
+
+    @property
+    def batches(self) -> memoryview:
+        return self.data[HEADER_SIZE : len(self.data) - FOOTER_SIZE]
+
+
+def decode(data, *, verify_crc: bool = True, name: str = "segment") -> DecodedSegment:
+    """Parse and check a whole segment object."""
+    mv = memoryview(data)
+    if len(mv) < HEADER_SIZE + FOOTER_SIZE:
+        raise SegmentFormatError(f"{name}: {len(mv)} bytes is too short for a segment")
+    magic, version, _flags, base_offset, count, created, _ = HEADER.unpack_from(mv, 0)
+    if magic != SEGMENT_MAGIC:
+        raise SegmentFormatError(f"{name}: bad header magic {magic:#x}")
+    if version != FORMAT_VERSION:
+        raise SegmentFormatError(f"{name}: unsupported segment version {version}")
+    crc, last_offset, fmagic = FOOTER.unpack_from(mv, len(mv) - FOOTER_SIZE)
+    if fmagic != FOOTER_MAGIC:
+        raise SegmentFormatError(f"{name}: bad footer magic (truncated object?)")
+    body = mv[HEADER_SIZE : len(mv) - FOOTER_SIZE]
+    if verify_crc and records.crc32c(body) != crc:
+        raise SegmentFormatError(f"{name}: CRC32C of the batches does not match the footer")
+    max_ts = -1
+    expected = base_offset
+    for pos, h in records.iter_batches(body):
+        if h.base_offset < expected:
+            raise SegmentFormatError(f"{name}: batch at byte {HEADER_SIZE + pos} has offset {h.base_offset} < {expected}")
+        expected = h.last_offset + 1
+        max_ts = max(max_ts, h.max_timestamp)
+    return DecodedSegment(SegmentInfo(base_offset, last_offset, len(mv), count, max_ts, created), mv)
+
+
+def decode_header(data) -> tuple[int, int, int]:
+    """(base offset, message count, created ms) from the first 32 bytes."""
+    magic, version, _f, base_offset, count, created, _ = HEADER.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC or version != FORMAT_VERSION:
+        raise SegmentFormatError("not a KafScale segment header")
+    return base_offset, count, created
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentIndex:
+    interval: int
+    offsets: list[int]
+    positions: list[int]
+
+    def lookup(self, offset: int) -> int:
+        """File position of the last indexed batch starting at or before `offset`."""
+        i = bisect.bisect_right(self.offsets, offset) - 1
+        return self.positions[i] if i >= 0 else HEADER_SIZE
+
+
+def decode_index(data) -> SegmentIndex:
+    magic, version, n, interval, _ = INDEX_HEADER.unpack_from(data, 0)
+    if magic != INDEX_MAGIC or version != FORMAT_VERSION:
+        raise SegmentFormatError("not a KafScale index")
+    offsets, positions = [], []
+    for i in range(n):
+        off, pos = INDEX_ENTRY.unpack_from(data, INDEX_HEADER.size + i * INDEX_ENTRY.size)
+        offsets.append(off)
+        positions.append(pos)
+    return SegmentIndex(interval, offsets, positions)
