@@ -58,6 +58,7 @@ class PartitionState:
     high_watermark: int = 0
     leader_epoch: int = 0
     owner: int = -1
+    epoch_start_offset: int = 0  # first offset written under leader_epoch
     segments: list[SegmentInfo] = field(default_factory=list)
     version: int = 0  # KV version of the /partitions key, for compare-and-set
 
@@ -163,6 +164,7 @@ class MetadataStore:
             "high_watermark": st.high_watermark,
             "leader_epoch": st.leader_epoch,
             "owner": st.owner,
+            "epoch_start_offset": st.epoch_start_offset,
         }
 
     async def get_partition(self, topic: str, partition: int, with_segments: bool = True) -> PartitionState | None:
@@ -182,7 +184,7 @@ class MetadataStore:
         """
         if seg.base_offset != st.high_watermark:
             raise ConflictError(f"segment base {seg.base_offset} != high watermark {st.high_watermark}")
-        new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner)
+        new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
         key = f"/partitions/{st.topic}/{st.partition}"
         txn = Txn(
             compares=[(key, st.version)],
@@ -219,6 +221,7 @@ class MetadataStore:
             st.high_watermark,
             st.leader_epoch if leader_epoch is None else leader_epoch,
             st.owner if owner is None else owner,
+            st.epoch_start_offset if leader_epoch is None or leader_epoch == st.leader_epoch else st.high_watermark,
         )
         key = f"/partitions/{st.topic}/{st.partition}"
         seg_prefix = f"/segments/{st.topic}/{st.partition}/"

@@ -71,6 +71,7 @@ class LocalObjectStore(ObjectStore):
                 f.writelines(parts)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
             try:

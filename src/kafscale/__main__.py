@@ -1,0 +1,3 @@
+from kafscale.ops.cli import main
+
+raise SystemExit(main())

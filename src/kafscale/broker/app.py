@@ -1,0 +1,60 @@
+"""The Broker: wires config, stores, logs, cluster, groups and the Kafka listener together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kafscale.broker.config import BrokerConfig
+from kafscale.broker.router import build_router
+from kafscale.broker.server import KafkaServer
+from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
+from kafscale.metadata.kv import open_kv
+from kafscale.metadata.store import MetadataStore
+from kafscale.storage.logs import LogManager
+from kafscale.storage.objectstore import open_store
+
+log = logging.getLogger("kafscale.broker")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig):
+        self.config = config
+        self.metadata = MetadataStore(open_kv(config.metadata, config.data_dir, config.metadata_prefix))
+        self.store = open_store(config.storage)
+        host, port = BrokerConfig.split_hostport(config.advertise)
+        self.cluster = SingleNodeCluster(BrokerNode(config.broker_id, host, port))
+        self.logs = LogManager(self.metadata, self.store, config, self.cluster)
+        self.router = build_router()
+        self.groups = None
+        try:
+            from kafscale.groups.coordinator import GroupCoordinator
+        except ImportError:  # coordinator not present in this build
+            GroupCoordinator = None
+        if GroupCoordinator is not None:
+            self.groups = GroupCoordinator(self.metadata, config)
+        self.server = KafkaServer(self, config)
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.cluster.start()
+        await self.logs.start()
+        if self.groups is not None:
+            await self.groups.start()
+        await self.server.start()
+
+    async def stop(self) -> None:
+        """Stop accepting, flush every buffer, release everything."""
+        await self.server.stop_accepting()
+        await self.logs.stop()
+        if self.groups is not None:
+            await self.groups.stop()
+        await self.server.close()
+        await self.cluster.stop()
+        await self.metadata.close()
+        await self.store.close()
+        self.stopped.set()
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        return self.server.address

@@ -1,0 +1,72 @@
+"""Broker settings: one dataclass, filled from command-line flags or KAFSCALE_<NAME> env vars."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class BrokerConfig:
+    listen: str = field(default="127.0.0.1:9092", metadata={"help": "HOST:PORT to accept Kafka clients on"})
+    advertise: str = field(default="", metadata={"help": "HOST:PORT given to clients (default: --listen)"})
+    data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
+    broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
+    storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
+    namespace: str = field(default="default", metadata={"help": "first component of every object key"})
+    metadata: str = field(default="embedded", metadata={"help": "metadata store: embedded or etcd://host:port[,host:port]"})
+    metadata_prefix: str = field(default="/kafscale", metadata={"help": "key prefix in etcd"})
+    http: str = field(default="127.0.0.1:9093", metadata={"help": "HOST:PORT for /metrics, /healthz, /readyz ('' disables)"})
+    max_frame_bytes: int = field(default=100 * 1024 * 1024, metadata={"help": "largest request frame accepted"})
+    flush_interval_ms: int = field(default=500, metadata={"help": "longest time a record waits in the write buffer"})
+    min_flush_interval_ms: int = field(default=-1, metadata={"help": "least time between two uploads of one partition (-1: 0 for file://, 200 for s3://)"})
+    segment_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "default segment.bytes: seal a segment at this size"})
+    auto_create_topics: bool = field(default=True, metadata={"help": "create unknown topics on Metadata requests"})
+    default_partitions: int = field(default=1, metadata={"help": "partitions of auto-created topics"})
+    cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "memory for recently written and read segments"})
+    retention_check_interval_ms: int = field(default=30_000, metadata={"help": "how often retention runs"})
+    group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
+    offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
+    lease_ttl_s: int = field(default=10, metadata={"help": "etcd lease TTL for broker liveness and ownership"})
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
+    log_format: str = field(default="text", metadata={"help": "text or json"})
+
+    def __post_init__(self) -> None:
+        if not self.advertise:
+            self.advertise = self.listen
+        if not self.storage:
+            self.storage = "file://" + os.path.abspath(os.path.join(self.data_dir, "objects"))
+        if self.min_flush_interval_ms < 0:
+            # A local directory makes an upload cheap, so acknowledge at once; on S3 every
+            # upload is a billed PUT, so batch for a while (see README: cost of latency).
+            self.min_flush_interval_ms = 200 if self.storage.startswith("s3://") else 0
+
+    @staticmethod
+    def split_hostport(value: str) -> tuple[str, int]:
+        host, _, port = value.rpartition(":")
+        return host or "0.0.0.0", int(port)
+
+
+def _parse_bool(s: str) -> bool:
+    if s.lower() in ("1", "true", "yes", "on"):
+        return True
+    if s.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a boolean: {s!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per BrokerConfig field; the default comes from KAFSCALE_<NAME> if set."""
+    for f in fields(BrokerConfig):
+        flag = "--" + f.name.replace("_", "-")
+        env = "KAFSCALE_" + f.name.upper()
+        kind = _parse_bool if f.type in (bool, "bool") else int if f.type in (int, "int") else str
+        default = os.environ.get(env)
+        help_text = f"{f.metadata.get('help', '')} (env {env})"
+        parser.add_argument(flag, dest=f.name, type=kind, default=kind(default) if default is not None else None, help=help_text)
+
+
+def from_args(ns: argparse.Namespace) -> BrokerConfig:
+    given = {f.name: getattr(ns, f.name) for f in fields(BrokerConfig) if getattr(ns, f.name, None) is not None}
+    return BrokerConfig(**given)

@@ -1,0 +1,125 @@
+"""Fetch (1): stored batches returned as they are, with a long poll over all requested
+partitions at once (MaxWaitMs / MinBytes), request and partition byte limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from kafscale.protocol.build import make, nested, response
+from kafscale.storage.logs import StorageError
+
+FETCH = 1
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 3
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID = 74, 76, 100
+
+
+class _Part:
+    __slots__ = ("topic", "index", "offset", "max_bytes", "leader_epoch", "log", "error", "chunks", "size")
+
+    def __init__(self, topic, index, offset, max_bytes, leader_epoch):
+        self.topic, self.index, self.offset, self.max_bytes, self.leader_epoch = topic, index, offset, max_bytes, leader_epoch
+        self.log = None
+        self.error = NONE
+        self.chunks = []
+        self.size = 0
+
+
+async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
+    broker = ctx.broker
+    ids = None
+    out = []
+    for ft in req.topics:
+        name = getattr(ft, "topic", None)
+        topic_id = getattr(ft, "topic_id", None)
+        if name is None and topic_id is not None:
+            if ids is None:
+                ids = {m.uuid: m.name for m in await broker.metadata.list_topics()}
+            name = ids.get(topic_id)
+        parts = []
+        for fp in ft.partitions:
+            p = _Part(name, fp.partition, fp.fetch_offset, fp.partition_max_bytes, getattr(fp, "current_leader_epoch", -1))
+            if name is None:
+                p.error = UNKNOWN_TOPIC_ID
+            else:
+                try:
+                    p.log = await broker.logs.get_log(name, fp.partition)
+                except StorageError as e:
+                    p.error = e.error_code
+            if p.log is not None and p.leader_epoch >= 0 and p.leader_epoch != p.log.leader_epoch:
+                p.error = FENCED_LEADER_EPOCH if p.leader_epoch < p.log.leader_epoch else UNKNOWN_LEADER_EPOCH
+            parts.append(p)
+        out.append(((name, topic_id), parts))
+    return out
+
+
+async def _read(parts: list[_Part], max_bytes: int) -> int:
+    """Read every partition that has data; returns the bytes gathered."""
+    total = 0
+    for p in parts:
+        if p.error or p.log is None:
+            continue
+        budget = min(p.max_bytes, max_bytes - total)
+        if budget <= 0 and total > 0:
+            continue
+        try:
+            p.chunks = await p.log.read(p.offset, max(budget, 0), at_least_one=(total == 0))
+        except StorageError as e:
+            p.error = e.error_code
+            continue
+        p.size = sum(len(c) for c in p.chunks)
+        total += p.size
+    return total
+
+
+async def fetch(ctx, req):
+    started = time.monotonic()
+    max_wait = req.max_wait.total_seconds()
+    topics = await _resolve(ctx, req)
+    parts = [p for _, ps in topics for p in ps]
+    while True:
+        total = await _read(parts, req.max_bytes)
+        remaining = max_wait - (time.monotonic() - started)
+        if total >= req.min_bytes or remaining <= 0 or any(p.error for p in parts) or not parts:
+            break
+        loop = asyncio.get_running_loop()
+        wake = loop.create_future()
+        for p in parts:
+            if p.log is not None:
+                p.log.add_data_waiter(wake)
+        try:
+            await asyncio.wait_for(wake, remaining)
+        except TimeoutError:
+            pass
+        finally:
+            for p in parts:
+                if p.log is not None:
+                    p.log.discard_data_waiter(wake)
+    cls = response(FETCH, ctx.version)
+    topic_cls = nested(cls, "FetchableTopicResponse")
+    part_cls = nested(cls, "PartitionData")
+    out = []
+    for (name, topic_id), ps in topics:
+        entries = []
+        for p in ps:
+            hw = p.log.high_watermark if p.log is not None else -1
+            lso = p.log.log_start_offset if p.log is not None else -1
+            entries.append(
+                make(
+                    part_cls,
+                    partition_index=p.index,
+                    error_code=p.error,
+                    high_watermark=hw,
+                    last_stable_offset=hw,
+                    log_start_offset=lso,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=b"".join(p.chunks) if p.chunks else b"",
+                )
+            )
+        out.append(make(topic_cls, topic=name, topic_id=topic_id, partitions=tuple(entries)))
+    return make(cls, throttle_time=0, error_code=NONE, session_id=0, responses=tuple(out))
+
+
+def register(router):
+    router.register(FETCH, fetch)

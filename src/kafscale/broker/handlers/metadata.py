@@ -1,0 +1,112 @@
+"""Metadata (3) with topic auto-creation, and DescribeCluster (60)."""
+
+from __future__ import annotations
+
+import logging
+
+from kafscale.broker import topics
+from kafscale.protocol.build import make, nested, response
+
+METADATA = 3
+DESCRIBE_CLUSTER = 60
+NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE = 0, 3, 5
+log = logging.getLogger("kafscale.metadata")
+
+
+def _topic_entry(ctx, cls, meta):
+    part_cls = nested(cls, "MetadataResponsePartition")
+    topic_cls = nested(cls, "MetadataResponseTopic")
+    cluster = ctx.broker.cluster
+    parts = []
+    for p in range(meta.partitions):
+        leader = cluster.owner_of(meta.name, p)
+        replicas = (leader,) if leader >= 0 else ()
+        parts.append(
+            make(
+                part_cls,
+                error_code=NONE if leader >= 0 else LEADER_NOT_AVAILABLE,
+                partition_index=p,
+                leader_id=leader,
+                leader_epoch=cluster.leader_epoch(meta.name, p),
+                replica_nodes=replicas,
+                isr_nodes=replicas,
+                offline_replicas=(),
+            )
+        )
+    return make(topic_cls, error_code=NONE, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
+
+
+async def metadata(ctx, req):
+    cls = response(METADATA, ctx.version)
+    topic_cls = nested(cls, "MetadataResponseTopic")
+    broker = ctx.broker
+    results = []
+    requested = req.topics
+    if requested is None or (ctx.version == 0 and len(requested) == 0):
+        for meta in sorted(await broker.metadata.list_topics(), key=lambda m: m.name):
+            results.append(_topic_entry(ctx, cls, meta))
+    else:
+        by_id = None
+        allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
+        for t in requested:
+            name = t.name
+            if name is None and getattr(t, "topic_id", None) is not None:
+                if by_id is None:
+                    by_id = {m.uuid: m for m in await broker.metadata.list_topics()}
+                meta = by_id.get(t.topic_id)
+                if meta is None:
+                    results.append(make(topic_cls, error_code=100, name=None, topic_id=t.topic_id, partitions=()))  # UNKNOWN_TOPIC_ID
+                else:
+                    results.append(_topic_entry(ctx, cls, meta))
+                continue
+            meta = await broker.logs.topic(name)
+            if meta is None:
+                meta = await broker.logs.topic(name, refresh=True)
+            if meta is None:
+                code = UNKNOWN_TOPIC_OR_PARTITION
+                try:
+                    topics.check_name(name)
+                    if allow_auto:
+                        meta = await topics.create(broker, name, -1, {})
+                        log.info("auto-created topic %s with %d partitions", name, meta.partitions)
+                except topics.TopicError as e:
+                    if e.code == topics.TOPIC_ALREADY_EXISTS:
+                        meta = await broker.logs.topic(name, refresh=True)
+                    else:
+                        code = e.code
+                if meta is None:
+                    results.append(make(topic_cls, error_code=code, name=name, partitions=()))
+                    continue
+            results.append(_topic_entry(ctx, cls, meta))
+    broker_cls = nested(cls, "MetadataResponseBroker")
+    brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in broker.cluster.brokers())
+    return make(
+        cls,
+        throttle_time=0,
+        brokers=brokers,
+        cluster_id=broker.cluster.cluster_id,
+        controller_id=broker.cluster.controller_id,
+        topics=tuple(results),
+        error_code=NONE,
+    )
+
+
+async def describe_cluster(ctx, req):
+    cls = response(DESCRIBE_CLUSTER, ctx.version)
+    b_cls = nested(cls, "DescribeClusterBroker")
+    cluster = ctx.broker.cluster
+    return make(
+        cls,
+        throttle_time=0,
+        error_code=NONE,
+        error_message=None,
+        endpoint_type=getattr(req, "endpoint_type", 1),
+        cluster_id=cluster.cluster_id,
+        controller_id=cluster.controller_id,
+        brokers=tuple(make(b_cls, broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack, is_fenced=False) for b in cluster.brokers()),
+    )
+
+
+def register(router):
+    router.register(METADATA, metadata)
+    router.register(DESCRIBE_CLUSTER, describe_cluster)

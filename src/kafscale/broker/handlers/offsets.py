@@ -1,0 +1,111 @@
+"""ListOffsets (2), DeleteRecords (21) and OffsetForLeaderEpoch (23)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kafscale.protocol.build import make, nested, response
+from kafscale.storage.logs import StorageError
+
+LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
+NONE, OFFSET_OUT_OF_RANGE, KAFKA_STORAGE_ERROR = 0, 1, 56
+FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 74, 76
+LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
+
+
+async def _list_one(ctx, topic: str, p) -> dict:
+    out = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    try:
+        lg = await ctx.broker.logs.get_log(topic, p.partition_index)
+    except StorageError as e:
+        out["error_code"] = e.error_code
+        return out
+    current = getattr(p, "current_leader_epoch", -1)
+    if current >= 0 and current != lg.leader_epoch:
+        out["error_code"] = FENCED_LEADER_EPOCH if current < lg.leader_epoch else UNKNOWN_LEADER_EPOCH
+        return out
+    ts = p.timestamp
+    out["leader_epoch"] = lg.leader_epoch
+    try:
+        if ts in (LATEST, LATEST_TIERED):
+            out["offset"] = lg.high_watermark
+        elif ts in (EARLIEST, EARLIEST_LOCAL):
+            out["offset"] = lg.log_start_offset
+        elif ts == MAX_TIMESTAMP:
+            out["offset"], out["timestamp"] = await lg.max_timestamp_offset()
+        else:
+            out["offset"], out["timestamp"] = await lg.offset_for_timestamp(ts)
+    except StorageError as e:
+        out["error_code"] = e.error_code
+    return out
+
+
+async def list_offsets(ctx, req):
+    cls = response(LIST_OFFSETS, ctx.version)
+    t_cls, p_cls = nested(cls, "ListOffsetsTopicResponse"), nested(cls, "ListOffsetsPartitionResponse")
+    topics = []
+    for t in req.topics:
+        parts = await asyncio.gather(*(_list_one(ctx, t.name, p) for p in t.partitions))
+        topics.append(make(t_cls, name=t.name, partitions=tuple(make(p_cls, **d) for d in parts)))
+    return make(cls, throttle_time=0, topics=tuple(topics))
+
+
+async def _delete_one(ctx, topic: str, p) -> dict:
+    out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": NONE}
+    try:
+        lg = await ctx.broker.logs.get_log(topic, p.partition_index)
+        target = lg.high_watermark if p.offset == -1 else p.offset
+        if target < 0 or target > lg.high_watermark:
+            out["error_code"] = OFFSET_OUT_OF_RANGE
+            return out
+        await lg.advance_log_start(target)
+        out["low_watermark"] = lg.log_start_offset
+    except StorageError as e:
+        out["error_code"] = e.error_code
+    except Exception:  # noqa: BLE001 - metadata/object store failure: retriable
+        out["error_code"] = KAFKA_STORAGE_ERROR
+    return out
+
+
+async def delete_records(ctx, req):
+    cls = response(DELETE_RECORDS, ctx.version)
+    t_cls, p_cls = nested(cls, "DeleteRecordsTopicResult"), nested(cls, "DeleteRecordsPartitionResult")
+    topics = []
+    for t in req.topics:
+        parts = await asyncio.gather(*(_delete_one(ctx, t.name, p) for p in t.partitions))
+        topics.append(make(t_cls, name=t.name, partitions=tuple(make(p_cls, **d) for d in parts)))
+    return make(cls, throttle_time=0, topics=tuple(topics))
+
+
+async def offset_for_leader_epoch(ctx, req):
+    """Each ownership change starts a new epoch at the then high watermark; with one epoch
+    known per partition here, the end offset of the current (or any later) epoch is the
+    high watermark, and of an unknown older epoch the log start (conservative)."""
+    cls = response(OFFSET_FOR_LEADER_EPOCH, ctx.version)
+    t_cls, p_cls = nested(cls, "OffsetForLeaderTopicResult"), nested(cls, "EpochEndOffset")
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            entry = {"partition": p.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
+            try:
+                lg = await ctx.broker.logs.get_log(t.topic, p.partition)
+                current = getattr(p, "current_leader_epoch", -1)
+                if current >= 0 and current != lg.leader_epoch:
+                    entry["error_code"] = FENCED_LEADER_EPOCH if current < lg.leader_epoch else UNKNOWN_LEADER_EPOCH
+                elif p.leader_epoch > lg.leader_epoch:
+                    pass  # unknown future epoch: -1/-1 as Kafka answers
+                else:
+                    end, epoch = ctx.broker.logs.epoch_end_offset(lg, p.leader_epoch)
+                    entry["leader_epoch"], entry["end_offset"] = epoch, end
+            except StorageError as e:
+                entry["error_code"] = e.error_code
+            parts.append(make(p_cls, **entry))
+        topics.append(make(t_cls, topic=t.topic, partitions=tuple(parts)))
+    return make(cls, throttle_time=0, topics=tuple(topics))
+
+
+def register(router):
+    router.register(LIST_OFFSETS, list_offsets)
+    router.register(DELETE_RECORDS, delete_records)
+    router.register(OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch)

@@ -1,0 +1,109 @@
+"""Produce (0): validate each batch (magic, CRC32C, size), assign offsets in place, and
+answer once the flush that holds the batches is durable. Batches are never decompressed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kafscale.protocol import records
+from kafscale.protocol.build import make, nested, response
+from kafscale.storage.logs import StorageError
+
+PRODUCE = 0
+NONE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID = 0, 3, 100
+INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 17, 53
+KAFKA_STORAGE_ERROR = 56
+log = logging.getLogger("kafscale.produce")
+
+
+class _PartitionResult:
+    __slots__ = ("index", "error", "message", "base_offset", "append_time", "log_start", "waiter")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.error = NONE
+        self.message = None
+        self.base_offset = -1
+        self.append_time = -1
+        self.log_start = -1
+        self.waiter = None
+
+
+async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult) -> None:
+    broker = ctx.broker
+    try:
+        lg = await broker.logs.get_log(topic, index)
+        if data is None:
+            raise records.InvalidRecordError("null record set", records.INVALID_RECORD)
+        buf = memoryview(bytearray(data))  # writable: offsets are patched in place
+        headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
+        result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
+        result.log_start = lg.log_start_offset
+    except records.InvalidRecordError as e:
+        result.error, result.message = e.error_code, str(e)
+        log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e)
+    except StorageError as e:
+        result.error, result.message = e.error_code, str(e)
+        if e.error_code not in (UNKNOWN_TOPIC_OR_PARTITION, 6):
+            log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e)
+
+
+async def produce(ctx, req):
+    broker = ctx.broker
+    want_ack = req.acks != 0
+    by_topic: list[tuple[str | None, object, list[_PartitionResult]]] = []
+    ids = None
+    for td in req.topic_data:
+        name = getattr(td, "name", None)
+        topic_id = getattr(td, "topic_id", None)
+        if name is None and topic_id is not None:
+            if ids is None:
+                ids = {m.uuid: m.name for m in await broker.metadata.list_topics()}
+            name = ids.get(topic_id)
+        results = []
+        for pd in td.partition_data:
+            r = _PartitionResult(pd.index)
+            if req.transactional_id is not None:
+                r.error, r.message = TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
+            elif name is None:
+                r.error = UNKNOWN_TOPIC_ID
+            else:
+                await _append(ctx, name, pd.index, pd.records, want_ack, r)
+            results.append(r)
+        by_topic.append((name, topic_id, results))
+    if not want_ack:
+        return None
+    waiters = [r for _, _, rs in by_topic for r in rs if r.waiter is not None]
+    if waiters:
+        await asyncio.gather(*(r.waiter for r in waiters), return_exceptions=True)
+        for r in waiters:
+            exc = r.waiter.exception()
+            if exc is not None:
+                r.error = exc.error_code if isinstance(exc, StorageError) else KAFKA_STORAGE_ERROR
+                r.message = str(exc)
+                r.base_offset = -1
+    cls = response(PRODUCE, ctx.version)
+    topic_cls = nested(cls, "TopicProduceResponse")
+    part_cls = nested(cls, "PartitionProduceResponse")
+    out = []
+    for name, topic_id, results in by_topic:
+        parts = tuple(
+            make(
+                part_cls,
+                index=r.index,
+                error_code=r.error,
+                base_offset=r.base_offset,
+                log_append_time=r.append_time,
+                log_start_offset=r.log_start,
+                record_errors=(),
+                error_message=r.message if r.error else None,
+            )
+            for r in results
+        )
+        out.append(make(topic_cls, name=name, topic_id=topic_id, partition_responses=parts))
+    return make(cls, responses=tuple(out), throttle_time=0)
+
+
+def register(router):
+    router.register(PRODUCE, produce)

@@ -1,0 +1,94 @@
+"""CreateTopics (19), DeleteTopics (20), CreatePartitions (37)."""
+
+from __future__ import annotations
+
+import logging
+
+from kafscale.broker import topics
+from kafscale.metadata import topic_config
+from kafscale.protocol.build import make, nested, response
+
+CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
+NONE, UNKNOWN_TOPIC_ID, INVALID_REQUEST = 0, 100, 42
+log = logging.getLogger("kafscale.admin")
+
+
+async def create_topics(ctx, req):
+    cls = response(CREATE_TOPICS, ctx.version)
+    r_cls = nested(cls, "CreatableTopicResult")
+    c_cls = nested(cls, "CreatableTopicConfigs") if ctx.version >= 5 else None
+    results = []
+    for t in req.topics:
+        configs = {c.name: c.value for c in t.configs}
+        partitions = t.num_partitions
+        if t.assignments:
+            if partitions != -1:
+                results.append(make(r_cls, name=t.name, error_code=INVALID_REQUEST, error_message="give either num_partitions or assignments"))
+                continue
+            partitions = len(t.assignments)
+        try:
+            meta = await topics.create(ctx.broker, t.name, partitions, configs, replication_factor=t.replication_factor, validate_only=req.validate_only)
+        except topics.TopicError as e:
+            results.append(make(r_cls, name=t.name, error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1))
+            continue
+        if not req.validate_only:
+            log.info("created topic %s with %d partitions (client %s)", meta.name, meta.partitions, ctx.client_id)
+        effective = topic_config.effective(meta.configs)
+        cfgs = ()
+        if c_cls is not None:
+            cfgs = tuple(
+                make(c_cls, name=k, value=v, read_only=False, config_source=1 if k in meta.configs else 5, is_sensitive=False)
+                for k, v in sorted(effective.items())
+            )
+        results.append(
+            make(r_cls, name=meta.name, topic_id=meta.uuid, error_code=NONE, error_message=None, num_partitions=meta.partitions, replication_factor=1, configs=cfgs)
+        )
+    return make(cls, throttle_time=0, topics=tuple(results))
+
+
+async def delete_topics(ctx, req):
+    cls = response(DELETE_TOPICS, ctx.version)
+    r_cls = nested(cls, "DeletableTopicResult")
+    wanted: list[tuple[str | None, object]] = []
+    if hasattr(req, "topics"):
+        ids = None
+        for t in req.topics:
+            if t.name is None and t.topic_id is not None:
+                if ids is None:
+                    ids = {m.uuid: m.name for m in await ctx.broker.metadata.list_topics()}
+                wanted.append((ids.get(t.topic_id), t.topic_id))
+            else:
+                wanted.append((t.name, None))
+    else:
+        wanted = [(n, None) for n in req.topic_names]
+    results = []
+    for name, topic_id in wanted:
+        if name is None:
+            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=UNKNOWN_TOPIC_ID, error_message="unknown topic id"))
+            continue
+        try:
+            meta = await topics.delete(ctx.broker, name)
+            log.info("deleted topic %s (client %s)", name, ctx.client_id)
+            results.append(make(r_cls, name=name, topic_id=meta.uuid, error_code=NONE, error_message=None))
+        except topics.TopicError as e:
+            results.append(make(r_cls, name=name, topic_id=topic_id, error_code=e.code, error_message=str(e)))
+    return make(cls, throttle_time=0, responses=tuple(results))
+
+
+async def create_partitions(ctx, req):
+    cls = response(CREATE_PARTITIONS, ctx.version)
+    r_cls = nested(cls, "CreatePartitionsTopicResult")
+    results = []
+    for t in req.topics:
+        try:
+            await topics.add_partitions(ctx.broker, t.name, t.count, req.validate_only)
+            results.append(make(r_cls, name=t.name, error_code=NONE, error_message=None))
+        except topics.TopicError as e:
+            results.append(make(r_cls, name=t.name, error_code=e.code, error_message=str(e)))
+    return make(cls, throttle_time=0, results=tuple(results))
+
+
+def register(router):
+    router.register(CREATE_TOPICS, create_topics)
+    router.register(DELETE_TOPICS, delete_topics)
+    router.register(CREATE_PARTITIONS, create_partitions)

@@ -1,0 +1,74 @@
+"""Which APIs the broker implements, at which versions, and who handles them.
+
+ApiVersions is answered from this table, so the broker advertises exactly what is
+registered. Each handler module under `handlers/` has a `register(router)` function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from kafscale.protocol.codec import RequestHeader, kio_versions
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What a handler knows about the request besides its body."""
+
+    broker: "Broker"
+    header: RequestHeader
+    peer: str = ""
+
+    @property
+    def version(self) -> int:
+        return self.header.api_version
+
+    @property
+    def client_id(self) -> str | None:
+        return self.header.client_id
+
+
+# A handler takes the context and the decoded kio request; it returns the kio response,
+# or None when no response is sent (Produce with acks=0).
+Handler = Callable[[RequestContext, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handler: Handler
+
+
+class Router:
+    def __init__(self) -> None:
+        self.apis: dict[int, Api] = {}
+
+    def register(self, key: int, handler: Handler, min_version: int | None = None, max_version: int | None = None) -> None:
+        kmin, kmax = kio_versions(key)
+        lo = kmin if min_version is None else max(kmin, min_version)
+        hi = kmax if max_version is None else min(kmax, max_version)
+        self.apis[key] = Api(key, lo, hi, handler)
+
+    def get(self, key: int) -> Api | None:
+        return self.apis.get(key)
+
+
+def build_router() -> Router:
+    """The broker's full API table: every handler module registers its APIs here."""
+    import importlib
+    import pkgutil
+
+    from kafscale.broker import handlers
+
+    router = Router()
+    for info in sorted(pkgutil.iter_modules(handlers.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{handlers.__name__}.{info.name}")
+        if hasattr(module, "register"):
+            module.register(router)
+    return router

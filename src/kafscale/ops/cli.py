@@ -1,0 +1,70 @@
+"""The `kafscale` command: `broker` runs a broker; the admin and pipeline commands talk to
+a running cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from kafscale.broker import config as broker_config
+
+log = logging.getLogger("kafscale")
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from kafscale.broker.app import Broker
+    from kafscale.ops import logging_setup
+
+    cfg = broker_config.from_args(args)
+    logging_setup.setup(cfg.log_level, cfg.log_format)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # uvloop is optional at run time; plain asyncio works
+        pass
+
+    async def run() -> None:
+        broker = Broker(cfg)
+        await broker.start()
+        host, port = broker.listen_address
+        print(f"KafScale broker {cfg.broker_id} listening on {host}:{port} (advertised as {cfg.advertise}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down: stop accepting, flush buffers")
+        await broker.stop()
+        log.info("stopped")
+
+    asyncio.run(run())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kafscale", description="Kafka-compatible broker on object storage")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("broker", help="run a broker")
+    broker_config.add_arguments(b)
+    b.set_defaults(func=_run_broker)
+    try:
+        from kafscale.ops import admin_cli
+
+        admin_cli.add_commands(sub)
+    except ImportError:
+        pass
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Sans-I/O Kafka request/response codec over kio's generated schemas.
+
+Frames are `int32 length | payload`. A request payload is a header (v1, or v2 with tagged
+fields for flexible versions) followed by the body; responses carry header v0 (or v1 for
+flexible versions, except ApiVersions which always answers with header v0).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from kio.index import load_payload_module
+from kio.schema.index import api_key_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
+_I16I16I32 = struct.Struct(">hhi")
+_I32 = struct.Struct(">i")
+
+
+class FrameTooLarge(ValueError):
+    pass
+
+
+class MalformedRequest(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body_offset: int  # where the body starts in the frame payload
+
+
+@lru_cache(maxsize=None)
+def schema(api_key: int, version: int, kind: str) -> type:
+    """The kio request/response class for an API key and version."""
+    entity = EntityType.request if kind == "request" else EntityType.response
+    module = load_payload_module(api_key, version, entity)
+    name = "".join(part.title() for part in api_key_map[api_key].split("_"))
+    return getattr(module, name + ("Request" if kind == "request" else "Response"))
+
+
+def kio_versions(api_key: int) -> tuple[int, int]:
+    """The version range kio provides for an API key."""
+    from kio.schema.index import schema_name_map
+
+    versions = sorted(schema_name_map[api_key_map[api_key]])
+    return versions[0], versions[-1]
+
+
+@lru_cache(maxsize=None)
+def _reader(cls: type):
+    return entity_reader(cls)
+
+
+@lru_cache(maxsize=None)
+def _writer(cls: type):
+    return entity_writer(cls)
+
+
+def _read_uvarint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise MalformedRequest("truncated varint in request header")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise MalformedRequest("varint too long in request header")
+
+
+def decode_header(payload: memoryview, flexible: bool | None) -> RequestHeader:
+    """Parse the request header. `flexible` None: decide from the api key/version."""
+    if len(payload) < 10:
+        raise MalformedRequest(f"request header needs at least 10 bytes, got {len(payload)}")
+    api_key, api_version, correlation_id = _I16I16I32.unpack_from(payload, 0)
+    (n,) = struct.unpack_from(">h", payload, 8)
+    pos = 10
+    client_id = None
+    if n >= 0:
+        if pos + n > len(payload):
+            raise MalformedRequest("client id runs past the end of the frame")
+        client_id = bytes(payload[pos : pos + n]).decode("utf-8", "replace")
+        pos += n
+    if flexible:
+        count, pos = _read_uvarint(payload, pos)
+        for _ in range(count):
+            _tag, pos = _read_uvarint(payload, pos)
+            size, pos = _read_uvarint(payload, pos)
+            pos += size
+        if pos > len(payload):
+            raise MalformedRequest("tagged fields run past the end of the frame")
+    return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
+
+
+def peek_api(payload: memoryview) -> tuple[int, int, int]:
+    """(api key, api version, correlation id) without decoding anything else."""
+    if len(payload) < 8:
+        raise MalformedRequest(f"frame of {len(payload)} bytes is too short for a request header")
+    return _I16I16I32.unpack_from(payload, 0)
+
+
+def is_flexible(api_key: int, version: int) -> bool:
+    return bool(schema(api_key, version, "request").__flexible__)
+
+
+def decode_body(api_key: int, version: int, payload: memoryview, offset: int) -> Any:
+    cls = schema(api_key, version, "request")
+    try:
+        value, size = _reader(cls)(payload.toreadonly(), offset)
+    except Exception as e:  # kio raises various errors on short/garbled input
+        raise MalformedRequest(f"cannot decode {cls.__name__} v{version}: {e}") from e
+    if offset + size != len(payload):
+        raise MalformedRequest(
+            f"{cls.__name__} v{version}: {len(payload) - offset - size} trailing bytes after the body"
+        )
+    return value
+
+
+def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> list[bytes]:
+    """Frame a response: returns buffers to write as they are (length prefix first)."""
+    flexible_header = api_key != 18 and bool(response.__flexible__)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    buf.write(_I32.pack(correlation_id))
+    if flexible_header:
+        buf.write(b"\0")  # no tagged fields in the response header
+    _writer(type(response))(buf, response)
+    out = buf.getbuffer()
+    _I32.pack_into(out, 0, len(out) - 4)
+    del out
+    return [buf.getvalue()]
+
+
+def encode_raw_response(correlation_id: int, body: bytes, flexible_header: bool = False) -> bytes:
+    header = _I32.pack(correlation_id) + (b"\0" if flexible_header else b"")
+    return _I32.pack(len(header) + len(body)) + header + body

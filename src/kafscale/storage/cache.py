@@ -1,0 +1,91 @@
+"""Segments held in memory for the fetch path: just-flushed ones and recently read ones.
+
+A `SegmentView` is the batches of one segment with a batch-offset table, so a fetch finds
+its starting batch by bisection and returns a slice of the stored bytes (no re-encoding).
+`SegmentCache` keeps views in LRU order within a byte budget.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+
+from kafscale.protocol import records
+
+
+class SegmentView:
+    __slots__ = ("base_offset", "last_offset", "data", "batch_offsets", "batch_last_offsets", "positions", "max_timestamps")
+
+    def __init__(self, base_offset: int, data: bytes | memoryview):
+        self.base_offset = base_offset
+        self.data = memoryview(data)
+        self.batch_offsets: list[int] = []
+        self.batch_last_offsets: list[int] = []
+        self.positions: list[int] = []
+        self.max_timestamps: list[int] = []
+        for pos, h in records.iter_batches(self.data):
+            self.batch_offsets.append(h.base_offset)
+            self.batch_last_offsets.append(h.last_offset)
+            self.positions.append(pos)
+            self.max_timestamps.append(h.max_timestamp)
+        self.last_offset = self.batch_last_offsets[-1] if self.batch_last_offsets else base_offset - 1
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def batch_index(self, offset: int) -> int:
+        """Index of the batch holding `offset` (or the first batch after it)."""
+        i = bisect.bisect_right(self.batch_offsets, offset) - 1
+        if i < 0:
+            return 0
+        if self.batch_last_offsets[i] < offset:
+            return i + 1
+        return i
+
+    def read(self, offset: int, max_bytes: int, at_least_one: bool) -> memoryview:
+        """Whole batches from the one holding `offset`, up to max_bytes (KIP-74: the first
+        batch is returned whole even when larger, if `at_least_one`)."""
+        i = self.batch_index(offset)
+        if i >= len(self.positions):
+            return self.data[0:0]
+        start = self.positions[i]
+        end = start
+        for j in range(i, len(self.positions)):
+            nxt = self.positions[j + 1] if j + 1 < len(self.positions) else len(self.data)
+            if nxt - start > max_bytes and not (at_least_one and j == i):
+                break
+            end = nxt
+        return self.data[start:end]
+
+
+class SegmentCache:
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._views: OrderedDict[tuple, SegmentView] = OrderedDict()
+
+    def get(self, key: tuple) -> SegmentView | None:
+        view = self._views.get(key)
+        if view is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._views.move_to_end(key)
+        return view
+
+    def put(self, key: tuple, view: SegmentView) -> None:
+        old = self._views.pop(key, None)
+        if old is not None:
+            self.bytes -= old.nbytes
+        self._views[key] = view
+        self.bytes += view.nbytes
+        while self.bytes > self.max_bytes and len(self._views) > 1:
+            _, evicted = self._views.popitem(last=False)
+            self.bytes -= evicted.nbytes
+
+    def drop_prefix(self, prefix: tuple) -> None:
+        for key in [k for k in self._views if k[: len(prefix)] == prefix]:
+            self.bytes -= self._views.pop(key).nbytes

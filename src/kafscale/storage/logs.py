@@ -1,0 +1,601 @@
+"""Partition logs: the write buffer, group-commit flushes to the object store, the read path,
+recovery of uncommitted segments, and retention.
+
+Offsets are assigned when a batch enters the write buffer; the high watermark (what
+consumers see and what is acknowledged) only moves once the segment holding the batch is in
+the object store and committed to the metadata store. If an upload fails, every batch not
+yet durable is dropped and its producers get a retriable error, so offsets are never
+handed out twice and nothing acknowledged is ever renumbered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from dataclasses import dataclass
+
+from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.metadata.store import ConflictError, MetadataStore, PartitionState, TopicMeta
+from kafscale.metadata.topic_config import LogSettings
+from kafscale.protocol import records
+from kafscale.storage import segment
+from kafscale.storage.cache import SegmentCache, SegmentView
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+
+log = logging.getLogger("kafscale.storage")
+
+# Kafka error codes raised from storage.
+NOT_LEADER_OR_FOLLOWER = 6
+KAFKA_STORAGE_ERROR = 56
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+# Segments up to this size are read whole into the cache; larger ones by index-guided ranges.
+WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
+
+
+class StorageError(Exception):
+    def __init__(self, message: str, error_code: int = KAFKA_STORAGE_ERROR):
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@dataclass(slots=True)
+class _Pending:
+    data: memoryview
+    nbytes: int
+    waiter: asyncio.Future | None
+
+
+class PartitionLog:
+    def __init__(self, manager: "LogManager", meta: TopicMeta, state: PartitionState):
+        self.manager = manager
+        self.topic = meta.name
+        self.partition = state.partition
+        self.state = state
+        self.settings = LogSettings.from_configs(meta.configs)
+        self.next_offset = state.high_watermark
+        self._buffer: list[_Pending] = []
+        self._buffer_bytes = 0
+        self._buffer_since = 0.0
+        self._waiting_acks = 0
+        self._last_flush = 0.0
+        self._wake = asyncio.Event()
+        self._data_waiters: set[asyncio.Future] = set()
+        self._flusher: asyncio.Task | None = None
+        self._flush_lock = asyncio.Lock()
+        self.closed = False
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def high_watermark(self) -> int:
+        return self.state.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.state.log_start_offset
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    def apply_configs(self, meta: TopicMeta) -> None:
+        self.settings = LogSettings.from_configs(meta.configs)
+
+    # -- write path -----------------------------------------------------------------------
+
+    def append(self, data: memoryview, headers: list[records.BatchHeader], want_ack: bool) -> tuple[int, int, asyncio.Future | None]:
+        """Assign offsets to already-validated batches (patched in place) and buffer them.
+
+        Returns (base offset, log append time or -1, future resolved when durable).
+        Runs without awaiting, so offsets are assigned in arrival order.
+        """
+        if self.closed:
+            raise StorageError(f"{self.topic}-{self.partition} is not served here", NOT_LEADER_OR_FOLLOWER)
+        base = self.next_offset
+        append_time = -1
+        if self.settings.log_append_time:
+            append_time = int(time.time() * 1000)
+        pos = 0
+        offset = base
+        for h in headers:
+            records.patch_batch(data, pos, offset, self.state.leader_epoch)
+            if append_time >= 0:
+                records.set_max_timestamp(data, pos, h.size, append_time)
+            offset += h.last_offset_delta + 1
+            pos += h.size
+        self.next_offset = offset
+        waiter = asyncio.get_running_loop().create_future() if want_ack else None
+        if not self._buffer:
+            self._buffer_since = time.monotonic()
+        self._buffer.append(_Pending(data, len(data), waiter))
+        self._buffer_bytes += len(data)
+        if waiter is not None:
+            self._waiting_acks += 1
+        self.manager.metrics_produced(len(data), sum(h.record_count for h in headers))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
+        self._wake.set()
+        return base, append_time, waiter
+
+    def _flush_due_in(self) -> float:
+        """Seconds until the buffer must be flushed (<= 0: now)."""
+        now = time.monotonic()
+        cfg = self.manager.config
+        if self._buffer_bytes >= self.settings.segment_bytes:
+            return 0.0
+        due = self._buffer_since + cfg.flush_interval_ms / 1000
+        if self._waiting_acks:
+            # Group commit: someone waits for an ack and no upload is in flight.
+            due = min(due, self._last_flush + cfg.min_flush_interval_ms / 1000)
+        return due - now
+
+    async def _run_flusher(self) -> None:
+        while not self.closed:
+            if not self._buffer:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            delay = self._flush_due_in()
+            if delay > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
+            await self.flush_once()
+
+    async def flush(self) -> None:
+        """Flush everything buffered now (shutdown, ownership hand-over)."""
+        while self._buffer:
+            await self.flush_once()
+
+    def _take_segment(self) -> list[_Pending]:
+        taken, size = [], 0
+        while self._buffer and (not taken or size + self._buffer[0].nbytes <= self.settings.segment_bytes):
+            p = self._buffer.pop(0)
+            taken.append(p)
+            size += p.nbytes
+        self._buffer_bytes -= size
+        self._buffer_since = time.monotonic()
+        return taken
+
+    async def flush_once(self) -> None:
+        async with self._flush_lock:
+            if not self._buffer:
+                return
+            self._last_flush = time.monotonic()
+            taken = self._take_segment()
+            self._waiting_acks -= sum(1 for p in taken if p.waiter is not None)
+            base = self.state.high_watermark
+            body = b"".join(p.data for p in taken)
+            enc = segment.encode([body], base)
+            mgr = self.manager
+            seg_key = segment.segment_key(mgr.namespace, self.topic, self.partition, base)
+            idx_key = segment.index_key(mgr.namespace, self.topic, self.partition, base)
+            started = time.monotonic()
+            try:
+                await asyncio.gather(mgr.store.put(seg_key, enc.parts), mgr.store.put(idx_key, [enc.index]))
+                self.state = await mgr.metadata.commit_segment(self.state, enc.info)
+            except Exception as e:  # noqa: BLE001 - any failure means "not durable"
+                if not await self._committed_despite(e, enc.info):
+                    self._fail_unflushed(taken, e)
+                    return
+            mgr.metrics_flushed(enc.info, time.monotonic() - started)
+            mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
+            for p in taken:
+                if p.waiter is not None and not p.waiter.done():
+                    p.waiter.set_result(None)
+            self._notify_data()
+
+    async def _committed_despite(self, error: Exception, info: segment.SegmentInfo) -> bool:
+        """After an ambiguous failure, re-read the metadata: did the commit land anyway?"""
+        try:
+            st = await self.manager.metadata.get_partition(self.topic, self.partition)
+        except Exception:  # noqa: BLE001
+            return False
+        if st is not None and st.leader_epoch == self.state.leader_epoch and st.high_watermark == info.last_offset + 1 and any(
+            s.base_offset == info.base_offset for s in st.segments
+        ):
+            self.state = st
+            return True
+        if isinstance(error, ConflictError) and st is not None:
+            self.state = st
+        return False
+
+    def _fail_unflushed(self, taken: list[_Pending], error: Exception) -> None:
+        """Drop everything not durable: its offsets will be handed out again."""
+        if isinstance(error, ConflictError):
+            code, what = NOT_LEADER_OR_FOLLOWER, "partition state changed under us (fenced)"
+        else:
+            code, what = KAFKA_STORAGE_ERROR, f"flush failed: {error}"
+        dropped = taken + self._buffer
+        self._buffer = []
+        self._buffer_bytes = 0
+        self._waiting_acks = 0
+        self.next_offset = self.state.high_watermark
+        log.error(
+            "partition %s-%s: %s; %d unacknowledged batches rejected with error %d",
+            self.topic, self.partition, what, len(dropped), code,
+        )
+        self.manager.metrics_flush_failed()
+        for p in dropped:
+            if p.waiter is not None and not p.waiter.done():
+                p.waiter.set_exception(StorageError(what, code))
+        if code == NOT_LEADER_OR_FOLLOWER:
+            self.manager.forget(self.topic, self.partition)
+
+    # -- read path ------------------------------------------------------------------------
+
+    def _notify_data(self) -> None:
+        waiters, self._data_waiters = self._data_waiters, set()
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def add_data_waiter(self, fut: asyncio.Future) -> None:
+        self._data_waiters.add(fut)
+
+    def discard_data_waiter(self, fut: asyncio.Future) -> None:
+        self._data_waiters.discard(fut)
+
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
+        """Stored batches from `offset` up to the high watermark, at most max_bytes
+        (the first batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
+        st = self.state
+        if offset < st.log_start_offset or offset > st.high_watermark:
+            raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", OFFSET_OUT_OF_RANGE)
+        return await self.manager.read_segments(self.topic, self.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1).
+
+        Batch max timestamps pick the batch; only that batch is decoded."""
+        for seg in self.state.segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            view = await self.manager._segment_view(self.topic, self.partition, seg, seg.base_offset, seg.size)
+            for i, pos in enumerate(view.positions):
+                if view.max_timestamps[i] < timestamp:
+                    continue
+                for rec in records.decode_records(view.data, pos):
+                    if rec.timestamp >= timestamp and rec.offset >= self.state.log_start_offset:
+                        return rec.offset, rec.timestamp
+        return -1, -1
+
+    async def max_timestamp_offset(self) -> tuple[int, int]:
+        """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
+        best = None
+        for seg in self.state.segments:
+            if best is None or seg.max_timestamp > best.max_timestamp:
+                best = seg
+        if best is None or best.max_timestamp < 0:
+            return -1, -1
+        view = await self.manager._segment_view(self.topic, self.partition, best, best.base_offset, best.size)
+        i = max(range(len(view.positions)), key=lambda j: view.max_timestamps[j])
+        recs = records.decode_records(view.data, view.positions[i])
+        top = max(recs, key=lambda r: r.timestamp)  # first record holding the max
+        return top.offset, top.timestamp
+
+    # -- retention and deletion -----------------------------------------------------------
+
+    async def advance_log_start(self, new_start: int) -> None:
+        """DeleteRecords: move the log start offset and drop segments wholly below it."""
+        async with self._flush_lock:
+            if new_start <= self.state.log_start_offset:
+                return
+            doomed = [s for s in self.state.segments if s.last_offset < new_start]
+            await self._drop_segments(doomed, new_start)
+
+    async def enforce_retention(self, now_ms: int) -> int:
+        """Delete whole segments past retention.ms / retention.bytes. Returns how many."""
+        s = self.settings
+        segs = self.state.segments
+        doomed = []
+        if s.retention_ms >= 0:
+            for seg in segs:
+                if seg.max_timestamp >= 0 and seg.max_timestamp < now_ms - s.retention_ms:
+                    doomed.append(seg)
+                elif seg.max_timestamp < 0 and seg.created_ms < now_ms - s.retention_ms:
+                    doomed.append(seg)
+                else:
+                    break
+        if s.retention_bytes >= 0:
+            total = sum(seg.size for seg in segs)
+            for seg in segs:
+                if total - seg.size < s.retention_bytes and seg not in doomed:
+                    break
+                total -= seg.size
+                if seg not in doomed:
+                    doomed.append(seg)
+        if not doomed:
+            return 0
+        async with self._flush_lock:
+            nxt = doomed[-1].last_offset + 1
+            await self._drop_segments(doomed, max(nxt, self.state.log_start_offset))
+        return len(doomed)
+
+    async def _drop_segments(self, doomed: list[segment.SegmentInfo], new_start: int) -> None:
+        mgr = self.manager
+        self.state = await mgr.metadata.update_partition(
+            self.state, log_start_offset=new_start, remove_segments=[s.base_offset for s in doomed]
+        )
+        keys = []
+        for seg in doomed:
+            keys.append(segment.segment_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
+            keys.append(segment.index_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
+        if keys:
+            await mgr.store.delete(keys)
+            log.info("partition %s-%s: deleted %d segments, log start offset now %d", self.topic, self.partition, len(doomed), new_start)
+
+    async def close(self, flush: bool = True) -> None:
+        if flush:
+            try:
+                await self.flush()
+            except Exception as e:  # noqa: BLE001
+                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e)
+        self.closed = True
+        self._wake.set()
+        if self._flusher is not None:
+            self._flusher.cancel()
+        self._notify_data()
+
+
+class LogManager:
+    """The partition logs this broker owns, plus the shared read path and retention."""
+
+    def __init__(self, metadata: MetadataStore, store: ObjectStore, config, cluster):
+        self.metadata = metadata
+        self.store = store
+        self.config = config
+        self.cluster = cluster
+        self.namespace = config.namespace
+        self.cache = SegmentCache(config.cache_bytes)
+        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self._loading: dict[tuple[str, int], asyncio.Future] = {}
+        self._topics: dict[str, TopicMeta] = {}
+        self._segment_loads: dict[tuple, asyncio.Future] = {}
+        self._retention_task: asyncio.Task | None = None
+        self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
+
+    # -- metrics hooks (ops/metrics reads these) -----------------------------------------
+
+    def metrics_produced(self, nbytes: int, nrecords: int) -> None:
+        self.stats["produce_bytes"] += nbytes
+        self.stats["produce_records"] += nrecords
+
+    def metrics_flushed(self, info: segment.SegmentInfo, seconds: float) -> None:
+        self.stats["flushes"] += 1
+        self.stats["puts"] += 2
+        self.stats["segment_bytes"] += info.size
+
+    def metrics_flush_failed(self) -> None:
+        self.stats["flush_failures"] += 1
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop(), name="retention")
+
+    async def stop(self) -> None:
+        if self._retention_task:
+            self._retention_task.cancel()
+        await asyncio.gather(*(lg.close() for lg in list(self.logs.values())), return_exceptions=True)
+        self.logs.clear()
+
+    # -- topics -------------------------------------------------------------------------
+
+    async def topic(self, name: str, refresh: bool = False) -> TopicMeta | None:
+        meta = None if refresh else self._topics.get(name)
+        if meta is None:
+            meta = await self.metadata.get_topic(name)
+            if meta is None:
+                self._topics.pop(name, None)
+                return None
+            self._topics[name] = meta
+        return meta
+
+    def topic_changed(self, meta: TopicMeta) -> None:
+        self._topics[meta.name] = meta
+        for (t, _p), lg in self.logs.items():
+            if t == meta.name:
+                lg.apply_configs(meta)
+
+    async def drop_topic(self, name: str) -> None:
+        """Forget a deleted topic's logs and cache, and delete its objects."""
+        self._topics.pop(name, None)
+        for key in [k for k in self.logs if k[0] == name]:
+            lg = self.logs.pop(key)
+            await lg.close(flush=False)
+        self.cache.drop_prefix((name,))
+        keys = await self.store.list(f"{self.namespace}/{name}/")
+        await self.store.delete(keys)
+
+    # -- partition logs ------------------------------------------------------------------
+
+    def forget(self, topic: str, partition: int) -> None:
+        lg = self.logs.pop((topic, partition), None)
+        if lg is not None:
+            lg.closed = True
+
+    async def get_log(self, topic: str, partition: int) -> PartitionLog:
+        """The owned log of a partition, loading and recovering it on first use.
+
+        Raises StorageError(UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER)."""
+        key = (topic, partition)
+        lg = self.logs.get(key)
+        if lg is not None:
+            return lg
+        if not self.cluster.owns(topic, partition):
+            raise StorageError(f"{topic}-{partition} is owned by another broker", NOT_LEADER_OR_FOLLOWER)
+        fut = self._loading.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._loading[key] = fut
+            try:
+                lg = await self._load(topic, partition)
+                self.logs[key] = lg
+                fut.set_result(lg)
+            except BaseException as e:
+                fut.set_exception(e)
+                fut.exception()  # mark retrieved
+                raise
+            finally:
+                del self._loading[key]
+            return lg
+        return await asyncio.shield(fut)
+
+    async def _load(self, topic: str, partition: int) -> PartitionLog:
+        meta = await self.topic(topic)
+        if meta is None or not 0 <= partition < meta.partitions:
+            meta = await self.topic(topic, refresh=True)
+        if meta is None or not 0 <= partition < meta.partitions:
+            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+        try:
+            st = await self.metadata.get_partition(topic, partition)
+        except MetadataUnavailable as e:
+            raise StorageError(f"metadata unavailable: {e}") from e
+        if st is None:
+            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+        st = await self._recover(st)
+        return PartitionLog(self, meta, st)
+
+    async def _recover(self, st: PartitionState) -> PartitionState:
+        """Adopt segments that reached the object store but not the metadata (a crash
+        between upload and commit): each must start exactly at the high watermark and pass
+        its checks; anything else is ignored, so no offset is ever served twice."""
+        prefix = segment.partition_prefix(self.namespace, st.topic, st.partition)
+        try:
+            keys = await self.store.list(prefix + "segment-")
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        candidates = sorted(b for k in keys if (b := segment.parse_segment_key(k)) is not None and b >= st.high_watermark)
+        for base in candidates:
+            if base != st.high_watermark:
+                break
+            key = segment.segment_key(self.namespace, st.topic, st.partition, base)
+            try:
+                decoded = segment.decode(await self.store.get(key), name=key)
+            except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
+                log.warning("recovery: ignoring uncommitted segment %s: %s", key, e)
+                break
+            st = await self.metadata.commit_segment(st, decoded.info)
+            log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
+        return st
+
+    # -- shared read path (owned or not: segments come from the metadata) ----------------
+
+    async def read_segments(
+        self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int, high_watermark: int, max_bytes: int, at_least_one: bool
+    ) -> list[memoryview]:
+        out: list[memoryview] = []
+        if offset >= high_watermark or not segments:
+            return out
+        bases = [s.base_offset for s in segments]
+        i = max(bisect.bisect_right(bases, offset) - 1, 0)
+        remaining = max_bytes
+        while i < len(segments) and offset < high_watermark:
+            seg = segments[i]
+            if seg.last_offset < offset:
+                i += 1
+                continue
+            view = await self._segment_view(topic, partition, seg, offset, remaining)
+            chunk = view.read(offset, remaining, at_least_one and not out)
+            if not chunk:
+                break
+            out.append(chunk)
+            remaining -= len(chunk)
+            last = records.read_header(chunk, 0)
+            # advance past what we returned
+            for _pos, h in records.iter_batches(chunk):
+                last = h
+            offset = last.last_offset + 1
+            if remaining <= 0:
+                break
+            i += 1
+        return out
+
+    async def _segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
+        key = (topic, partition, seg.base_offset)
+        view = self.cache.get(key)
+        if view is not None:
+            return view
+        if seg.size > WHOLE_SEGMENT_READ_BYTES:
+            return await self._ranged_view(topic, partition, seg, offset, max_bytes)
+        fut = self._segment_loads.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_task(self._load_segment(topic, partition, seg))
+            self._segment_loads[key] = fut
+            fut.add_done_callback(lambda _f: self._segment_loads.pop(key, None))
+        return await asyncio.shield(fut)
+
+    async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
+        key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        try:
+            data = await self.store.get(key)
+            self.stats["gets"] += 1
+        except ObjectNotFound as e:
+            raise StorageError(f"segment {key} is gone (deleted by retention?)", OFFSET_OUT_OF_RANGE) from e
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        try:
+            decoded = segment.decode(data, name=key)
+        except segment.SegmentFormatError as e:
+            log.error("corrupt segment: %s", e)
+            raise StorageError(str(e)) from e
+        view = SegmentView(seg.base_offset, decoded.batches)
+        self.cache.put((topic, partition, seg.base_offset), view)
+        return view
+
+    async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
+        """Large segment: look the position up in the sparse index, then read a byte range."""
+        skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
+        try:
+            index = segment.decode_index(await self.store.get(ikey))
+            start = index.lookup(offset)
+            end_limit = seg.size - segment.FOOTER_SIZE
+            want = max(max_bytes, 1 << 20) + (1 << 20)
+            data = await self.store.get(skey, start, min(end_limit, start + want))
+            first = records.read_header(data, 0)
+            if first.size > len(data):  # one batch bigger than the range: read it whole
+                data = await self.store.get(skey, start, min(end_limit, start + first.size))
+            self.stats["gets"] += 2
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        for pos, h in records.iter_batches(data):
+            if records.crc32c(memoryview(data)[pos + records.CRC_START : pos + h.size]) != h.crc:
+                raise StorageError(f"corrupt batch at offset {h.base_offset} in {skey}")
+        return SegmentView(records.read_header(data, 0).base_offset, data)
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def _retention_loop(self) -> None:
+        interval = self.config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self.run_retention()
+
+    async def run_retention(self) -> int:
+        now_ms = int(time.time() * 1000)
+        deleted = 0
+        for lg in list(self.logs.values()):
+            try:
+                deleted += await lg.enforce_retention(now_ms)
+            except Exception as e:  # noqa: BLE001 - retry next round
+                log.warning("retention of %s-%s failed: %s", lg.topic, lg.partition, e)
+        return deleted
+
+    def epoch_end_offset(self, lg: PartitionLog, epoch: int) -> tuple[int, int]:
+        """(end offset, epoch) for OffsetForLeaderEpoch: the current epoch ends at the high
+        watermark; an older one ends where the current one began (its start offset)."""
+        if epoch >= lg.leader_epoch:
+            return lg.high_watermark, lg.leader_epoch
+        return lg.state.epoch_start_offset, epoch
+
+    async def flush_all(self) -> None:
+        await asyncio.gather(*(lg.flush() for lg in list(self.logs.values())), return_exceptions=True)

@@ -1,0 +1,311 @@
+"""S3ObjectStore: segments in an S3 bucket (or any S3-compatible store: MinIO, moto, ...).
+
+Configuration comes from the URL (`s3://bucket/prefix`) and the environment:
+
+    KAFSCALE_S3_ENDPOINT       custom endpoint URL (default: AWS)
+    KAFSCALE_S3_REGION         region (else AWS_REGION, AWS_DEFAULT_REGION, us-east-1)
+    KAFSCALE_S3_PATH_STYLE     path-style addressing (default: true with a custom endpoint)
+    KAFSCALE_S3_MAX_ATTEMPTS   attempts per request for retriable failures (default 5)
+    KAFSCALE_S3_CREATE_BUCKET  create the bucket on first use when true
+
+Credentials come from the standard AWS chain (env vars, config files, instance role).
+
+Botocore's own retries are off: we retry throttling, 5xx and connection errors ourselves
+with capped exponential backoff and jitter, within a total time budget, so a caller gets
+ObjectStoreError after a few seconds and answers the client with a retriable Kafka error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+
+import aiohttp
+import botocore.exceptions as bce
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+
+_RETRY_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+}
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_DELETE_BATCH = 1000  # DeleteObjects limit
+
+# Transport failures worth another attempt (connection refused/reset, timeouts).
+_TRANSPORT_ERRORS = (
+    bce.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ...
+    bce.HTTPClientError,  # ReadTimeoutError, ConnectionClosedError, ResponseStreamingError
+    aiohttp.ClientError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _error_code(e: bce.ClientError) -> tuple[str, int]:
+    err = e.response.get("Error", {}) or {}
+    status = (e.response.get("ResponseMetadata", {}) or {}).get("HTTPStatusCode", 0) or 0
+    return str(err.get("Code", "")), int(status)
+
+
+class S3ObjectStore(ObjectStore):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        path_style: bool | None = None,
+        max_attempts: int = 5,
+        retry_budget: float = 5.0,
+        base_backoff: float = 0.1,
+        max_backoff: float = 1.0,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 5.0,
+        create_bucket: bool = False,
+    ):
+        if not bucket:
+            raise ValueError("S3 bucket name is empty")
+        self.bucket = bucket
+        prefix = prefix.strip("/")
+        self.prefix = prefix + "/" if prefix else ""
+        self.endpoint_url = endpoint_url or None
+        self.region = region or "us-east-1"
+        self.path_style = bool(self.endpoint_url) if path_style is None else path_style
+        self.max_attempts = max(1, max_attempts)
+        self.retry_budget = retry_budget  # seconds, all attempts and pauses together
+        self.base_backoff = base_backoff
+        self.max_backoff = max_backoff
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._create_bucket_on_start = create_bucket
+        self.delete_batch = _DELETE_BATCH
+        self.list_page_size: int | None = None  # None: the server's default (1000)
+        self._client = None
+        self._client_cm = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs) -> "S3ObjectStore":
+        if not url.startswith("s3://"):
+            raise ValueError(f"not an S3 URL: {url!r}")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        env = os.environ
+        path_style = env.get("KAFSCALE_S3_PATH_STYLE")
+        opts = dict(
+            endpoint_url=env.get("KAFSCALE_S3_ENDPOINT") or None,
+            region=env.get("KAFSCALE_S3_REGION") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            path_style=None if path_style in (None, "") else _truthy(path_style),
+            create_bucket=_truthy(env.get("KAFSCALE_S3_CREATE_BUCKET")),
+        )
+        if env.get("KAFSCALE_S3_MAX_ATTEMPTS"):
+            opts["max_attempts"] = int(env["KAFSCALE_S3_MAX_ATTEMPTS"])
+        opts.update(kwargs)
+        return cls(bucket, prefix, **opts)
+
+    def __repr__(self) -> str:
+        where = self.endpoint_url or "aws"
+        return f"S3ObjectStore(s3://{self.bucket}/{self.prefix} at {where})"
+
+    # -- client ---------------------------------------------------------------------------
+
+    async def _get_client(self):
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            # aiohttp sessions belong to the loop that made them; a new loop starts fresh.
+            self._client = self._client_cm = None
+            self._lock = asyncio.Lock()
+            self._loop = loop
+        if self._client is not None:
+            return self._client
+        async with self._lock:
+            if self._client is None:
+                config = AioConfig(
+                    connect_timeout=self.connect_timeout,
+                    read_timeout=self.read_timeout,
+                    retries={"total_max_attempts": 1},
+                    s3={"addressing_style": "path" if self.path_style else "auto"},
+                    # Plain payloads: S3-compatible stores don't all accept the
+                    # aws-chunked trailing checksums newer botocore sends by default.
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
+                    max_pool_connections=64,
+                )
+                cm = get_session().create_client(
+                    "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config
+                )
+                client = await cm.__aenter__()
+                self._client_cm, self._client = cm, client
+        return self._client
+
+    async def close(self) -> None:
+        cm, self._client_cm, self._client = self._client_cm, None, None
+        if cm is not None and self._loop is asyncio.get_running_loop():
+            try:
+                await cm.__aexit__(None, None, None)
+            except Exception:
+                pass
+
+    async def _call(self, what: str, fn):
+        """Run `fn(client)` with bounded retries for throttling, 5xx and transport errors."""
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                client = await self._get_client()
+                if self._create_bucket_on_start:
+                    await self._create_bucket(client)
+                    self._create_bucket_on_start = False
+                return await fn(client)
+            except bce.ClientError as e:
+                code, status = _error_code(e)
+                if not (code in _RETRY_CODES or status in _RETRY_STATUS):
+                    raise
+                err: Exception = e
+                detail = f"{code or status}"
+            except _TRANSPORT_ERRORS as e:
+                err = e
+                detail = f"{type(e).__name__}: {e}"
+            except bce.BotoCoreError as e:  # no credentials, bad parameters: retrying won't help
+                raise ObjectStoreError(f"s3 {what}: {e}") from e
+            pause = min(self.max_backoff, self.base_backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+            elapsed = time.monotonic() - start
+            if attempt >= self.max_attempts or elapsed + pause > self.retry_budget:
+                raise ObjectStoreError(
+                    f"s3 {what} on bucket {self.bucket!r} failed after {attempt} attempts "
+                    f"in {elapsed:.1f}s: {detail}"
+                ) from err
+            await asyncio.sleep(pause)
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    # -- ObjectStore ------------------------------------------------------------------------
+
+    async def put(self, key: str, parts: list) -> None:
+        body = b"".join(parts)
+
+        async def go(client):
+            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body)
+
+        try:
+            await self._call(f"put {key}", go)
+        except bce.ClientError as e:
+            raise ObjectStoreError(f"s3 put {key}: {e}") from e
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        if end is not None and end <= start:
+            return b""
+        kwargs = {"Bucket": self.bucket, "Key": self._key(key)}
+        if start > 0 or end is not None:
+            kwargs["Range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+
+        async def go(client):
+            resp = await client.get_object(**kwargs)
+            async with resp["Body"] as body:
+                return await body.read()
+
+        try:
+            return await self._call(f"get {key}", go)
+        except bce.ClientError as e:
+            code, status = _error_code(e)
+            if code in _NOT_FOUND or status == 404:
+                raise ObjectNotFound(key) from None
+            if code == "InvalidRange" or status == 416:
+                return b""  # range starts past the end: like reading past EOF
+            raise ObjectStoreError(f"s3 get {key}: {e}") from e
+
+    async def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), self.delete_batch):
+            batch = [{"Key": self._key(k)} for k in keys[i : i + self.delete_batch]]
+
+            async def go(client, batch=batch):
+                return await client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+
+            try:
+                resp = await self._call("delete", go)
+            except bce.ClientError as e:
+                raise ObjectStoreError(f"s3 delete: {e}") from e
+            errors = [x for x in resp.get("Errors", []) if x.get("Code") not in _NOT_FOUND]
+            if errors:
+                first = errors[0]
+                raise ObjectStoreError(
+                    f"s3 delete: {len(errors)} objects failed, e.g. {first.get('Key')}: "
+                    f"{first.get('Code')} {first.get('Message', '')}".rstrip()
+                )
+
+    async def list(self, prefix: str) -> list[str]:
+        full = self._key(prefix)
+        cut = len(self.prefix)
+
+        async def go(client):
+            keys: list[str] = []
+            token = None
+            while True:
+                kwargs = {"Bucket": self.bucket, "Prefix": full}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                if self.list_page_size:
+                    kwargs["MaxKeys"] = self.list_page_size
+                resp = await client.list_objects_v2(**kwargs)
+                keys.extend(obj["Key"][cut:] for obj in resp.get("Contents", []))
+                if not resp.get("IsTruncated"):
+                    return keys
+                token = resp.get("NextContinuationToken")
+
+        try:
+            return sorted(await self._call(f"list {prefix}", go))
+        except bce.ClientError as e:
+            raise ObjectStoreError(f"s3 list {prefix}: {e}") from e
+
+    async def check(self) -> None:
+        async def go(client):
+            await client.head_bucket(Bucket=self.bucket)
+
+        try:
+            await self._call("check", go)
+        except bce.ClientError as e:
+            code, status = _error_code(e)
+            raise ObjectStoreError(f"s3 bucket {self.bucket!r} not usable: {code or status}") from e
+
+    # -- setup ------------------------------------------------------------------------------
+
+    async def _create_bucket(self, client) -> None:
+        kwargs = {"Bucket": self.bucket}
+        if self.region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+        try:
+            await client.create_bucket(**kwargs)
+        except bce.ClientError as e:
+            if _error_code(e)[0] not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+
+    async def create_bucket(self) -> None:
+        """Create the bucket if it does not exist (tests, KAFSCALE_S3_CREATE_BUCKET)."""
+        try:
+            await self._call("create bucket", self._create_bucket)
+        except bce.ClientError as e:
+            raise ObjectStoreError(f"s3 create bucket {self.bucket!r}: {e}") from e
