@@ -373,21 +373,23 @@ def cover(metas: list[SegmentMeta], start: int, end: int, *, fail_on_data_loss: 
 
 
 def split_piece(tp: TopicPartition, m: SegmentMeta, start: int, end: int, max_bytes: int) -> list[SegmentSlice]:
-    """One slice for a small segment; byte-range slices of about max_bytes for a large one."""
+    """One slice for a small segment; for a large one, byte ranges of at most about max_bytes
+    cut at indexed batch boundaries (a range is never empty, so one huge batch stays whole)."""
     topic, part = tp
     if m.size <= max_bytes or not m.index_offsets:
         return [SegmentSlice(topic, part, m.key, start, end, None)]
     first = m.position_at_or_before(start)
     last = m.position_of_first_batch_from(end)
+    cuts = [(off, pos) for off, pos in zip(m.index_offsets, m.index_positions) if start < off < end]
     slices = []
-    chunk_start_off, chunk_start_pos = start, first
-    for off, pos in zip(m.index_offsets, m.index_positions):
-        if off <= start or off >= end:
-            continue
-        if pos - chunk_start_pos >= max_bytes:
-            slices.append(SegmentSlice(topic, part, m.key, chunk_start_off, off, (chunk_start_pos, pos)))
-            chunk_start_off, chunk_start_pos = off, pos
-    slices.append(SegmentSlice(topic, part, m.key, chunk_start_off, end, (chunk_start_pos, last)))
+    chunk_off, chunk_pos = start, first
+    prev: tuple[int, int] | None = None
+    for off, pos in cuts + [(end, last)]:
+        if pos - chunk_pos > max_bytes and prev is not None:
+            slices.append(SegmentSlice(topic, part, m.key, chunk_off, prev[0], (chunk_pos, prev[1])))
+            chunk_off, chunk_pos = prev
+        prev = (off, pos) if pos > chunk_pos else None
+    slices.append(SegmentSlice(topic, part, m.key, chunk_off, end, (chunk_pos, last)))
     return slices
 
 

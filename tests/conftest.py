@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.support.servers", "tests.support.broker"]

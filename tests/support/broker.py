@@ -1,0 +1,119 @@
+"""Brokers for tests: real `kafscale broker` processes on free loopback ports.
+
+`broker` is one shared embedded broker for the session (tests use their own topic
+names); `broker_factory` starts private ones for tests that restart or kill -9 them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on port {port} after {timeout}s")
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: str | None = None, port: int | None = None, extra_args: list[str] | None = None, env: dict | None = None):
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="kafscale-test-")
+        self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(self.data_dir) / "broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "BrokerProcess":
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        args = [
+            sys.executable, "-m", "kafscale", "broker",
+            "--listen", self.bootstrap, "--advertise", self.bootstrap,
+            "--data-dir", self.data_dir, "--http", "",
+            *self.extra_args,
+        ]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        wait_port(self.port, proc=self.proc)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        rc = self.proc.returncode
+        self.proc = None
+        self._log.close()
+        return rc
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> "BrokerProcess":
+        self.stop()
+        return self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture(scope="session")
+def broker():
+    b = BrokerProcess(extra_args=["--group-initial-rebalance-delay-ms", "0", "--retention-check-interval-ms", "500"]).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def broker_factory():
+    started: list[BrokerProcess] = []
+
+    def make(**kwargs) -> BrokerProcess:
+        b = BrokerProcess(**kwargs).start()
+        started.append(b)
+        return b
+
+    yield make
+    for b in started:
+        b.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def topic_name(request) -> str:
+    """A topic name unique to the test."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:80]
+    return f"{base}-{int(time.time() * 1000) % 10_000_000}"
