@@ -28,6 +28,7 @@ class BrokerConfig:
     retention_check_interval_ms: int = field(default=30_000, metadata={"help": "how often retention runs"})
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
+    producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     lease_ttl_s: int = field(default=10, metadata={"help": "etcd lease TTL for broker liveness and ownership"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})

@@ -174,8 +174,8 @@ class EtcdKV(KV):
             except grpc.aio.AioRpcError as e:
                 last = e
                 if not self._retriable(e, idempotent):
-                    if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                        raise MetadataUnavailable(f"etcd {what}: {e.code().name}: {e.details()}") from e
+                    # Also refusals (too many ops, request too large): callers only know
+                    # MetadataUnavailable, and a retriable answer beats a crashed handler.
                     raise MetadataUnavailable(f"etcd {what} failed: {e.code().name}: {e.details()}") from e
             attempt += 1
             if attempt % n == 0:
@@ -352,8 +352,8 @@ class EtcdKV(KV):
         create = rpc.WatchRequest(
             create_request=rpc.WatchCreateRequest(key=start, range_end=_range_end(start), start_revision=start_revision)
         )
-        endpoint = self.endpoints[self._current]
-        call = rpc.WatchStub(self._channel(endpoint)).Watch()
+        idx = self._current
+        call = rpc.WatchStub(self._channel(self.endpoints[idx])).Watch()
         try:
             try:
                 await asyncio.wait_for(call.write(create), self.op_timeout)
@@ -371,6 +371,8 @@ class EtcdKV(KV):
                         else:
                             yield WatchEvent("put", self._unk(ev.kv.key), bytes(ev.kv.value), ev.kv.version, ev.kv.mod_revision)
             except grpc.aio.AioRpcError as e:
+                # The caller watches again; let that try the next endpoint.
+                self._current = (idx + 1) % len(self.endpoints)
                 raise MetadataUnavailable(f"etcd watch {prefix}: {e.code().name}: {e.details()}") from e
             except asyncio.TimeoutError as e:
                 raise MetadataUnavailable(f"etcd watch {prefix}: timed out") from e

@@ -23,6 +23,7 @@ from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentCache, SegmentView
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.producers import ProducerStateTable
 
 log = logging.getLogger("kafscale.storage")
 
@@ -32,6 +33,8 @@ KAFKA_STORAGE_ERROR = 56
 OFFSET_OUT_OF_RANGE = 1
 UNKNOWN_TOPIC_OR_PARTITION = 3
 
+# Producer state is rebuilt from the batch headers of this much of the log's tail.
+PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
 # Segments up to this size are read whole into the cache; larger ones by index-guided ranges.
 WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
 
@@ -46,7 +49,8 @@ class StorageError(Exception):
 class _Pending:
     data: memoryview
     nbytes: int
-    waiter: asyncio.Future | None
+    base_offset: int
+    waiters: list[asyncio.Future]
 
 
 class PartitionLog:
@@ -57,6 +61,7 @@ class PartitionLog:
         self.state = state
         self.settings = LogSettings.from_configs(meta.configs)
         self.next_offset = state.high_watermark
+        self.producers = ProducerStateTable()
         self._buffer: list[_Pending] = []
         self._buffer_bytes = 0
         self._buffer_since = 0.0
@@ -66,6 +71,7 @@ class PartitionLog:
         self._data_waiters: set[asyncio.Future] = set()
         self._flusher: asyncio.Task | None = None
         self._flush_lock = asyncio.Lock()
+        self._in_flight: list[_Pending] = []
         self.closed = False
 
     # -- state ----------------------------------------------------------------------------
@@ -95,13 +101,22 @@ class PartitionLog:
         """
         if self.closed:
             raise StorageError(f"{self.topic}-{self.partition} is not served here", NOT_LEADER_OR_FOLLOWER)
+        duplicate = None
+        if headers[0].producer_id >= 0:
+            for h in headers:
+                duplicate = self.producers.check(h) or duplicate  # raises InvalidRecordError
+        if duplicate is not None:
+            return self._answer_duplicate(duplicate.base_offset, want_ack)
         base = self.next_offset
         append_time = -1
         if self.settings.log_append_time:
             append_time = int(time.time() * 1000)
         pos = 0
         offset = base
+        now_ms = int(time.time() * 1000)
         for h in headers:
+            if h.producer_id >= 0:
+                self.producers.record(h, offset, now_ms, self.state.high_watermark)
             records.patch_batch(data, pos, offset, self.state.leader_epoch)
             if append_time >= 0:
                 records.set_max_timestamp(data, pos, h.size, append_time)
@@ -111,7 +126,7 @@ class PartitionLog:
         waiter = asyncio.get_running_loop().create_future() if want_ack else None
         if not self._buffer:
             self._buffer_since = time.monotonic()
-        self._buffer.append(_Pending(data, len(data), waiter))
+        self._buffer.append(_Pending(data, len(data), base, [waiter] if waiter is not None else []))
         self._buffer_bytes += len(data)
         if waiter is not None:
             self._waiting_acks += 1
@@ -120,6 +135,23 @@ class PartitionLog:
             self._flusher = asyncio.get_running_loop().create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
         self._wake.set()
         return base, append_time, waiter
+
+    def _answer_duplicate(self, base_offset: int, want_ack: bool) -> tuple[int, int, asyncio.Future | None]:
+        """A retried batch already appended: answer its original offset once it is durable."""
+        if not want_ack:
+            return base_offset, -1, None
+        waiter = asyncio.get_running_loop().create_future()
+        if base_offset < self.state.high_watermark:
+            waiter.set_result(None)
+        else:
+            pending = next((p for p in self._buffer if p.base_offset == base_offset), None) or next(
+                (p for p in self._in_flight if p.base_offset == base_offset), None
+            )
+            if pending is None:
+                waiter.set_exception(StorageError("retried batch is neither durable nor pending"))
+            else:
+                pending.waiters.append(waiter)
+        return base_offset, -1, waiter
 
     def _flush_due_in(self) -> float:
         """Seconds until the buffer must be flushed (<= 0: now)."""
@@ -170,7 +202,8 @@ class PartitionLog:
                 return
             self._last_flush = time.monotonic()
             taken = self._take_segment()
-            self._waiting_acks -= sum(1 for p in taken if p.waiter is not None)
+            self._in_flight = taken
+            self._waiting_acks -= sum(1 for p in taken if p.waiters)
             base = self.state.high_watermark
             body = b"".join(p.data for p in taken)
             enc = segment.encode([body], base)
@@ -183,13 +216,16 @@ class PartitionLog:
                 self.state = await mgr.metadata.commit_segment(self.state, enc.info)
             except Exception as e:  # noqa: BLE001 - any failure means "not durable"
                 if not await self._committed_despite(e, enc.info):
+                    self._in_flight = []
                     self._fail_unflushed(taken, e)
                     return
+            self._in_flight = []
             mgr.metrics_flushed(enc.info, time.monotonic() - started)
             mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
             for p in taken:
-                if p.waiter is not None and not p.waiter.done():
-                    p.waiter.set_result(None)
+                for w in p.waiters:
+                    if not w.done():
+                        w.set_result(None)
             self._notify_data()
 
     async def _committed_despite(self, error: Exception, info: segment.SegmentInfo) -> bool:
@@ -218,14 +254,16 @@ class PartitionLog:
         self._buffer_bytes = 0
         self._waiting_acks = 0
         self.next_offset = self.state.high_watermark
+        self.producers.roll_back(self.next_offset)
         log.error(
             "partition %s-%s: %s; %d unacknowledged batches rejected with error %d",
             self.topic, self.partition, what, len(dropped), code,
         )
         self.manager.metrics_flush_failed()
         for p in dropped:
-            if p.waiter is not None and not p.waiter.done():
-                p.waiter.set_exception(StorageError(what, code))
+            for w in p.waiters:
+                if not w.done():
+                    w.set_exception(StorageError(what, code))
         if code == NOT_LEADER_OR_FOLLOWER:
             self.manager.forget(self.topic, self.partition)
 
@@ -462,7 +500,31 @@ class LogManager:
         if st is None:
             raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
         st = await self._recover(st)
-        return PartitionLog(self, meta, st)
+        lg = PartitionLog(self, meta, st)
+        await self._rebuild_producers(lg)
+        return lg
+
+    async def _rebuild_producers(self, lg: PartitionLog) -> None:
+        """Idempotent-producer state comes back from the batch headers of the log's tail,
+        so a producer retrying across a restart or ownership move gets no duplicate."""
+        tail, size = [], 0
+        for seg in reversed(lg.state.segments):
+            if size >= PRODUCER_STATE_REPLAY_BYTES:
+                break
+            tail.append(seg)
+            size += seg.size
+        now_ms = int(time.time() * 1000)
+        for seg in reversed(tail):
+            try:
+                view = await self._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
+            except StorageError as e:
+                if e.error_code == OFFSET_OUT_OF_RANGE:
+                    continue  # deleted by retention meanwhile
+                raise
+            for pos in view.positions:
+                h = records.read_header(view.data, pos)
+                if h.producer_id >= 0:
+                    lg.producers.record(h, h.base_offset, h.max_timestamp if h.max_timestamp > 0 else now_ms, 1 << 62)
 
     async def _recover(self, st: PartitionState) -> PartitionState:
         """Adopt segments that reached the object store but not the metadata (a crash
@@ -583,7 +645,15 @@ class LogManager:
     async def run_retention(self) -> int:
         now_ms = int(time.time() * 1000)
         deleted = 0
+        try:
+            for meta in await self.metadata.list_topics():
+                for p in range(meta.partitions):
+                    if (meta.name, p) not in self.logs and self.cluster.owns(meta.name, p):
+                        await self.get_log(meta.name, p)
+        except Exception as e:  # noqa: BLE001 - stores unavailable: retry next round
+            log.warning("retention: cannot load partitions: %s", e)
         for lg in list(self.logs.values()):
+            lg.producers.expire(now_ms, self.config.producer_id_expiration_ms)
             try:
                 deleted += await lg.enforce_retention(now_ms)
             except Exception as e:  # noqa: BLE001 - retry next round

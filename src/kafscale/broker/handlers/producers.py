@@ -1,0 +1,99 @@
+"""InitProducerId (22) for idempotent producers and DescribeProducers (61).
+
+Producer ids come in blocks from the MetadataStore, so they are unique across brokers.
+Transactions are not supported: a transactional id is refused, and the transaction APIs
+are not advertised, so transactional clients fail at start with their own clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.protocol.build import make, nested, response
+from kafscale.storage.logs import StorageError
+
+INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
+NONE, COORDINATOR_NOT_AVAILABLE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 0, 15, 53
+MAX_EPOCH = 32767
+BLOCK_SIZE = 1000
+log = logging.getLogger("kafscale.producers")
+
+
+class ProducerIdAllocator:
+    """Hands out ids from a reserved block; reserves the next block when it runs out."""
+
+    def __init__(self, metadata):
+        self.metadata = metadata
+        self._next = 0
+        self._end = 0
+        self._lock = asyncio.Lock()
+
+    async def allocate(self) -> int:
+        async with self._lock:
+            if self._next >= self._end:
+                self._next = await self.metadata.allocate_producer_ids(BLOCK_SIZE)
+                self._end = self._next + BLOCK_SIZE
+            pid = self._next
+            self._next += 1
+            return pid
+
+
+def _allocator(broker) -> ProducerIdAllocator:
+    alloc = getattr(broker, "_producer_ids", None)
+    if alloc is None:
+        alloc = broker._producer_ids = ProducerIdAllocator(broker.metadata)
+    return alloc
+
+
+async def init_producer_id(ctx, req):
+    cls = response(INIT_PRODUCER_ID, ctx.version)
+    if req.transactional_id is not None:
+        log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id)
+        return make(cls, throttle_time=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
+    pid = getattr(req, "producer_id", -1)
+    epoch = getattr(req, "producer_epoch", -1)
+    try:
+        if pid >= 0 and 0 <= epoch < MAX_EPOCH - 1:
+            # KIP-360: a producer that lost track of its sequences keeps its id, new epoch.
+            return make(cls, throttle_time=0, error_code=NONE, producer_id=pid, producer_epoch=epoch + 1)
+        new_id = await _allocator(ctx.broker).allocate()
+    except MetadataUnavailable as e:
+        log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e)
+        return make(cls, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
+    return make(cls, throttle_time=0, error_code=NONE, producer_id=new_id, producer_epoch=0)
+
+
+async def describe_producers(ctx, req):
+    cls = response(DESCRIBE_PRODUCERS, ctx.version)
+    t_cls, p_cls, s_cls = nested(cls, "TopicResponse"), nested(cls, "PartitionResponse"), nested(cls, "ProducerState")
+    topics = []
+    for t in req.topics:
+        parts = []
+        for index in t.partition_indexes:
+            try:
+                lg = await ctx.broker.logs.get_log(t.name, index)
+            except StorageError as e:
+                parts.append(make(p_cls, partition_index=index, error_code=e.error_code, error_message=str(e), active_producers=()))
+                continue
+            states = tuple(
+                make(
+                    s_cls,
+                    producer_id=e.producer_id,
+                    producer_epoch=e.epoch,
+                    last_sequence=e.last_seq,
+                    last_timestamp=e.last_timestamp_ms,
+                    coordinator_epoch=-1,
+                    current_txn_start_offset=-1,
+                )
+                for e in lg.producers.producers.values()
+            )
+            parts.append(make(p_cls, partition_index=index, error_code=NONE, error_message=None, active_producers=states))
+        topics.append(make(t_cls, name=t.name, partitions=tuple(parts)))
+    return make(cls, throttle_time=0, topics=tuple(topics))
+
+
+def register(router):
+    router.register(INIT_PRODUCER_ID, init_producer_id)
+    router.register(DESCRIBE_PRODUCERS, describe_producers)
