@@ -25,6 +25,8 @@ class BrokerConfig:
     auto_create_topics: bool = field(default=True, metadata={"help": "create unknown topics on Metadata requests"})
     default_partitions: int = field(default=1, metadata={"help": "partitions of auto-created topics"})
     cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "memory for recently written and read segments"})
+    merge_interval_ms: int = field(default=10_000, metadata={"help": "how often small adjacent segments are merged (0 disables)"})
+    merge_grace_ms: int = field(default=60_000, metadata={"help": "how long merged-away objects stay for in-flight readers"})
     retention_check_interval_ms: int = field(default=30_000, metadata={"help": "how often retention runs"})
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})

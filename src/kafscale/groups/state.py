@@ -852,6 +852,7 @@ class Group:
             )
             group._add(member)
             group._reschedule_heartbeat(member)
+        group.protocol_type = doc.get("protocol_type") or None
         if group.members:
             leader = doc.get("leader")
             group.leader_id = leader if leader in group.members else next(iter(group.members))

@@ -92,11 +92,9 @@ class MetadataStore:
     # -- topics ---------------------------------------------------------------------
 
     async def create_topic(self, meta: TopicMeta) -> TopicMeta:
+        # Partition keys are written on their first commit (an absent key is an empty
+        # partition), so creating a topic of any size is a one-key transaction.
         txn = Txn(compares=[(f"/topics/{meta.name}", 0)], puts=[(f"/topics/{meta.name}", _dump(asdict(meta)))])
-        for p in range(meta.partitions):
-            key = f"/partitions/{meta.name}/{p}"
-            txn.compares.append((key, 0))
-            txn.puts.append((key, _dump(self._state_doc(PartitionState(meta.name, p)))))
         if not await self.kv.commit(txn):
             raise TopicExistsError(meta.name)
         return meta
@@ -127,11 +125,8 @@ class MetadataStore:
             if kv is None:
                 raise UnknownTopicError(name)
             meta = TopicMeta(**json.loads(kv.value))
-            extra = change(meta)
+            change(meta)
             txn = Txn(compares=[(kv.key, kv.version)], puts=[(kv.key, _dump(asdict(meta)))])
-            for key, value in extra or []:
-                txn.compares.append((key, 0))
-                txn.puts.append((key, value))
             if await self.kv.commit(txn):
                 return meta
         raise ConflictError(f"topic {name} changed concurrently")
@@ -146,12 +141,7 @@ class MetadataStore:
 
     async def add_partitions(self, name: str, count: int) -> TopicMeta:
         def change(meta: TopicMeta):
-            old = meta.partitions
             meta.partitions = count
-            return [
-                (f"/partitions/{name}/{p}", _dump(self._state_doc(PartitionState(name, p))))
-                for p in range(old, count)
-            ]
 
         return await self._update_topic(name, change)
 
@@ -168,9 +158,13 @@ class MetadataStore:
         }
 
     async def get_partition(self, topic: str, partition: int, with_segments: bool = True) -> PartitionState | None:
+        """The partition's state, or None if the topic or partition does not exist."""
         kv = await self.kv.get(f"/partitions/{topic}/{partition}")
         if kv is None:
-            return None
+            meta = await self.get_topic(topic)
+            if meta is None or not 0 <= partition < meta.partitions:
+                return None
+            return PartitionState(topic, partition)  # never written: empty, version 0
         doc = json.loads(kv.value)
         st = PartitionState(topic, partition, version=kv.version, **doc)
         if with_segments:

@@ -43,8 +43,6 @@ def spark_session(app_name: str = "kafscale-pipeline", spark=None):
 
 
 def _stream(spark, storage: str, topics, pattern, namespace: str, starting_offsets: str, max_offsets_per_trigger, options: dict | None):
-    from pyspark.sql import functions as F
-
     reader = spark.readStream.format("kafscale").option("storage", storage).option("namespace", namespace)
     if (topics is None) == (pattern is None):
         raise ValueError("give exactly one of topics or pattern")
@@ -57,8 +55,13 @@ def _stream(spark, storage: str, topics, pattern, namespace: str, starting_offse
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     for k, v in (options or {}).items():
         reader = reader.option(k, v)
-    df = reader.load()
-    # UTC calendar date of the record, independent of the session time zone
+    return with_date(reader.load())
+
+
+def with_date(df):
+    """Add `date`: the record's UTC calendar date, whatever the session time zone."""
+    from pyspark.sql import functions as F
+
     return df.withColumn("date", F.date_from_unix_date(F.floor(F.unix_micros("timestamp") / 86_400_000_000).cast("int")))
 
 

@@ -233,21 +233,23 @@ class SegmentMeta:
 
 
 def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tuple[int, int]], int]:
-    """Check that data[start:] is whole batches followed by a footer; return [(base, abs pos)], last offset."""
-    end = len(data) - segment.FOOTER_SIZE
-    if end < start:
-        raise CorruptSegmentError(key, f"object ends {start - end} bytes before its footer (truncated)", byte=abs_start + len(data))
-    _crc, footer_last, magic = segment.FOOTER.unpack_from(data, end)
-    if magic != segment.FOOTER_MAGIC:
-        raise CorruptSegmentError(key, "no segment footer (object truncated or overwritten)", byte=abs_start + end)
+    """Check that data[start:] is whole batches then the footer; return [(base, abs pos)], last offset.
+
+    Walks the batches even when the footer is missing, so that a truncated object is
+    reported at the batch (offset and byte) where it breaks off.
+    """
+    n = len(data)
     batches: list[tuple[int, int]] = []
     pos = start
     last = None
-    while pos < end:
-        h = _checked_header(key, data, pos, end, abs_start)
+    while n - pos != segment.FOOTER_SIZE or segment.FOOTER.unpack_from(data, pos)[2] != segment.FOOTER_MAGIC:
+        if pos >= n:
+            raise CorruptSegmentError(key, "object ends without a segment footer (truncated)", byte=abs_start + n, offset=None if last is None else last + 1)
+        h = _checked_header(key, data, pos, n - segment.FOOTER_SIZE, abs_start)
         batches.append((h.base_offset, abs_start + pos))
         last = h.last_offset
         pos += h.size
+    _crc, footer_last, _magic = segment.FOOTER.unpack_from(data, pos)
     if last is not None and last != footer_last:
         raise CorruptSegmentError(key, f"footer says last offset {footer_last} but the last batch ends at {last}", offset=last)
     return batches, footer_last
@@ -256,12 +258,13 @@ def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tu
 def _checked_header(key: str, buf, pos: int, end: int, abs_start: int = 0) -> records.BatchHeader:
     """Batch header at `pos`, checked to frame a whole v2 batch inside buf[:end]."""
     if end - pos < records.HEADER_SIZE:
-        raise CorruptSegmentError(key, f"truncated record batch header ({end - pos} bytes left)", byte=abs_start + pos)
+        base = records._I64.unpack_from(buf, pos)[0] if len(buf) - pos >= 8 else None
+        raise CorruptSegmentError(key, f"record batch header cut short ({max(0, end - pos)} bytes left; object truncated?)", byte=abs_start + pos, offset=base)
     h = records.read_header(buf, pos)
     if h.magic != 2:
         raise CorruptSegmentError(key, f"record batch magic {h.magic} (expected 2)", byte=abs_start + pos, offset=h.base_offset)
     if h.batch_length < records.HEADER_SIZE - records.LOG_OVERHEAD or pos + h.size > end:
-        raise CorruptSegmentError(key, f"record batch of {h.size} bytes runs past the data (truncated)", byte=abs_start + pos, offset=h.base_offset)
+        raise CorruptSegmentError(key, f"record batch of {h.size} bytes runs past the data (object truncated?)", byte=abs_start + pos, offset=h.base_offset)
     if h.record_count < 0 or h.last_offset_delta < 0:
         raise CorruptSegmentError(key, "negative record count or offset delta", byte=abs_start + pos, offset=h.base_offset)
     return h
@@ -731,11 +734,12 @@ def read_slice(opts: ReadOptions, s: SegmentSlice) -> Iterator[Columns]:
             replanned = True
             pending = [(sl.key, sl.byte_range) for sl in _replan(opts, s, st.next_expected)]
             continue
+        deferred = None
         if byte_range is None:
             area = _check_whole_segment(opts, st, s, key, data)
             if area is None:
                 continue
-            begin, end = area
+            begin, end, deferred = area
             abs_start = 0
         else:
             want = byte_range[1] - byte_range[0]
@@ -746,6 +750,8 @@ def read_slice(opts: ReadOptions, s: SegmentSlice) -> Iterator[Columns]:
                 log.warning("%s; reading what is there", e)
             begin, end, abs_start = 0, len(data), byte_range[0]
         yield from _decode_range(opts, st, s, key, data, begin, end, abs_start)
+        if deferred is not None:  # per-batch checks passed, yet the object is damaged
+            raise CorruptSegmentError(key, deferred.what, offset=st.next_expected)
     if len(st.cols):
         yield st.cols
     st.skipped.write(opts.corruption_log)
@@ -760,23 +766,33 @@ def _getter(key: str, byte_range: tuple[int, int] | None):
     return get
 
 
-def _check_whole_segment(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str, data: bytes) -> tuple[int, int] | None:
-    """Check header, footer and segment CRC of a whole object; return its batch area."""
+def _check_whole_segment(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str, data: bytes) -> tuple[int, int, CorruptSegmentError | None] | None:
+    """Check header, footer and segment CRC of a whole object.
+
+    Returns the batch area to decode and, when only the segment CRC failed, the error to
+    raise if the per-batch checks do not pinpoint the damaged batch first. None: unreadable.
+    """
     try:
         decoded = segment.decode(data, verify_crc=True, name=key)
-        return segment.HEADER_SIZE, len(decoded.data) - segment.FOOTER_SIZE
+        return segment.HEADER_SIZE, len(decoded.data) - segment.FOOTER_SIZE, None
     except segment.SegmentFormatError as e:
         err = CorruptSegmentError(key, str(e).removeprefix(f"{key}: "), offset=st.next_expected)
-        if opts.fail_on_corruption:
-            raise err from None
-        if len(data) >= segment.HEADER_SIZE and int.from_bytes(data[:4], "big") == segment.SEGMENT_MAGIC:
-            # Salvage: per-batch CRCs still tell good batches from bad ones.
-            has_footer = len(data) >= segment.HEADER_SIZE + segment.FOOTER_SIZE and int.from_bytes(data[-4:], "big") == segment.FOOTER_MAGIC
-            log.warning("%s; reading its batches one by one", err)
-            return segment.HEADER_SIZE, len(data) - (segment.FOOTER_SIZE if has_footer else 0)
-        st.skipped.add(err, s.end_offset - st.next_expected)
-        st.next_expected = s.end_offset
-        return None
+    header_ok = len(data) >= segment.HEADER_SIZE and int.from_bytes(data[:4], "big") == segment.SEGMENT_MAGIC
+    footer_ok = header_ok and len(data) >= segment.HEADER_SIZE + segment.FOOTER_SIZE and int.from_bytes(data[-4:], "big") == segment.FOOTER_MAGIC
+    if footer_ok:
+        # The batch framing is intact: per-batch CRCs find the damaged batch (and its offset).
+        return segment.HEADER_SIZE, len(data) - segment.FOOTER_SIZE, err if opts.fail_on_corruption else None
+    if opts.fail_on_corruption:
+        if header_ok:
+            # a truncated object: decode up to the damage so the error names the batch
+            return segment.HEADER_SIZE, len(data), err
+        raise err from None
+    if header_ok:
+        log.warning("%s; reading its whole batches one by one", err)
+        return segment.HEADER_SIZE, len(data), None
+    st.skipped.add(err, s.end_offset - st.next_expected)
+    st.next_expected = s.end_offset
+    return None
 
 
 def _replan(opts: ReadOptions, s: SegmentSlice, next_expected: int) -> list[SegmentSlice]:

@@ -86,6 +86,11 @@ class SegmentCache:
             _, evicted = self._views.popitem(last=False)
             self.bytes -= evicted.nbytes
 
+    def drop(self, key: tuple) -> None:
+        old = self._views.pop(key, None)
+        if old is not None:
+            self.bytes -= old.nbytes
+
     def drop_prefix(self, prefix: tuple) -> None:
         for key in [k for k in self._views if k[: len(prefix)] == prefix]:
             self.bytes -= self._views.pop(key).nbytes

@@ -22,6 +22,7 @@ from kafscale.metadata.topic_config import LogSettings
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentCache, SegmentView
+from kafscale.storage.merger import SegmentMerger
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.producers import ProducerStateTable
 
@@ -398,6 +399,8 @@ class LogManager:
         self._topics: dict[str, TopicMeta] = {}
         self._segment_loads: dict[tuple, asyncio.Future] = {}
         self._retention_task: asyncio.Task | None = None
+        self._merge_task: asyncio.Task | None = None
+        self.merger = SegmentMerger(self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000)
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
 
     # -- metrics hooks (ops/metrics reads these) -----------------------------------------
@@ -417,11 +420,15 @@ class LogManager:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._retention_task = asyncio.get_running_loop().create_task(self._retention_loop(), name="retention")
+        loop = asyncio.get_running_loop()
+        self._retention_task = loop.create_task(self._retention_loop(), name="retention")
+        if self.config.merge_interval_ms > 0:
+            self._merge_task = loop.create_task(self.merger.run_forever(), name="merger")
 
     async def stop(self) -> None:
-        if self._retention_task:
-            self._retention_task.cancel()
+        for task in (self._retention_task, self._merge_task):
+            if task:
+                task.cancel()
         await asyncio.gather(*(lg.close() for lg in list(self.logs.values())), return_exceptions=True)
         self.logs.clear()
 
@@ -535,7 +542,15 @@ class LogManager:
             keys = await self.store.list(prefix + "segment-")
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
-        candidates = sorted(b for k in keys if (b := segment.parse_segment_key(k)) is not None and b >= st.high_watermark)
+        bases = {b for k in keys if (b := segment.parse_segment_key(k)) is not None}
+        listed = {s.base_offset for s in st.segments}
+        orphans = sorted(b for b in bases if b < st.high_watermark and b not in listed)
+        if orphans:
+            # Left behind by a merge (or an old failed flush): never served, swept after grace.
+            self.merger.schedule_delete(
+                [k for b in orphans for k in (segment.segment_key(self.namespace, st.topic, st.partition, b), segment.index_key(self.namespace, st.topic, st.partition, b))]
+            )
+        candidates = sorted(b for b in bases if b >= st.high_watermark)
         for base in candidates:
             if base != st.high_watermark:
                 break

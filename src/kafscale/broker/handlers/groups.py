@@ -1,0 +1,596 @@
+"""Consumer-group APIs over kio's whole version range.
+
+FindCoordinator (10), JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
+OffsetCommit (8), OffsetFetch (9), DescribeGroups (15), ListGroups (16),
+DeleteGroups (42), OffsetDelete (47). The rules live in `kafscale.groups`; this module
+translates requests and responses, which differ by version, through `build()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import typing
+import uuid
+from functools import lru_cache
+
+from kio.schema.errors import ErrorCode
+
+from kafscale.groups.state import JoinResult
+from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.metadata.store import CommittedOffset
+from kafscale.protocol.codec import schema
+
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+DESCRIBE_GROUPS = 15
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
+OFFSET_DELETE = 47
+
+COORDINATOR_KEY_GROUP = 0
+COORDINATOR_KEY_TRANSACTION = 1
+OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
+# AclOperation bits Kafka reports for a group when no authorizer is configured: READ, DELETE, DESCRIBE.
+GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
+CLASSIC_GROUP_TYPE = "classic"
+
+
+# -- building version-specific responses ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _FieldSpec:
+    name: str
+    kind: str | None  # kio's kafka_type
+    element: type | None  # entity class of an array of entities
+    is_array: bool
+    nullable: bool
+    required: bool
+
+
+@lru_cache(maxsize=None)
+def _specs(cls: type) -> tuple[_FieldSpec, ...]:
+    hints = typing.get_type_hints(cls)
+    specs = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        nullable = type(None) in args
+        if nullable:
+            hint = next(a for a in args if a is not type(None))
+        is_array = typing.get_origin(hint) is tuple
+        element = None
+        if is_array:
+            inner = typing.get_args(hint)[0]
+            element = inner if dataclasses.is_dataclass(inner) else None
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs.append(_FieldSpec(f.name, f.metadata.get("kafka_type"), element, is_array, nullable, required))
+    return tuple(specs)
+
+
+def _zero(spec: _FieldSpec):
+    if spec.is_array:
+        return ()
+    if spec.nullable:
+        return None
+    return {
+        "string": "",
+        "bytes": b"",
+        "bool": False,
+        "error_code": ErrorCode.none,
+        "timedelta_i32": datetime.timedelta(0),
+        "timedelta_i64": datetime.timedelta(0),
+        "uuid": uuid.UUID(int=0),
+        "float64": 0.0,
+    }.get(spec.kind, 0)
+
+
+def _convert(spec: _FieldSpec, value):
+    if value is None:
+        return None if spec.nullable else _zero(spec)
+    if spec.is_array:
+        if spec.element is not None:
+            return tuple(build(spec.element, **v) if isinstance(v, dict) else v for v in value)
+        return tuple(value)
+    if spec.kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+        return datetime.timedelta(milliseconds=value)
+    if spec.kind == "error_code" and not isinstance(value, ErrorCode):
+        return ErrorCode(int(value))
+    if spec.kind == "bytes":
+        return bytes(value)
+    return value
+
+
+def build(cls: type, **values):
+    """An instance of kio entity `cls` from `values`: fields the version lacks are dropped,
+    required fields not given get Kafka's zero value, nested arrays may be given as dicts."""
+    kwargs = {}
+    for spec in _specs(cls):
+        if spec.name in values:
+            kwargs[spec.name] = _convert(spec, values[spec.name])
+        elif spec.required:
+            kwargs[spec.name] = _zero(spec)
+    return cls(**kwargs)
+
+
+def _has(cls_or_obj, name: str) -> bool:
+    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    return any(s.name == name for s in _specs(cls))
+
+
+def _response(api_key: int, ctx) -> type:
+    return schema(api_key, ctx.version, "response")
+
+
+def _ms(value, default: int = -1) -> int:
+    if value is None:
+        return default
+    if isinstance(value, datetime.timedelta):
+        return value // datetime.timedelta(milliseconds=1)
+    return int(value)
+
+
+def _client_host(peer: str) -> str:
+    # Kafka reports InetAddress.toString(), e.g. "/127.0.0.1".
+    host = peer.rsplit(":", 1)[0] if ":" in peer else peer
+    return "/" + host.strip("[]")
+
+
+def _coordinator(ctx):
+    groups = ctx.broker.groups
+    if groups is not None and groups.cluster is None:
+        groups.cluster = ctx.broker.cluster
+    return groups
+
+
+async def _owned(ctx, group_id: str) -> bool:
+    """Is this broker the group's coordinator? If not, forget any copy we hold."""
+    if ctx.broker.cluster.is_coordinator(group_id):
+        return True
+    groups = ctx.broker.groups
+    if groups is not None:
+        await groups.release(group_id)
+    return False
+
+
+# -- FindCoordinator -------------------------------------------------------------------------
+
+
+async def find_coordinator(ctx, req):
+    cls = _response(FIND_COORDINATOR, ctx)
+    key_type = getattr(req, "key_type", COORDINATOR_KEY_GROUP)
+    keys = list(req.coordinator_keys) if _has(req, "coordinator_keys") else [req.key]
+    entries = []
+    for key in keys:
+        if key_type == COORDINATOR_KEY_GROUP:
+            node = ctx.broker.cluster.coordinator_for(key)
+            entries.append(dict(key=key, node_id=node.node_id, host=node.host, port=node.port,
+                                error_code=ErrorCode.none, error_message=None))
+        else:
+            # Kafka answers INVALID_REQUEST for coordinator types it does not serve.
+            what = "transactions are not supported" if key_type == COORDINATOR_KEY_TRANSACTION else (
+                f"unsupported coordinator key type {key_type}")
+            entries.append(dict(key=key, node_id=-1, host="", port=-1,
+                                error_code=ErrorCode.invalid_request, error_message=what))
+    if _has(cls, "coordinators"):
+        return build(cls, throttle_time=0, coordinators=entries)
+    first = entries[0]
+    return build(cls, throttle_time=0, **{k: v for k, v in first.items() if k != "key"})
+
+
+# -- JoinGroup / SyncGroup / Heartbeat / LeaveGroup --------------------------------------------
+
+
+def _join_response(cls, version: int, result: JoinResult):
+    return build(
+        cls,
+        throttle_time=0,
+        error_code=result.error,
+        generation_id=result.generation_id,
+        protocol_type=result.protocol_type,
+        # Before v7 the protocol name is not nullable: Kafka sends "".
+        protocol_name=result.protocol_name if version >= 7 else (result.protocol_name or ""),
+        leader=result.leader,
+        skip_assignment=result.skip_assignment,
+        member_id=result.member_id,
+        members=[
+            dict(member_id=mid, group_instance_id=instance, metadata=meta) for mid, instance, meta in result.members
+        ],
+    )
+
+
+async def join_group(ctx, req):
+    cls = _response(JOIN_GROUP, ctx)
+    groups = _coordinator(ctx)
+    group_id = req.group_id
+    if not group_id:
+        return _join_response(cls, ctx.version, JoinResult(ErrorCode.invalid_group_id, req.member_id))
+    if groups is None or not await _owned(ctx, group_id):
+        return _join_response(cls, ctx.version, JoinResult(ErrorCode.not_coordinator, req.member_id))
+    instance_id = getattr(req, "group_instance_id", None)
+    session_ms = _ms(req.session_timeout)
+    try:
+        result = await groups.join(
+            group_id,
+            member_id=req.member_id,
+            group_instance_id=instance_id,
+            client_id=ctx.client_id or "",
+            client_host=_client_host(ctx.peer),
+            session_timeout_ms=session_ms,
+            # v0 has no rebalance timeout: Kafka uses the session timeout.
+            rebalance_timeout_ms=_ms(getattr(req, "rebalance_timeout", None), session_ms),
+            protocol_type=req.protocol_type,
+            protocols=[(p.name, p.metadata) for p in req.protocols],
+            # KIP-394: v4+ dynamic members first get their id with MEMBER_ID_REQUIRED.
+            require_known_member_id=ctx.version >= 4 and instance_id is None,
+            supports_skip_assignment=ctx.version >= 9,
+        )
+    except MetadataUnavailable:
+        result = JoinResult(ErrorCode.coordinator_not_available, req.member_id)
+    return _join_response(cls, ctx.version, result)
+
+
+async def sync_group(ctx, req):
+    cls = _response(SYNC_GROUP, ctx)
+    groups = _coordinator(ctx)
+    group_id = req.group_id
+    if not group_id:
+        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
+    if groups is None or not await _owned(ctx, group_id):
+        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    try:
+        result = await groups.sync(
+            group_id,
+            member_id=req.member_id,
+            group_instance_id=getattr(req, "group_instance_id", None),
+            generation_id=req.generation_id,
+            protocol_type=getattr(req, "protocol_type", None),
+            protocol_name=getattr(req, "protocol_name", None),
+            assignments={a.member_id: a.assignment for a in req.assignments},
+        )
+    except MetadataUnavailable:
+        return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
+    return build(
+        cls,
+        throttle_time=0,
+        error_code=result.error,
+        protocol_type=result.protocol_type,
+        protocol_name=result.protocol_name,
+        assignment=result.assignment,
+    )
+
+
+async def heartbeat(ctx, req):
+    cls = _response(HEARTBEAT, ctx)
+    groups = _coordinator(ctx)
+    group_id = req.group_id
+    if not group_id:
+        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
+    if groups is None or not await _owned(ctx, group_id):
+        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    try:
+        error = await groups.heartbeat(
+            group_id,
+            member_id=req.member_id,
+            group_instance_id=getattr(req, "group_instance_id", None),
+            generation_id=req.generation_id,
+        )
+    except MetadataUnavailable:
+        error = ErrorCode.coordinator_not_available
+    return build(cls, throttle_time=0, error_code=error)
+
+
+async def leave_group(ctx, req):
+    cls = _response(LEAVE_GROUP, ctx)
+    groups = _coordinator(ctx)
+    batched = _has(req, "members")  # v3+: several members, per-member results
+    identities = [(m.member_id, m.group_instance_id) for m in req.members] if batched else [(req.member_id, None)]
+    group_id = req.group_id
+    if not group_id:
+        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
+    if groups is None or not await _owned(ctx, group_id):
+        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    try:
+        error, member_errors = await groups.leave(group_id, identities)
+    except MetadataUnavailable:
+        return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
+    if batched:
+        members = [
+            dict(member_id=mid, group_instance_id=instance, error_code=e)
+            for (mid, instance), e in zip(identities, member_errors)
+        ]
+        return build(cls, throttle_time=0, error_code=error, members=members)
+    if error is ErrorCode.none and member_errors:
+        error = member_errors[0]  # before v3 the member's error is the response's error
+    return build(cls, throttle_time=0, error_code=error)
+
+
+# -- OffsetCommit / OffsetFetch / OffsetDelete ---------------------------------------------------
+
+
+class _TopicCatalog:
+    """Topic lookups for one request: by name, and by id for v10 of the offset APIs."""
+
+    def __init__(self, metadata):
+        self.metadata = metadata
+        self._by_name: dict[str, object] = {}
+        self._by_id: dict[uuid.UUID, object] | None = None
+
+    async def by_name(self, name: str):
+        if name not in self._by_name:
+            self._by_name[name] = await self.metadata.get_topic(name)
+        return self._by_name[name]
+
+    async def by_id(self, topic_id: uuid.UUID | None):
+        if self._by_id is None:
+            self._by_id = {meta.uuid: meta for meta in await self.metadata.list_topics()}
+        return self._by_id.get(topic_id)
+
+    async def id_of(self, name: str) -> uuid.UUID | None:
+        meta = await self.by_name(name)
+        return meta.uuid if meta is not None else None
+
+
+async def offset_commit(ctx, req):
+    cls = _response(OFFSET_COMMIT, ctx)
+    groups = _coordinator(ctx)
+    by_id = ctx.version >= 10
+    catalog = _TopicCatalog(ctx.broker.metadata)
+    group_id = req.group_id
+
+    # Per partition: (topic key for the response, partition, error or None when committable).
+    rows: list[tuple[object, int, ErrorCode | None]] = []
+    to_commit: dict[tuple[str, int], CommittedOffset] = {}
+    too_large: list[int] = []
+    try:
+        for t in req.topics:
+            meta = await (catalog.by_id(t.topic_id) if by_id else catalog.by_name(t.name))
+            for p in t.partitions:
+                if meta is None or not 0 <= p.partition_index < meta.partitions:
+                    missing = ErrorCode.unknown_topic_id if by_id and meta is None else ErrorCode.unknown_topic_or_partition
+                    rows.append((t, p.partition_index, missing))
+                    continue
+                rows.append((t, p.partition_index, None))
+                metadata = p.committed_metadata if p.committed_metadata is not None else ""
+                if len(metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                    too_large.append(len(rows) - 1)
+                    continue
+                to_commit[(meta.name, p.partition_index)] = CommittedOffset(
+                    offset=p.committed_offset,
+                    leader_epoch=getattr(p, "committed_leader_epoch", -1),
+                    metadata=metadata,
+                )
+        group_error = ErrorCode.none
+        if any(err is None for _, _, err in rows):
+            if groups is None or not await _owned(ctx, group_id):
+                group_error = ErrorCode.not_coordinator
+            else:
+                group_error = await groups.commit_offsets(
+                    group_id,
+                    member_id=req.member_id,
+                    group_instance_id=getattr(req, "group_instance_id", None),
+                    generation_id=req.generation_id_or_member_epoch,
+                    offsets=to_commit,
+                    api_version=ctx.version,
+                )
+    except MetadataUnavailable:
+        group_error = ErrorCode.coordinator_not_available
+
+    too_large_rows = set(too_large)
+    by_topic: dict[int, tuple[object, list]] = {}
+    for i, (t, partition, err) in enumerate(rows):
+        if err is None:
+            if group_error is not ErrorCode.none:
+                err = group_error
+            elif i in too_large_rows:
+                err = ErrorCode.offset_metadata_too_large
+            else:
+                err = ErrorCode.none
+        by_topic.setdefault(id(t), (t, []))[1].append(dict(partition_index=partition, error_code=err))
+    topics = [
+        dict(name=getattr(t, "name", None), topic_id=getattr(t, "topic_id", None), partitions=parts)
+        for t, parts in by_topic.values()
+    ]
+    return build(cls, throttle_time=0, topics=topics)
+
+
+async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_id: bool, with_epoch: bool):
+    """(group error, response topics) for one group of an OffsetFetch."""
+    if groups is None or not await _owned(ctx, group_id):
+        return ErrorCode.not_coordinator, None
+    committed = await groups.fetch_offsets(group_id)
+
+    def partition(p: int, o: CommittedOffset | None) -> dict:
+        if o is None:
+            return dict(partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
+                        error_code=ErrorCode.none)
+        return dict(partition_index=p, committed_offset=o.offset,
+                    committed_leader_epoch=o.leader_epoch if with_epoch else -1,
+                    metadata=o.metadata if o.metadata is not None else "", error_code=ErrorCode.none)
+
+    out = []
+    if topics is None:
+        # All topics with a committed offset.
+        by_topic: dict[str, list] = {}
+        for (topic, p), o in sorted(committed.items()):
+            by_topic.setdefault(topic, []).append(partition(p, o))
+        for topic, parts in by_topic.items():
+            if by_id:
+                topic_id = await catalog.id_of(topic)
+                if topic_id is None:
+                    continue
+                out.append(dict(topic_id=topic_id, partitions=parts))
+            else:
+                out.append(dict(name=topic, partitions=parts))
+        return ErrorCode.none, out
+    for t in topics:
+        if by_id:
+            meta = await catalog.by_id(t.topic_id)
+            if meta is None:
+                parts = [dict(partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
+                              error_code=ErrorCode.unknown_topic_id) for p in t.partition_indexes]
+                out.append(dict(topic_id=t.topic_id, partitions=parts))
+                continue
+            name = meta.name
+        else:
+            name = t.name
+        parts = [partition(p, committed.get((name, p))) for p in t.partition_indexes]
+        out.append(dict(name=name, topic_id=getattr(t, "topic_id", None), partitions=parts))
+    return ErrorCode.none, out
+
+
+async def offset_fetch(ctx, req):
+    cls = _response(OFFSET_FETCH, ctx)
+    groups = _coordinator(ctx)
+    catalog = _TopicCatalog(ctx.broker.metadata)
+    by_id = ctx.version >= 10
+    with_epoch = ctx.version >= 5
+    if _has(req, "groups"):  # v8+: several groups per request
+        results = []
+        for g in req.groups:
+            try:
+                error, topics = await _fetch_group_offsets(ctx, groups, catalog, g.group_id, g.topics, by_id, with_epoch)
+            except MetadataUnavailable:
+                error, topics = ErrorCode.coordinator_not_available, None
+            results.append(dict(group_id=g.group_id, error_code=error, topics=topics or []))
+        return build(cls, throttle_time=0, groups=results)
+    try:
+        error, topics = await _fetch_group_offsets(ctx, groups, catalog, req.group_id, req.topics, False, with_epoch)
+    except MetadataUnavailable:
+        error, topics = ErrorCode.coordinator_not_available, None
+    if topics is None:
+        topics = []
+        if not _has(cls, "error_code") and req.topics:
+            # v1 has no top-level error: report it on every requested partition.
+            topics = [
+                dict(name=t.name, partitions=[dict(partition_index=p, committed_offset=-1, metadata="",
+                                                   error_code=error) for p in t.partition_indexes])
+                for t in req.topics
+            ]
+    return build(cls, throttle_time=0, error_code=error, topics=topics)
+
+
+async def offset_delete(ctx, req):
+    cls = _response(OFFSET_DELETE, ctx)
+    groups = _coordinator(ctx)
+    group_id = req.group_id
+    if not group_id:
+        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
+    if groups is None or not await _owned(ctx, group_id):
+        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    catalog = _TopicCatalog(ctx.broker.metadata)
+    try:
+        known: list[tuple[str, int]] = []
+        unknown: set[tuple[str, int]] = set()
+        for t in req.topics:
+            meta = await catalog.by_name(t.name)
+            for p in t.partitions:
+                tp = (t.name, p.partition_index)
+                if meta is None or not 0 <= p.partition_index < meta.partitions:
+                    unknown.add(tp)
+                else:
+                    known.append(tp)
+        error, results = await groups.delete_offsets(group_id, known)
+    except MetadataUnavailable:
+        return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
+    if error is not ErrorCode.none:
+        return build(cls, throttle_time=0, error_code=error)
+    topics = []
+    for t in req.topics:
+        parts = []
+        for p in t.partitions:
+            tp = (t.name, p.partition_index)
+            err = ErrorCode.unknown_topic_or_partition if tp in unknown else results.get(tp, ErrorCode.none)
+            parts.append(dict(partition_index=p.partition_index, error_code=err))
+        topics.append(dict(name=t.name, partitions=parts))
+    return build(cls, throttle_time=0, error_code=ErrorCode.none, topics=topics)
+
+
+# -- DescribeGroups / ListGroups / DeleteGroups --------------------------------------------------
+
+
+async def describe_groups(ctx, req):
+    cls = _response(DESCRIBE_GROUPS, ctx)
+    groups = _coordinator(ctx)
+    include_ops = getattr(req, "include_authorized_operations", False)
+    out = []
+    for group_id in req.groups:
+        entry: dict = dict(group_id=group_id)
+        try:
+            if groups is None or not await _owned(ctx, group_id):
+                entry.update(error_code=ErrorCode.not_coordinator)
+                out.append(entry)
+                continue
+            described = await groups.describe(group_id)
+        except MetadataUnavailable:
+            entry.update(error_code=ErrorCode.coordinator_not_available)
+            out.append(entry)
+            continue
+        if described is None:
+            if ctx.version >= 6:
+                entry.update(error_code=ErrorCode.group_id_not_found,
+                             error_message=f"Group {group_id} not found.")
+            else:
+                # Before v6 Kafka describes an unknown group as Dead with no error.
+                entry.update(error_code=ErrorCode.none, group_state="Dead")
+        else:
+            entry.update(error_code=ErrorCode.none, **described)
+            if include_ops:
+                entry["authorized_operations"] = GROUP_AUTHORIZED_OPERATIONS
+        out.append(entry)
+    return build(cls, throttle_time=0, groups=out)
+
+
+async def list_groups(ctx, req):
+    cls = _response(LIST_GROUPS, ctx)
+    groups = _coordinator(ctx)
+    if groups is None:
+        return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
+    states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
+    types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
+    try:
+        listed = await groups.list_groups(ctx.broker.cluster.is_coordinator)
+    except MetadataUnavailable:
+        return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
+    entries = [
+        dict(group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE)
+        for gid, ptype, state in listed
+        if (not states or state.lower() in states) and (not types or CLASSIC_GROUP_TYPE in types)
+    ]
+    return build(cls, throttle_time=0, error_code=ErrorCode.none, groups=entries)
+
+
+async def delete_groups(ctx, req):
+    cls = _response(DELETE_GROUPS, ctx)
+    groups = _coordinator(ctx)
+    results = []
+    for group_id in req.groups_names:
+        try:
+            if groups is None or not await _owned(ctx, group_id):
+                error = ErrorCode.not_coordinator
+            else:
+                error = await groups.delete_group(group_id)
+        except MetadataUnavailable:
+            error = ErrorCode.coordinator_not_available
+        results.append(dict(group_id=group_id, error_code=error))
+    return build(cls, throttle_time=0, results=results)
+
+
+def register(router):
+    router.register(FIND_COORDINATOR, find_coordinator)
+    router.register(JOIN_GROUP, join_group)
+    router.register(HEARTBEAT, heartbeat)
+    router.register(LEAVE_GROUP, leave_group)
+    router.register(SYNC_GROUP, sync_group)
+    router.register(OFFSET_COMMIT, offset_commit)
+    router.register(OFFSET_FETCH, offset_fetch)
+    router.register(DESCRIBE_GROUPS, describe_groups)
+    router.register(LIST_GROUPS, list_groups)
+    router.register(DELETE_GROUPS, delete_groups)
+    router.register(OFFSET_DELETE, offset_delete)

@@ -1,0 +1,422 @@
+"""GroupCoordinator: the asyncio driver around the pure group state machine (`state.py`).
+
+It owns what the state machine must not: the clock, one timer per group (initial
+rebalance delay, rebalance timeout, session timeouts, pending-sync timeout), the futures
+on which JoinGroup/SyncGroup responses are parked, and persistence through the
+MetadataStore. Group snapshots are written when Kafka writes its GroupMetadata record
+(after the leader's SyncGroup, when the group becomes Empty, when a static member is
+replaced), so after a restart members come back as after a Kafka coordinator failover;
+committed offsets are written on every commit.
+
+Every operation on a group runs under that group's lock, so the state machine sees one
+request at a time and effects (persist, then replies) are applied in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from kio.schema.errors import ErrorCode
+
+from kafscale.groups.state import (
+    CONSUMER_PROTOCOL_TYPE,
+    PERSIST,
+    Group,
+    GroupConfig,
+    GroupState,
+    JoinResult,
+    Outcome,
+    Reply,
+    SyncResult,
+)
+from kafscale.metadata.store import CommittedOffset, MetadataStore
+
+log = logging.getLogger("kafscale.groups")
+
+DEFAULT_RETENTION_CHECK_INTERVAL_MS = 600_000  # Kafka's offsets.retention.check.interval.ms
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        config,
+        cluster=None,
+        clock: Callable[[], float] | None = None,
+    ):
+        self.metadata = metadata
+        self.config = config
+        # Who coordinates which group; None means this broker coordinates every group
+        # (the single-node default). Handlers fill it in from the broker when unset.
+        self.cluster = cluster
+        self.group_config = GroupConfig(
+            initial_rebalance_delay_ms=int(getattr(config, "group_initial_rebalance_delay_ms", 3000)),
+            min_session_timeout_ms=int(getattr(config, "group_min_session_timeout_ms", 6000)),
+            max_session_timeout_ms=int(getattr(config, "group_max_session_timeout_ms", 1_800_000)),
+        )
+        self.offsets_retention_ms = int(getattr(config, "offsets_retention_minutes", 7 * 24 * 60)) * 60_000
+        self.retention_check_interval_ms = int(
+            getattr(config, "offsets_retention_check_interval_ms", DEFAULT_RETENTION_CHECK_INTERVAL_MS)
+        )
+        self.clock = clock or (lambda: time.time() * 1000.0)
+        self.groups: dict[str, Group] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._waiters: dict[int, asyncio.Future] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._cleanup_task: asyncio.Task | None = None
+        self._stopping = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        # Groups load lazily (on their first request, ListGroups or the cleanup pass), so a
+        # broker never runs timers for groups another broker coordinates.
+        self._stopping = False
+        self._cleanup_task = asyncio.ensure_future(self._cleanup_loop())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._cleanup_task is not None:
+            self._cleanup_task.cancel()
+            await asyncio.gather(self._cleanup_task, return_exceptions=True)
+            self._cleanup_task = None
+        for handle in self._timers.values():
+            handle.cancel()
+        self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for group in list(self.groups.values()):
+            # Like a Kafka coordinator unloading its groups: parked requests get NOT_COORDINATOR.
+            self._resolve(group.unload(ErrorCode.not_coordinator))
+        self.groups.clear()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.cancel()
+        self._waiters.clear()
+
+    def owns(self, group_id: str) -> bool:
+        return self.cluster is None or self.cluster.is_coordinator(group_id)
+
+    async def release(self, group_id: str) -> None:
+        """This broker no longer coordinates the group: forget it (another broker loads it)."""
+        async with self._locks[group_id]:
+            group = self.groups.pop(group_id, None)
+            if group is not None:
+                self._cancel_timer(group_id)
+                self._resolve(group.unload(ErrorCode.not_coordinator))
+
+    # -- membership -------------------------------------------------------------------------
+
+    async def join(self, group_id: str, **request) -> JoinResult:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            created = False
+            if group is None:
+                if request["member_id"]:
+                    # A member id for a group we do not have: let the client reset and rejoin.
+                    return JoinResult(ErrorCode.unknown_member_id, request["member_id"])
+                group = self._create(group_id)
+                created = True
+            out = group.join(self.clock(), **request)
+            fut = await self._finish(group, out)
+            if created and group.is_empty and not group.members and not group.pending_members:
+                self._forget(group)  # the join was refused; nothing to keep
+        return out.result if fut is None else await fut
+
+    async def sync(self, group_id: str, **request) -> SyncResult:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            if group is None:
+                return SyncResult(ErrorCode.unknown_member_id)
+            out = group.sync(self.clock(), **request)
+            fut = await self._finish(group, out)
+        return out.result if fut is None else await fut
+
+    async def heartbeat(self, group_id: str, **request) -> ErrorCode:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            if group is None:
+                return ErrorCode.unknown_member_id
+            out = group.heartbeat(self.clock(), **request)
+            await self._finish(group, out)
+        return out.result
+
+    async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            if group is None:
+                return ErrorCode.none, [ErrorCode.unknown_member_id] * len(members)
+            error, member_errors, effects = group.leave(self.clock(), members)
+            await self._finish(group, Outcome(effects=effects))
+        return error, member_errors
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        *,
+        member_id: str,
+        group_instance_id: str | None,
+        generation_id: int,
+        offsets: dict[tuple[str, int], CommittedOffset],
+        api_version: int,
+    ) -> ErrorCode:
+        """Validate the committer against the group, then store the offsets (all or none)."""
+        async with self._locks[group_id]:
+            now = self.clock()
+            group = await self._load(group_id)
+            created = False
+            if group is None:
+                if generation_id >= 0:
+                    # Kafka: GROUP_ID_NOT_FOUND from v9, ILLEGAL_GENERATION before.
+                    return ErrorCode.group_id_not_found if api_version >= 9 else ErrorCode.illegal_generation
+                # A "simple" group that only stores offsets.
+                group = self._create(group_id)
+                created = True
+            error = group.validate_offset_commit(
+                now, member_id=member_id, group_instance_id=group_instance_id, generation_id=generation_id
+            )
+            if error is not ErrorCode.none:
+                if created:
+                    self._forget(group)
+                return error
+            if offsets:
+                stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
+                await self.metadata.commit_offsets(group_id, stamped)
+            if created:
+                await self._persist(group)
+            self._reschedule(group)
+            return ErrorCode.none
+
+    async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
+        return await self.metadata.fetch_offsets(group_id)
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Iterable[tuple[str, int]]
+    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            if group is None:
+                return ErrorCode.group_id_not_found, {}
+            error = group.validate_offset_delete()
+            if error is not ErrorCode.none:
+                return error, {}
+            results: dict[tuple[str, int], ErrorCode] = {}
+            deletable = []
+            for topic, partition in partitions:
+                if group.is_subscribed_to(topic):
+                    results[(topic, partition)] = ErrorCode.group_subscribed_to_topic
+                else:
+                    results[(topic, partition)] = ErrorCode.none
+                    deletable.append((topic, partition))
+            if deletable:
+                await self.metadata.delete_offsets(group_id, deletable)
+            if group.is_empty and not await self.metadata.fetch_offsets(group_id):
+                # Kafka drops an Empty group once its last offset is gone.
+                await self._remove_group(group)
+            return ErrorCode.none, results
+
+    # -- admin ------------------------------------------------------------------------------
+
+    async def describe(self, group_id: str) -> dict | None:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            return None if group is None else group.describe()
+
+    async def list_groups(self, owned: Callable[[str], bool] | None = None) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every group this broker coordinates."""
+        owned = owned or self.owns
+        for group_id, doc in (await self.metadata.list_groups()).items():
+            if group_id not in self.groups and owned(group_id):
+                async with self._locks[group_id]:
+                    if group_id not in self.groups:
+                        self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+        return [
+            (gid, g.protocol_type or "", g.state.value)
+            for gid, g in sorted(self.groups.items())
+            if owned(gid) and g.state is not GroupState.DEAD
+        ]
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        async with self._locks[group_id]:
+            group = await self._load(group_id)
+            if group is None:
+                return ErrorCode.group_id_not_found
+            error = group.validate_delete()
+            if error is not ErrorCode.none:
+                return error
+            await self._remove_group(group)
+            return ErrorCode.none
+
+    # -- offset retention --------------------------------------------------------------------
+
+    async def expire_offsets(self) -> int:
+        """One retention pass (Kafka's rules); returns how many offsets were removed."""
+        owned = self.owns
+        for group_id, doc in (await self.metadata.list_groups()).items():
+            if group_id not in self.groups and owned(group_id):
+                async with self._locks[group_id]:
+                    if group_id not in self.groups:
+                        self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+        removed = 0
+        for group_id in list(self.groups):
+            if not owned(group_id):
+                continue
+            async with self._locks[group_id]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    continue
+                now = self.clock()
+                offsets = await self.metadata.fetch_offsets(group_id)
+                expired = [tp for tp, o in offsets.items() if self._offset_expired(group, tp[0], o, now)]
+                if expired:
+                    await self.metadata.delete_offsets(group_id, expired)
+                    removed += len(expired)
+                if group.is_empty and not group.pending_members and len(expired) == len(offsets):
+                    log.info("group %s is empty and has no offsets left; removing it", group_id)
+                    await self._remove_group(group)
+        return removed
+
+    def _offset_expired(self, group: Group, topic: str, offset: CommittedOffset, now: float) -> bool:
+        retention = self.offsets_retention_ms
+        if group.protocol_type is None:
+            # Offsets-only group: each offset lives `retention` after its commit.
+            return now - offset.commit_ms >= retention
+        if group.is_empty:
+            # Consumers are gone: everything expires `retention` after the group emptied.
+            return now - group.state_timestamp >= retention
+        if (
+            group.protocol_type == CONSUMER_PROTOCOL_TYPE
+            and group.state is GroupState.STABLE
+            and group.subscribed_topics is not None
+            and topic not in group.subscribed_topics
+        ):
+            # A live consumer group keeps only the topics it still subscribes to.
+            return now - offset.commit_ms >= retention
+        return False
+
+    async def _cleanup_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.retention_check_interval_ms / 1000)
+            try:
+                n = await self.expire_offsets()
+                if n:
+                    log.info("expired %d committed offsets", n)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("offset retention pass failed")
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _load(self, group_id: str) -> Group | None:
+        """The group from memory, else from the store (call with the group's lock held)."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            return group
+        doc = await self.metadata.get_group(group_id)
+        if doc is None:
+            if not await self.metadata.fetch_offsets(group_id):
+                return None
+            doc = {}  # offsets without a group record: an offsets-only group
+        return self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+
+    def _create(self, group_id: str) -> Group:
+        return self._install(Group(group_id, self.group_config, self.clock()))
+
+    def _install(self, group: Group) -> Group:
+        self.groups[group.group_id] = group
+        self._reschedule(group)
+        return group
+
+    def _forget(self, group: Group) -> None:
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+        self._cancel_timer(group.group_id)
+
+    async def _remove_group(self, group: Group) -> None:
+        self._resolve(group.mark_dead())
+        self._forget(group)
+        await self.metadata.delete_group(group.group_id)
+
+    async def _finish(self, group: Group, out: Outcome) -> asyncio.Future | None:
+        """Park the request if needed, carry out the effects, re-arm the group's timer."""
+        fut = None
+        if out.waiter is not None:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters[out.waiter] = fut
+        await self._apply(group, out.effects)
+        self._reschedule(group)
+        return fut
+
+    async def _apply(self, group: Group, effects: list) -> None:
+        persisted = False
+        for effect in effects:
+            if effect is PERSIST:
+                if not persisted:
+                    await self._persist(group)
+                    persisted = True
+            elif isinstance(effect, Reply):
+                self._resolve([effect])
+
+    def _resolve(self, effects: list) -> None:
+        for effect in effects:
+            if isinstance(effect, Reply):
+                fut = self._waiters.pop(effect.waiter, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(effect.result)
+
+    async def _persist(self, group: Group) -> None:
+        try:
+            await self.metadata.put_group(group.group_id, group.to_doc())
+        except Exception:
+            # The group keeps working from memory; only restart recovery is affected.
+            log.exception("could not persist group %s", group.group_id)
+
+    def _cancel_timer(self, group_id: str) -> None:
+        handle = self._timers.pop(group_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _reschedule(self, group: Group) -> None:
+        self._cancel_timer(group.group_id)
+        if self._stopping or self.groups.get(group.group_id) is not group:
+            return
+        deadline = group.next_deadline()
+        if deadline is None:
+            return
+        # +1 ms: the loop's monotonic clock and wall-clock milliseconds may disagree slightly.
+        delay = max(0.0, (deadline - self.clock()) / 1000.0) + 0.001
+        loop = asyncio.get_running_loop()
+        self._timers[group.group_id] = loop.call_later(delay, self._fire, group.group_id)
+
+    def _fire(self, group_id: str) -> None:
+        self._timers.pop(group_id, None)
+        task = asyncio.ensure_future(self._on_timer(group_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _on_timer(self, group_id: str) -> None:
+        try:
+            async with self._locks[group_id]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    return
+                if not self.owns(group_id):
+                    self._forget(group)
+                    self._resolve(group.unload(ErrorCode.not_coordinator))
+                    return
+                effects = group.tick(self.clock())
+                await self._finish(group, Outcome(effects=effects))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("group %s timer failed", group_id)

@@ -1,0 +1,289 @@
+"""The broker's operations endpoint: /metrics, /healthz, /readyz on a tiny asyncio HTTP
+server, plus the background sampling behind the metrics that need awaits.
+
+Wiring (broker/app.py): `self.ops = await start_ops(self)` once the Kafka listener is up,
+`await self.ops.stop()` first thing on shutdown.
+
+The server runs on the broker's own event loop, deliberately: collectors read live broker
+structures (dicts of partition logs, the connection set) that are only safe to iterate from
+the loop that mutates them. A scrape is a few milliseconds of synchronous work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client.exposition import choose_encoder
+
+from kafscale.ops.metrics import BrokerMetrics, _state_name, live_group_states
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
+
+log = logging.getLogger("kafscale.ops")
+
+CHECK_TIMEOUT_S = 2.0  # a hung etcd or S3 must not hang the probe (kubelet timeouts are ~1-5 s)
+READY_CACHE_S = 1.0  # probes from several kubelets/load balancers share one check per second
+REQUEST_TIMEOUT_S = 5.0
+MAX_HEADER_BYTES = 16 * 1024
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class OpsHandle:
+    """What start_ops returns: the HTTP server, the samplers, and the metrics registry."""
+
+    def __init__(self, broker: "Broker", metrics: BrokerMetrics, lag_interval: float, health_interval: float):
+        self.broker = broker
+        self.metrics = metrics
+        self.lag_interval = lag_interval
+        self.health_interval = health_interval
+        self.address: tuple[str, int] | None = None  # HTTP address actually bound (None: disabled)
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._ready: tuple[bool, str] | None = None
+        self._ready_at = 0.0
+        self._ready_check: asyncio.Task | None = None
+        self._stopping = False
+        self._lag_failing = False
+
+    # -- readiness --------------------------------------------------------------------------
+
+    def _listener_up(self) -> bool:
+        srv = getattr(self.broker.server, "_server", None)
+        return srv is not None and srv.is_serving()
+
+    async def _probe(self, what: str, coro) -> str | None:
+        """None when the dependency answered, else the reason it is considered down."""
+        try:
+            await asyncio.wait_for(coro, CHECK_TIMEOUT_S)
+            return None
+        except TimeoutError:
+            return f"{what} did not answer within {CHECK_TIMEOUT_S:g}s"
+        except Exception as e:  # noqa: BLE001 - any failure means "not reachable"
+            return f"{what} unreachable: {e}"
+
+    async def _check(self) -> tuple[bool, str]:
+        md, st = await asyncio.gather(
+            self._probe("metadata store", self.broker.metadata.check()),
+            self._probe("object store", self.broker.store.check()),
+        )
+        listener = self._listener_up()
+        h = self.metrics.health
+        h.update(metadata=md is None, object_store=st is None, listener=listener, checked_at=time.time())
+        reasons = [r for r in (md, st) if r]
+        if not listener:
+            reasons.insert(0, "Kafka listener is not accepting connections")
+        if self._stopping:
+            reasons.insert(0, "broker is shutting down")
+        ok = not reasons
+        h["ready"] = ok
+        return ok, "; ".join(reasons) if reasons else "ready"
+
+    async def readiness(self, max_age: float = READY_CACHE_S) -> tuple[bool, str]:
+        """(ready, reason), from a check at most `max_age` seconds old; concurrent callers
+        share one check in flight."""
+        if self._stopping:
+            return False, "broker is shutting down"
+        if self._ready is not None and time.monotonic() - self._ready_at < max_age:
+            return self._ready
+        if self._ready_check is None or self._ready_check.done():
+            self._ready_check = asyncio.get_running_loop().create_task(self._run_check())
+        return await asyncio.shield(self._ready_check)
+
+    async def _run_check(self) -> tuple[bool, str]:
+        result = await self._check()
+        if self._ready is None or result[0] != self._ready[0]:
+            log.log(logging.INFO if result[0] else logging.WARNING, "readiness: %s", result[1])
+        self._ready, self._ready_at = result, time.monotonic()
+        return result
+
+    # -- sampling (consumer lag, group states, topic names) ---------------------------------
+
+    def _coordinates(self, group: str) -> bool:
+        # Each group's lag is reported by its coordinator only, so a cluster-wide sum in
+        # Prometheus does not count a group once per broker.
+        try:
+            return bool(self.broker.cluster.is_coordinator(group))
+        except Exception:  # noqa: BLE001
+            return True
+
+    async def _high_watermark(self, topic: str, partition: int, cache: dict) -> int | None:
+        key = (topic, partition)
+        if key in cache:
+            return cache[key]
+        lg = self.broker.logs.logs.get(key)
+        if lg is not None:
+            hw = lg.high_watermark
+        else:  # owned by another broker (or not loaded yet): the committed state
+            st = await self.broker.metadata.get_partition(topic, partition, with_segments=False)
+            hw = st.high_watermark if st is not None else None
+        cache[key] = hw
+        return hw
+
+    async def sample(self) -> None:
+        """One round: consumer lag and group states of the groups coordinated here, and
+        the live topic names (to forget series of deleted topics)."""
+        md = self.broker.metadata
+        states: dict[str, str] = {}
+        coordinator = getattr(self.broker, "groups", None)
+        if coordinator is not None and hasattr(coordinator, "list_groups"):
+            # Also loads groups persisted before a restart, so their states count too.
+            for entry in await coordinator.list_groups():
+                states[entry[0]] = _state_name(entry[-1])
+            group_ids = set(states)
+        else:
+            group_ids = set(await md.list_groups())
+        group_ids |= set(live_group_states(self.broker) or ())
+        lag: dict[tuple[str, str, int], tuple[int, int]] = {}
+        hws: dict = {}
+        for group in sorted(group_ids):
+            if not self._coordinates(group):
+                continue
+            for (topic, partition), committed in (await md.fetch_offsets(group)).items():
+                if committed.offset < 0:
+                    continue
+                hw = await self._high_watermark(topic, partition, hws)
+                if hw is not None:
+                    lag[(group, topic, partition)] = (committed.offset, max(hw - committed.offset, 0))
+        topics = await md.list_topics()
+        m = self.metrics
+        m.group_states, m.lag, m.lag_sampled_at = states, lag, time.time()
+        m.topic_names = {t.uuid: t.name for t in topics}
+        m.forget_topics({t.name for t in topics})
+
+    async def _lag_loop(self) -> None:
+        while True:
+            try:
+                await self.sample()
+                if self._lag_failing:
+                    log.info("consumer lag sampling works again")
+                self._lag_failing = False
+            except Exception as e:  # noqa: BLE001 - metadata outage: keep the last sample
+                if not self._lag_failing:
+                    log.warning("consumer lag sampling failed (keeping the last sample): %s", e)
+                self._lag_failing = True
+            await asyncio.sleep(self.lag_interval)
+
+    async def _health_loop(self) -> None:
+        # Keeps kafscale_*_up fresh between probes; /readyz reuses a result younger than 1 s.
+        while True:
+            try:
+                await self.readiness(max_age=self.health_interval / 2)
+            except Exception:  # noqa: BLE001
+                log.debug("health check failed", exc_info=True)
+            await asyncio.sleep(self.health_interval)
+
+    # -- HTTP -------------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            status, headers, body, head = await asyncio.wait_for(self._request(reader), REQUEST_TIMEOUT_S)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            writer.close()
+            return
+        except Exception as e:  # noqa: BLE001 - an HTTP bug must not take the broker down
+            log.error("ops HTTP request failed: %s", e, exc_info=True)
+            status, headers, body, head = 500, {}, f"internal error: {e}\n".encode(), False
+        headers.setdefault("Content-Type", "text/plain; charset=utf-8")
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", f"Content-Length: {len(body)}", "Connection: close"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        try:
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            if not head:
+                writer.write(body)
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
+        line = await reader.readline()
+        parts = line.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return 400, {}, b"bad request line\n", False
+        method, target = parts[0], parts[1]
+        accept = ""
+        seen = len(line)
+        while True:  # headers: only Accept matters (OpenMetrics negotiation)
+            h = await reader.readline()
+            seen += len(h)
+            if seen > MAX_HEADER_BYTES:
+                return 431, {}, b"headers too large\n", False
+            if h in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = h.decode("latin-1").partition(":")
+            if name.strip().lower() == "accept":
+                accept = value.strip()
+        head = method == "HEAD"
+        if method not in ("GET", "HEAD"):
+            return 405, {"Allow": "GET, HEAD"}, b"only GET and HEAD\n", False
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(accept)
+            return 200, {"Content-Type": content_type}, encoder(self.metrics.registry), head
+        if path == "/healthz":
+            # Liveness: the event loop answered, which is all a restart would fix.
+            return 200, {}, b"ok\n", head
+        if path == "/readyz":
+            ok, reason = await self.readiness()
+            return (200 if ok else 503), {}, (reason + "\n").encode(), head
+        if path == "/":
+            return 200, {}, b"kafscale broker: /metrics /healthz /readyz\n", head
+        return 404, {}, b"not found: try /metrics, /healthz or /readyz\n", head
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """Stop serving and sampling, unhook from the broker. Safe to call twice."""
+        self._stopping = True
+        if self._ready_check is not None:
+            self._tasks.append(self._ready_check)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._server is not None:
+            self._server.close()
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            except TimeoutError:
+                pass
+            self._server = None
+        hooks = self.broker.server.request_hooks
+        if self.metrics.on_request in hooks:
+            hooks.remove(self.metrics.on_request)
+        self.metrics.remove_taps()
+
+
+async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_interval: float = 10.0) -> OpsHandle:
+    """Register the metrics on `broker` and serve /metrics, /healthz, /readyz on
+    `broker.config.http` ('' disables the HTTP server and the samplers)."""
+    from kafscale.broker.config import BrokerConfig
+
+    metrics = BrokerMetrics(broker)
+    handle = OpsHandle(broker, metrics, lag_interval, health_interval)
+    broker.server.request_hooks.append(metrics.on_request)
+    metrics.install_taps()
+    spec = broker.config.http
+    if not spec:
+        return handle
+    host, port = BrokerConfig.split_hostport(spec)
+    try:
+        handle._server = await asyncio.start_server(handle._serve, host, port, reuse_address=True)
+    except OSError as e:
+        await handle.stop()
+        raise OSError(e.errno, f"cannot serve /metrics on {spec} (--http): {e.strerror or e}") from e
+    sock = handle._server.sockets[0].getsockname()
+    handle.address = (sock[0], sock[1])
+    loop = asyncio.get_running_loop()
+    handle._tasks = [
+        loop.create_task(handle._lag_loop(), name="ops-lag-sampler"),
+        loop.create_task(handle._health_loop(), name="ops-health"),
+    ]
+    log.info("ops endpoint on http://%s:%d (/metrics /healthz /readyz)", *handle.address)
+    return handle

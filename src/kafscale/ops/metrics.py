@@ -1,0 +1,329 @@
+"""Prometheus metrics of one broker.
+
+Each broker gets its own CollectorRegistry, so several brokers in one process (tests,
+benchmarks) never clash. Almost everything is read from live broker state at scrape time
+by `_LiveCollector`; only what has no live source is counted as it happens:
+
+* request counts and latencies, via `KafkaServer.request_hooks`;
+* per-topic bytes in/out and per-partition error codes, via thin wrappers ("taps") around
+  the Produce and Fetch entries of the broker's router, which see the request and the
+  response without the handler modules knowing;
+* consumer lag and group states, sampled by a background task (they need awaits, a scrape
+  is synchronous).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kafscale.protocol import records
+
+if TYPE_CHECKING:
+    from kafscale.broker.app import Broker
+
+log = logging.getLogger("kafscale.ops")
+
+PRODUCE, FETCH = 0, 1
+
+# Request latency buckets: a produce waits for an object-store upload (ms on a local disk,
+# tens to hundreds of ms on S3); a fetch long-polls up to max.wait.ms (500 ms by default).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name of an API key (Produce, Fetch, ...), or the number if unknown."""
+    try:
+        from kio.schema.index import api_key_map
+
+        return "".join(part.title() for part in api_key_map[api_key].split("_"))
+    except (ImportError, KeyError):
+        return str(api_key)
+
+
+def error_name(code: int) -> str:
+    try:
+        from kio.schema.errors import ErrorCode
+
+        return ErrorCode(code).name
+    except (ImportError, ValueError):
+        return str(code)
+
+
+class BrokerMetrics:
+    """The registry of one broker plus the event-driven metrics feeding it."""
+
+    def __init__(self, broker: "Broker"):
+        self.broker = broker
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("kafscale_requests", "Kafka requests handled, by API and version", ["api", "version"], registry=r)
+        self.request_errors = Counter(
+            "kafscale_request_errors", "Requests whose handler failed (the connection is closed), by API and version", ["api", "version"], registry=r
+        )
+        self.latency = Histogram(
+            "kafscale_request_duration_seconds", "Time from a request's arrival to its response being ready, by API", ["api"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.bytes_in = Counter("kafscale_topic_bytes_in", "Record-batch bytes appended by Produce, by topic", ["topic"], registry=r)
+        self.bytes_out = Counter("kafscale_topic_bytes_out", "Record-batch bytes returned by Fetch, by topic", ["topic"], registry=r)
+        self.batches_in = Counter("kafscale_produce_batches", "Record batches appended by Produce, by topic", ["topic"], registry=r)
+        self.partition_errors = Counter(
+            "kafscale_partition_errors", "Per-partition error codes in Produce/Fetch responses, by API and error", ["api", "error"], registry=r
+        )
+        ProcessCollector(namespace="kafscale", registry=r)
+        # Filled by the sampler (OpsHandle); read by the collector.
+        self.health: dict[str, Any] = {"ready": None, "metadata": None, "object_store": None, "listener": None, "checked_at": 0.0}
+        self.lag: dict[tuple[str, str, int], tuple[int, int]] = {}  # (group, topic, partition) -> (committed, lag)
+        self.group_states: dict[str, str] = {}  # group -> state, when the coordinator has no live view
+        self.lag_sampled_at = 0.0
+        self.topic_names: dict[Any, str] = {}  # topic id -> name, for Fetch v13+ (ids only)
+        # Label children cached per key: resolving labels costs more than the increment.
+        self._req_children: dict[tuple[int, int], tuple] = {}
+        self._topic_children: dict[tuple[str, str], Any] = {}
+        r.register(_LiveCollector(broker, self))
+
+    # -- request hook (hot path: dictionary lookups and increments only) ------------------
+
+    def on_request(self, api_key: int, version: int, seconds: float, error: BaseException | None) -> None:
+        children = self._req_children.get((api_key, version))
+        if children is None:
+            name = api_name(api_key)
+            children = (self.requests.labels(name, str(version)), self.request_errors.labels(name, str(version)), self.latency.labels(name))
+            self._req_children[(api_key, version)] = children
+        children[0].inc()
+        children[2].observe(seconds)
+        if error is not None:
+            children[1].inc()
+
+    def _topic_counter(self, family: str, topic: str):
+        child = self._topic_children.get((family, topic))
+        if child is None:
+            child = getattr(self, family).labels(topic)
+            self._topic_children[(family, topic)] = child
+        return child
+
+    def forget_topics(self, live: set[str]) -> None:
+        """Drop per-topic series of deleted topics (called by the sampler)."""
+        for family, topic in [k for k in self._topic_children if k[1] not in live]:
+            del self._topic_children[(family, topic)]
+            try:
+                getattr(self, family).remove(topic)
+            except KeyError:
+                pass
+
+    # -- produce / fetch taps -------------------------------------------------------------
+
+    def account_produce(self, req, resp) -> None:
+        # The response lists topics and partitions in request order (produce.py builds it
+        # that way); with acks=0 there is no response and every partition counts.
+        resp_topics = resp.responses if resp is not None else None
+        for i, td in enumerate(req.topic_data):
+            rt = resp_topics[i] if resp_topics is not None and i < len(resp_topics) else None
+            name = getattr(rt, "name", None) or getattr(td, "name", None) or self._name_of(getattr(td, "topic_id", None))
+            if name is None:
+                continue
+            nbytes = nbatches = 0
+            for j, pd in enumerate(td.partition_data):
+                if rt is not None:
+                    code = rt.partition_responses[j].error_code if j < len(rt.partition_responses) else 0
+                    if code:
+                        self.partition_errors.labels("Produce", error_name(code)).inc()
+                        continue
+                data = pd.records
+                if not data:
+                    continue
+                nbytes += len(data)
+                nbatches += sum(1 for _ in records.iter_batches(data))
+            if nbytes:
+                self._topic_counter("bytes_in", name).inc(nbytes)
+                self._topic_counter("batches_in", name).inc(nbatches)
+
+    def account_fetch(self, req, resp) -> None:
+        if resp is None:
+            return
+        for rt in resp.responses:
+            name = getattr(rt, "topic", None) or self._name_of(getattr(rt, "topic_id", None))
+            nbytes = 0
+            for p in rt.partitions:
+                if p.error_code:
+                    self.partition_errors.labels("Fetch", error_name(p.error_code)).inc()
+                if p.records:
+                    nbytes += len(p.records)
+            if nbytes and name is not None:
+                self._topic_counter("bytes_out", name).inc(nbytes)
+
+    def _name_of(self, topic_id) -> str | None:
+        if topic_id is None:
+            return None
+        name = self.topic_names.get(topic_id)
+        if name is None:
+            # Fetch by id already loaded the topic into the log manager's cache.
+            for meta in list(getattr(self.broker.logs, "_topics", {}).values()):
+                if meta.uuid == topic_id:
+                    name = self.topic_names[topic_id] = meta.name
+                    break
+        return name
+
+    def install_taps(self) -> None:
+        """Wrap the router's Produce and Fetch handlers; `remove_taps` puts them back."""
+        from dataclasses import replace
+
+        router = self.broker.router
+        self._original_apis = {}
+        for key, account in ((PRODUCE, self.account_produce), (FETCH, self.account_fetch)):
+            api = router.apis.get(key)
+            if api is None:
+                continue
+            self._original_apis[key] = api
+            router.apis[key] = replace(api, handler=_tap(api.handler, account))
+
+    def remove_taps(self) -> None:
+        for key, api in getattr(self, "_original_apis", {}).items():
+            self.broker.router.apis[key] = api
+        self._original_apis = {}
+
+
+def _tap(handler, account):
+    async def tapped(ctx, req):
+        resp = await handler(ctx, req)
+        try:
+            account(req, resp)
+        except Exception:  # noqa: BLE001 - metrics must never fail a request
+            log.debug("metrics tap failed", exc_info=True)
+        return resp
+
+    return tapped
+
+
+def _state_name(state) -> str:
+    """Kafka's spelling of a group state (Empty, Stable, PreparingRebalance, ...)."""
+    value = getattr(state, "value", None)
+    s = value if isinstance(value, str) else getattr(state, "name", None) or str(state)
+    if "_" in s or s.isupper() or s.islower():  # an enum name such as PREPARING_REBALANCE
+        s = "".join(part.title() for part in s.split("_"))
+    return s
+
+
+def live_group_states(broker) -> dict[str, str] | None:
+    """group -> state from the coordinator's in-memory view, or None if it has none.
+
+    The coordinator is written separately, so look for the likely shapes defensively."""
+    groups = getattr(broker, "groups", None)
+    if groups is None:
+        return None
+    table = getattr(groups, "groups", None)
+    if isinstance(table, dict):
+        out = {}
+        for gid, g in list(table.items()):
+            state = getattr(g, "state", None)
+            if state is None and hasattr(g, "group"):  # a driver wrapping a state machine
+                state = getattr(g.group, "state", None)
+            if state is not None:
+                out[str(gid)] = _state_name(state)
+        return out
+    return None
+
+
+class _LiveCollector(Collector):
+    """Reads broker state at scrape time: no work at all on the request path."""
+
+    def __init__(self, broker: "Broker", metrics: BrokerMetrics):
+        self.broker = broker
+        self.metrics = metrics
+
+    def describe(self):
+        return []  # dynamic series: no registration-time name clash checks
+
+    def collect(self):
+        b = self.broker
+        m = self.metrics
+        logs = b.logs
+        stats = dict(getattr(logs, "stats", {}))
+        cfg = b.config
+
+        info = GaugeMetricFamily("kafscale_broker_info", "Static facts about this broker (value 1)", labels=["broker_id", "storage", "metadata"])
+        info.add_metric([str(cfg.broker_id), cfg.storage.split("://", 1)[0] if "://" in cfg.storage else "file", cfg.metadata.split("://", 1)[0]], 1)
+        yield info
+
+        def counter(name, doc, key):
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=stats[key])
+
+        yield from counter("kafscale_produce_bytes", "Record-batch bytes appended to partition write buffers", "produce_bytes")
+        yield from counter("kafscale_produce_records", "Records appended to partition write buffers", "produce_records")
+        yield from counter("kafscale_flushes", "Segments uploaded and committed (one per group-commit flush)", "flushes")
+        yield from counter("kafscale_flush_failures", "Flushes that failed (upload or metadata commit); their batches were rejected", "flush_failures")
+        yield from counter("kafscale_segment_bytes", "Bytes of segments uploaded to the object store", "segment_bytes")
+        ops = CounterMetricFamily("kafscale_object_store_requests", "Object-store requests issued by the log manager, by operation", labels=["op"])
+        for op, key in (("put", "puts"), ("get", "gets")):
+            if key in stats:
+                ops.add_metric([op], stats[key])
+        yield ops
+
+        cache = getattr(logs, "cache", None)
+        if cache is not None:
+            yield CounterMetricFamily("kafscale_cache_hits", "Segment cache lookups that found the segment", value=cache.hits)
+            yield CounterMetricFamily("kafscale_cache_misses", "Segment cache lookups that had to read the object store", value=cache.misses)
+            yield GaugeMetricFamily("kafscale_cache_bytes", "Bytes of segments held in the cache", value=cache.bytes)
+            yield GaugeMetricFamily("kafscale_cache_max_bytes", "Cache budget (--cache-bytes)", value=cache.max_bytes)
+
+        yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
+
+        owned = list(logs.logs.items())
+        yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(owned))
+        hw = GaugeMetricFamily("kafscale_partition_high_watermark", "High watermark (next offset to be made durable) of an owned partition", labels=["topic", "partition"])
+        lso = GaugeMetricFamily("kafscale_partition_log_start_offset", "First offset still kept of an owned partition", labels=["topic", "partition"])
+        unflushed = 0
+        for (topic, partition), lg in owned:
+            hw.add_metric([topic, str(partition)], lg.high_watermark)
+            lso.add_metric([topic, str(partition)], lg.log_start_offset)
+            unflushed += max(getattr(lg, "next_offset", lg.high_watermark) - lg.high_watermark, 0)
+        yield hw
+        yield lso
+        yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=unflushed)
+
+        h = m.health
+        for key, name, doc in (
+            ("ready", "kafscale_ready", "1 when /readyz answers 200 (last check)"),
+            ("metadata", "kafscale_metadata_store_up", "1 when the metadata store answered the last health check"),
+            ("object_store", "kafscale_object_store_up", "1 when the object store answered the last health check"),
+            ("listener", "kafscale_listener_up", "1 when the Kafka listener accepts connections"),
+        ):
+            if h.get(key) is not None:
+                yield GaugeMetricFamily(name, doc, value=1 if h[key] else 0)
+        if h.get("checked_at"):
+            yield GaugeMetricFamily("kafscale_health_checked_timestamp_seconds", "Unix time of the last health check", value=h["checked_at"])
+
+        states = live_group_states(b)
+        if states is None:
+            states = m.group_states
+        by_state: dict[str, int] = {}
+        for s in states.values():
+            by_state[s] = by_state.get(s, 0) + 1
+        groups = GaugeMetricFamily("kafscale_consumer_groups", "Consumer groups coordinated here, by state", labels=["state"])
+        for s in ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead"):
+            by_state.setdefault(s, 0)
+        for s, n in sorted(by_state.items()):
+            groups.add_metric([s], n)
+        yield groups
+
+        lag = GaugeMetricFamily("kafscale_consumer_lag", "High watermark minus committed offset (sampled)", labels=["group", "topic", "partition"])
+        committed = GaugeMetricFamily("kafscale_consumer_committed_offset", "Committed offset (sampled)", labels=["group", "topic", "partition"])
+        total: dict[str, int] = {}
+        for (group, topic, partition), (off, n) in m.lag.items():
+            lag.add_metric([group, topic, str(partition)], n)
+            committed.add_metric([group, topic, str(partition)], off)
+            total[group] = total.get(group, 0) + n
+        yield lag
+        yield committed
+        group_lag = GaugeMetricFamily("kafscale_consumer_group_lag", "Sum of a group's lag over its partitions (sampled)", labels=["group"])
+        for group, n in sorted(total.items()):
+            group_lag.add_metric([group], n)
+        yield group_lag
+        if m.lag_sampled_at:
+            yield GaugeMetricFamily("kafscale_consumer_lag_sampled_timestamp_seconds", "Unix time of the last lag sample", value=m.lag_sampled_at)
+

@@ -1,0 +1,132 @@
+"""Background merging of small adjacent segments.
+
+Eager group-commit flushes make many small segments. The merger rewrites a run of small
+adjacent segments into one segment of up to `segment.bytes`: byte-for-byte the same batches
+at the same offsets, stored under the key of the run's first segment. One metadata
+transaction swaps the run for the merged segment; the other objects of the run are deleted
+only after a grace period, so fetches and Spark reads already holding the old segment list
+keep working. A crash at any point loses nothing: before the swap the old segment list is
+still valid (the first key now holds a superset of its batches, which readers bound by
+offset), after it the merged segment is; leftover objects below the high watermark that
+the metadata does not list are never adopted and are swept later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kafscale.storage import segment
+from kafscale.storage.cache import SegmentView
+
+if TYPE_CHECKING:
+    from kafscale.storage.logs import LogManager, PartitionLog
+
+log = logging.getLogger("kafscale.merger")
+
+
+def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[list[segment.SegmentInfo]]:
+    """Runs of >= 2 adjacent small segments whose merged size stays within segment_bytes.
+
+    A segment is small when it is under half of segment_bytes; bigger ones are left alone
+    so that no byte is rewritten more than a bounded number of times."""
+    runs: list[list[segment.SegmentInfo]] = []
+    run: list[segment.SegmentInfo] = []
+    size = 0
+    for seg in segments:
+        small = seg.size < segment_bytes // 2
+        contiguous = not run or run[-1].last_offset + 1 == seg.base_offset
+        if small and contiguous and size + seg.size <= segment_bytes:
+            run.append(seg)
+            size += seg.size
+            continue
+        if len(run) >= 2:
+            runs.append(run)
+        run, size = ([seg], seg.size) if small else ([], 0)
+    if len(run) >= 2:
+        runs.append(run)
+    return runs
+
+
+class SegmentMerger:
+    def __init__(self, manager: "LogManager", interval_s: float, grace_s: float):
+        self.manager = manager
+        self.interval_s = interval_s
+        self.grace_s = grace_s
+        self._doomed: list[tuple[float, list[str]]] = []  # (delete after, keys)
+        self.merged_segments = 0
+        self.merges = 0
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.run_once()
+
+    async def run_once(self) -> int:
+        """Merge every owned partition once and delete objects past their grace period."""
+        done = 0
+        for lg in list(self.manager.logs.values()):
+            if lg.closed:
+                continue
+            for run in plan_runs(lg.state.segments, lg.settings.segment_bytes):
+                try:
+                    if await self.merge(lg, run):
+                        done += 1
+                except Exception as e:  # noqa: BLE001 - retried on the next round
+                    log.warning("merge of %s-%s at %d failed: %s", lg.topic, lg.partition, run[0].base_offset, e)
+                    break
+        await self.delete_expired()
+        return done
+
+    async def merge(self, lg: "PartitionLog", run: list[segment.SegmentInfo]) -> bool:
+        mgr = self.manager
+        bodies = []
+        for seg in run:
+            view = await mgr._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
+            # A view may hold more than the segment (its key was overwritten by an earlier
+            # merge that never committed): keep exactly this segment's offsets.
+            bodies.append(view.read(seg.base_offset, seg.size, True) if view.last_offset > seg.last_offset else view.data)
+        body = b"".join(bodies)
+        base = run[0].base_offset
+        enc = segment.encode([body], base, created_ms=run[0].created_ms)
+        if enc.info.last_offset != run[-1].last_offset:
+            raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
+        ns = mgr.namespace
+        await asyncio.gather(
+            mgr.store.put(segment.segment_key(ns, lg.topic, lg.partition, base), enc.parts),
+            mgr.store.put(segment.index_key(ns, lg.topic, lg.partition, base), [enc.index]),
+        )
+        async with lg._flush_lock:
+            current = {s.base_offset: s for s in lg.state.segments}
+            if any(current.get(s.base_offset) != s for s in run):
+                return False  # retention or DeleteRecords changed the run meanwhile
+            lg.state = await mgr.metadata.update_partition(
+                lg.state, remove_segments=[s.base_offset for s in run], add_segments=[enc.info]
+            )
+        for seg in run:
+            mgr.cache.drop((lg.topic, lg.partition, seg.base_offset))
+        mgr.cache.put((lg.topic, lg.partition, base), SegmentView(base, body))
+        keys = []
+        for seg in run[1:]:
+            keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]
+        self.schedule_delete(keys)
+        self.merges += 1
+        self.merged_segments += len(run)
+        log.debug("merged %d segments of %s-%s into offsets %d-%d", len(run), lg.topic, lg.partition, base, enc.info.last_offset)
+        return True
+
+    def schedule_delete(self, keys: list[str]) -> None:
+        if keys:
+            self._doomed.append((time.monotonic() + self.grace_s, keys))
+
+    async def delete_expired(self, force: bool = False) -> None:
+        now = time.monotonic()
+        due = [keys for t, keys in self._doomed if force or t <= now]
+        self._doomed = [(t, keys) for t, keys in self._doomed if not (force or t <= now)]
+        for keys in due:
+            try:
+                await self.manager.store.delete(keys)
+            except Exception as e:  # noqa: BLE001 - swept again after a restart
+                log.warning("deleting merged-away objects failed: %s", e)

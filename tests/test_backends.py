@@ -1,0 +1,571 @@
+"""Production backends against real servers: S3ObjectStore on moto, EtcdKV on etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+
+import pytest
+from botocore.exceptions import ClientError
+
+from kafscale.metadata.etcd import EtcdKV
+from kafscale.metadata.kv import MetadataUnavailable, Txn, open_kv
+from kafscale.metadata.store import (
+    CommittedOffset,
+    ConflictError,
+    MetadataStore,
+    TopicExistsError,
+    TopicMeta,
+)
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStoreError, open_store
+from kafscale.storage.s3 import S3ObjectStore
+from kafscale.storage.segment import SegmentInfo
+from tests.support.servers import free_port, start_etcd, start_moto
+
+# One loop for the module, so async fixtures and tests share it.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _name(tag: str) -> str:
+    return f"{tag}-{uuid.uuid4().hex[:10]}"
+
+
+# ======================================================================================
+# S3ObjectStore
+# ======================================================================================
+
+
+@pytest.fixture
+async def bucket(moto_server):
+    name = _name("bkt")
+    store = open_store(f"s3://{name}")
+    await store.create_bucket()
+    await store.close()
+    return name
+
+
+async def test_s3_put_get_ranges(bucket):
+    store = open_store(f"s3://{bucket}/data")
+    assert isinstance(store, S3ObjectStore) and store.path_style
+    try:
+        await store.check()
+        await store.put("t/0/seg.kfs", [b"hello ", bytearray(b"wide "), memoryview(b"world")])
+        assert await store.get("t/0/seg.kfs") == b"hello wide world"
+        assert await store.get("t/0/seg.kfs", 6) == b"wide world"
+        assert await store.get("t/0/seg.kfs", 0, 5) == b"hello"
+        assert await store.get("t/0/seg.kfs", 6, 10) == b"wide"
+        assert await store.get("t/0/seg.kfs", 11, 1000) == b"world"  # end past the size
+        assert await store.get("t/0/seg.kfs", 100) == b""  # start past the size
+        assert await store.get("t/0/seg.kfs", 3, 3) == b""
+        await store.put("t/0/seg.kfs", [b"replaced"])
+        assert await store.get("t/0/seg.kfs") == b"replaced"
+        await store.put("empty", [])
+        assert await store.get("empty") == b""
+    finally:
+        await store.close()
+
+
+async def test_s3_missing_key(bucket):
+    store = open_store(f"s3://{bucket}/p")
+    try:
+        for call in (store.get("nope"), store.get("nope", 5), store.get("nope", 0, 10)):
+            with pytest.raises(ObjectNotFound) as info:
+                await call
+            assert isinstance(info.value, ObjectStoreError) and isinstance(info.value, KeyError)
+        await store.delete(["nope", "also/nope"])  # missing keys are ignored
+    finally:
+        await store.close()
+
+
+async def test_s3_list_prefix_isolation_and_delete(bucket):
+    a, b, root = open_store(f"s3://{bucket}/ns-a/"), open_store(f"s3://{bucket}/ns-ab"), open_store(f"s3://{bucket}")
+    try:
+        await a.put("orders/0/2.kfs", [b"2"])
+        await a.put("orders/0/1.kfs", [b"1"])
+        await a.put("orders/1/1.kfs", [b"x"])
+        await a.put("other/0/1.kfs", [b"y"])
+        await b.put("orders/0/1.kfs", [b"from b"])
+
+        assert await a.list("") == ["orders/0/1.kfs", "orders/0/2.kfs", "orders/1/1.kfs", "other/0/1.kfs"]
+        assert await a.list("orders/0/") == ["orders/0/1.kfs", "orders/0/2.kfs"]
+        assert await a.list("orders/") == ["orders/0/1.kfs", "orders/0/2.kfs", "orders/1/1.kfs"]
+        assert await a.list("nothing/") == []
+        assert await b.list("") == ["orders/0/1.kfs"]  # ns-a's keys stay invisible to ns-ab
+        assert await a.get("orders/0/1.kfs") == b"1" and await b.get("orders/0/1.kfs") == b"from b"
+        assert await root.list("ns-a/") == [
+            "ns-a/orders/0/1.kfs", "ns-a/orders/0/2.kfs", "ns-a/orders/1/1.kfs", "ns-a/other/0/1.kfs",
+        ]  # fmt: skip
+
+        await a.delete(["orders/0/1.kfs", "orders/1/1.kfs", "missing"])
+        assert await a.list("") == ["orders/0/2.kfs", "other/0/1.kfs"]
+        assert await b.list("") == ["orders/0/1.kfs"]
+        with pytest.raises(ObjectNotFound):
+            await a.get("orders/0/1.kfs")
+        await a.delete([])
+    finally:
+        for s in (a, b, root):
+            await s.close()
+
+
+async def test_s3_list_and_delete_paginate(bucket):
+    """Several ListObjectsV2 pages and several DeleteObjects batches (small sizes here)."""
+    store = open_store(f"s3://{bucket}/many")
+    store.list_page_size, store.delete_batch = 4, 3
+    try:
+        keys = [f"k/{i:03d}" for i in range(11)]
+        await asyncio.gather(*(store.put(k, [k.encode()]) for k in reversed(keys)))
+        await store.put("other", [b"x"])
+        assert await store.list("k/") == keys
+        await store.delete(keys[:8] + ["k/missing"])
+        assert await store.list("") == keys[8:] + ["other"]
+    finally:
+        await store.close()
+
+
+async def test_s3_create_bucket_from_env(moto_server, monkeypatch):
+    name = _name("auto")
+    monkeypatch.setenv("KAFSCALE_S3_CREATE_BUCKET", "true")
+    store = open_store(f"s3://{name}/x")
+    try:
+        await store.put("k", [b"v"])
+        assert await store.get("k") == b"v"
+    finally:
+        await store.close()
+
+
+async def test_s3_url_and_env_config(monkeypatch):
+    for var in ("KAFSCALE_S3_ENDPOINT", "KAFSCALE_S3_REGION", "KAFSCALE_S3_PATH_STYLE", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    s = S3ObjectStore.from_url("s3://my-bucket")
+    assert (s.bucket, s.prefix, s.endpoint_url, s.region, s.path_style) == ("my-bucket", "", None, "eu-west-1", False)
+    monkeypatch.setenv("KAFSCALE_S3_ENDPOINT", "http://minio:9000")
+    monkeypatch.setenv("KAFSCALE_S3_REGION", "us-west-2")
+    s = S3ObjectStore.from_url("s3://my-bucket/a/b/")
+    assert (s.prefix, s.endpoint_url, s.region, s.path_style) == ("a/b/", "http://minio:9000", "us-west-2", True)
+    monkeypatch.setenv("KAFSCALE_S3_PATH_STYLE", "false")
+    assert S3ObjectStore.from_url("s3://my-bucket").path_style is False
+
+
+async def test_s3_dead_endpoint_fails_fast(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("KAFSCALE_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nobody listens
+    store = open_store("s3://dead-bucket/p")
+    quick = S3ObjectStore.from_url("s3://dead-bucket/p", max_attempts=2)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ObjectStoreError, match="attempts"):
+            await store.check()  # default retries: still bounded
+        assert time.monotonic() - t0 < 4
+        for call in (quick.put("k", [b"v"]), quick.get("k"), quick.list(""), quick.delete(["k"])):
+            t0 = time.monotonic()
+            with pytest.raises(ObjectStoreError) as info:
+                await call
+            assert not isinstance(info.value, ObjectNotFound)
+            assert time.monotonic() - t0 < 3
+    finally:
+        await store.close()
+        await quick.close()
+
+
+async def test_s3_silent_endpoint_times_out(monkeypatch):
+    """An endpoint that accepts connections but never answers must not hang callers."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)  # the kernel completes handshakes; nothing ever reads or replies
+        store = S3ObjectStore(
+            "silent-bucket", endpoint_url=f"http://127.0.0.1:{sock.getsockname()[1]}",
+            read_timeout=0.5, retry_budget=1.5,
+        )  # fmt: skip
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(ObjectStoreError):
+                await store.get("k")
+            assert time.monotonic() - t0 < 4
+        finally:
+            await store.close()
+
+
+class _FlakyClient:
+    """Stands in for the botocore client: fails `failures` times, then answers."""
+
+    def __init__(self, failures: int, code: str = "SlowDown", status: int = 503):
+        self.failures, self.code, self.status, self.calls = failures, code, status, 0
+
+    async def head_bucket(self, **kwargs):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ClientError(
+                {"Error": {"Code": self.code, "Message": "x"}, "ResponseMetadata": {"HTTPStatusCode": self.status}},
+                "HeadBucket",
+            )
+        return {}
+
+
+async def test_s3_retries_throttling_then_gives_up():
+    store = S3ObjectStore("b", endpoint_url="http://unused", max_attempts=4, base_backoff=0.01)
+    flaky = _FlakyClient(failures=3)
+
+    async def client():
+        return flaky
+
+    store._get_client = client  # retry logic only: no network
+    await store.check()
+    assert flaky.calls == 4  # three SlowDowns retried
+
+    flaky = _FlakyClient(failures=100, code="InternalError", status=500)
+    t0 = time.monotonic()
+    with pytest.raises(ObjectStoreError, match="after 4 attempts"):
+        await store.check()
+    assert flaky.calls == 4 and time.monotonic() - t0 < 2
+
+    flaky = _FlakyClient(failures=100, code="AccessDenied", status=403)
+    with pytest.raises(ObjectStoreError):
+        await store.check()
+    assert flaky.calls == 1  # not retriable
+
+
+async def test_s3_outage_and_recovery(monkeypatch):
+    with start_moto() as srv:
+        for k, v in srv.env.items():
+            monkeypatch.setenv(k, v)
+        store = S3ObjectStore.from_url("s3://outage-bucket/p", retry_budget=2.0)
+        try:
+            await store.create_bucket()
+            await store.put("a", [b"before"])
+
+            # Frozen server: requests time out, then everything is back, data intact.
+            await store.close()  # the next call makes a client with the shorter timeout
+            store.read_timeout = 0.5
+            srv.pause()
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(ObjectStoreError):
+                    await store.get("a")
+                assert time.monotonic() - t0 < 4
+            finally:
+                srv.resume()
+            assert await store.get("a") == b"before"
+
+            # Stopped server: connection refused, errors; started again on the same port: works.
+            srv.stop()
+            t0 = time.monotonic()
+            with pytest.raises(ObjectStoreError) as info:
+                await store.put("b", [b"during"])
+            assert not isinstance(info.value, ObjectNotFound)
+            with pytest.raises(ObjectStoreError):
+                await store.check()
+            assert time.monotonic() - t0 < 6
+            srv.start()
+            await store.create_bucket()  # moto keeps no state across restarts
+            await store.put("b", [b"after"])
+            assert await store.get("b") == b"after"
+            assert await store.list("") == ["b"]
+            await store.check()
+        finally:
+            await store.close()
+
+
+# ======================================================================================
+# EtcdKV
+# ======================================================================================
+
+
+@pytest.fixture
+async def kv(etcd_server):
+    k = EtcdKV.from_url(etcd_server.url, prefix=f"/{_name('test')}")
+    yield k
+    await k.close()
+
+
+async def test_etcd_get_range_versions(kv):
+    assert await kv.get("/a") is None
+    for i in range(1, 4):
+        assert await kv.commit(Txn(puts=[("/a", f"v{i}".encode())]))
+        got = await kv.get("/a")
+        assert (got.key, got.value, got.version) == ("/a", f"v{i}".encode(), i)
+    await kv.commit(Txn(puts=[("/r/b", b"2"), ("/r/a", b"1"), ("/r/c/d", b"3"), ("/rx", b"no")]))
+    assert [(x.key, x.value, x.version) for x in await kv.range("/r/")] == [
+        ("/r/a", b"1", 1), ("/r/b", b"2", 1), ("/r/c/d", b"3", 1),
+    ]  # fmt: skip
+    assert [x.key for x in await kv.range("/")] == ["/a", "/r/a", "/r/b", "/r/c/d", "/rx"]
+    assert [x.key for x in await kv.range("")] == ["/a", "/r/a", "/r/b", "/r/c/d", "/rx"]
+    assert await kv.range("/none/") == []
+    # delete then re-create: the version restarts at 1 (etcd semantics)
+    assert await kv.commit(Txn(compares=[("/a", 3)], deletes=["/a"]))
+    assert await kv.get("/a") is None
+    assert await kv.commit(Txn(compares=[("/a", 0)], puts=[("/a", b"new")]))
+    assert (await kv.get("/a")).version == 1
+    await kv.check()
+
+
+async def test_etcd_prefix_isolation(etcd_server):
+    base = f"/{_name('iso')}"
+    a, ab = EtcdKV.from_url(etcd_server.url, prefix=base), EtcdKV.from_url(etcd_server.url, prefix=base + "b")
+    try:
+        await a.commit(Txn(puts=[("/k", b"a")]))
+        await ab.commit(Txn(puts=[("/k", b"ab"), ("/j", b"ab")]))
+        assert (await a.get("/k")).value == b"a" and (await ab.get("/k")).value == b"ab"
+        assert [x.key for x in await a.range("")] == ["/k"]
+        assert [x.key for x in await a.range("/")] == ["/k"]
+        assert await a.get("/j") is None
+        await a.commit(Txn(delete_prefixes=["/"]))
+        assert await a.range("") == [] and len(await ab.range("")) == 2
+        # Keys really live under the prefix in etcd.
+        root = EtcdKV.from_url(etcd_server.url, prefix="")
+        assert [x.key for x in await root.range(base + "b/")] == [base + "b/j", base + "b/k"]
+        await root.close()
+    finally:
+        await a.close()
+        await ab.close()
+
+
+async def test_etcd_txn_compare_failure_applies_nothing(kv):
+    await kv.commit(Txn(puts=[("/x", b"1"), ("/keep/1", b"k1"), ("/keep/2", b"k2"), ("/d", b"d")]))
+    before = [(x.key, x.value, x.version) for x in await kv.range("/")]
+    failing = Txn(
+        compares=[("/x", 1), ("/absent", 1)],  # second compare fails
+        puts=[("/x", b"2"), ("/new", b"n")],
+        deletes=["/d"],
+        delete_prefixes=["/keep/"],
+    )
+    assert await kv.commit(failing) is False
+    assert [(x.key, x.value, x.version) for x in await kv.range("/")] == before
+
+    failing.compares = [("/x", 1), ("/absent", 0)]
+    assert await kv.commit(failing) is True
+    assert [(x.key, x.value, x.version) for x in await kv.range("/")] == [("/new", b"n", 1), ("/x", b"2", 2)]
+    assert await kv.commit(Txn(compares=[("/x", 1)], puts=[("/x", b"3")])) is False  # stale version
+    assert (await kv.get("/x")).value == b"2"
+
+
+async def test_etcd_delete_prefixes_with_puts_inside(kv):
+    await kv.commit(Txn(puts=[(f"/seg/{i}", b"old") for i in range(5)] + [("/segx", b"outside"), ("/g", b"g")]))
+    # Delete a prefix and re-put some keys under it, delete and put the same key, put twice.
+    ok = await kv.commit(
+        Txn(
+            puts=[("/seg/2", b"new"), ("/seg/9", b"added"), ("/g", b"first"), ("/g", b"second")],
+            deletes=["/g", "/missing"],
+            delete_prefixes=["/seg/", "/nothing/"],
+        )
+    )
+    assert ok
+    assert [(x.key, x.value) for x in await kv.range("/")] == [
+        ("/g", b"second"), ("/seg/2", b"new"), ("/seg/9", b"added"), ("/segx", b"outside"),
+    ]  # fmt: skip
+    assert (await kv.get("/seg/9")).version == 1
+
+
+async def test_etcd_large_transactions(kv):
+    # Unguarded writes past etcd's --max-txn-ops (128) are applied in chunks.
+    n = 1234
+    assert await kv.commit(Txn(puts=[(f"/big/{i:05d}", str(i).encode()) for i in range(n)]))
+    got = await kv.range("/big/")  # also pages through Range (1000 keys a page)
+    assert [x.key for x in got] == [f"/big/{i:05d}" for i in range(n)]
+    assert got[777].value == b"777"
+    # A guarded one that large cannot be split atomically: a clear error, nothing applied.
+    with pytest.raises(MetadataUnavailable, match="max-txn-ops"):
+        await kv.commit(Txn(compares=[(f"/g/{i}", 0) for i in range(200)], puts=[(f"/g/{i}", b"v") for i in range(200)]))
+    assert await kv.range("/g/") == []
+    assert await kv.commit(Txn(delete_prefixes=["/big/"]))
+    assert await kv.range("/big/") == []
+
+
+async def test_etcd_open_kv_and_url_parsing(etcd_server, tmp_path):
+    k = open_kv(etcd_server.url, tmp_path, prefix="/openkv")
+    assert isinstance(k, EtcdKV) and k.prefix == "/openkv"
+    await k.check()
+    await k.close()
+    k = EtcdKV.from_url("etcd://h1:1,h2:2, h3 ,[::1]:4/ignored")
+    assert k.endpoints == ["h1:1", "h2:2", "h3:2379", "[::1]:4"]
+
+
+async def test_etcd_failover_between_endpoints(etcd_server):
+    dead = f"127.0.0.1:{free_port()}"
+    for endpoints in ([dead, etcd_server.endpoint], [etcd_server.endpoint, dead]):
+        k = EtcdKV(endpoints, prefix=f"/{_name('fo')}", op_timeout=3)
+        try:
+            assert await k.commit(Txn(compares=[("/k", 0)], puts=[("/k", b"v")]))
+            assert (await k.get("/k")).value == b"v"
+        finally:
+            await k.close()
+
+
+# -- the typed MetadataStore on etcd ------------------------------------------------------
+
+
+def _seg(base: int, last: int) -> SegmentInfo:
+    return SegmentInfo(base, last, 100 * (last - base + 1), last - base + 1, 1_700_000_000_000 + last, 1_700_000_000_000)
+
+
+async def test_metadata_store_on_etcd(kv):
+    store = MetadataStore(kv)
+    meta = await store.create_topic(TopicMeta("orders", 3, configs={"retention.ms": "1000"}))
+    with pytest.raises(TopicExistsError):
+        await store.create_topic(TopicMeta("orders", 5))
+    got = await store.get_topic("orders")
+    assert (got.name, got.partitions, got.topic_id, got.configs) == ("orders", 3, meta.topic_id, {"retention.ms": "1000"})
+    assert [t.name for t in await store.list_topics()] == ["orders"]
+
+    st = await store.get_partition("orders", 1)
+    assert (st.high_watermark, st.version, st.segments) == (0, 0, [])  # never written yet
+    assert await store.get_partition("orders", 3) is None  # beyond the partition count
+    st2 = await store.commit_segment(st, _seg(0, 9))
+    assert (st2.high_watermark, st2.version) == (10, 1)
+    with pytest.raises(ConflictError):  # a second writer still holding the old state is fenced
+        await store.commit_segment(st, _seg(0, 4))
+    st3 = await store.commit_segment(st2, _seg(10, 19))
+    fresh = await store.get_partition("orders", 1)
+    assert fresh.high_watermark == 20 and fresh.version == st3.version == 2
+    assert [s.base_offset for s in fresh.segments] == [0, 10] and fresh.segments[1] == _seg(10, 19)
+
+    # Merge: remove both segments and add one with the same base offset as a removed one.
+    merged = await store.update_partition(fresh, remove_segments=[0, 10], add_segments=[_seg(0, 19)], owner=7)
+    fresh = await store.get_partition("orders", 1)
+    assert fresh.segments == [_seg(0, 19)] and fresh.owner == 7 and fresh.version == merged.version
+    with pytest.raises(ConflictError):
+        await store.update_partition(st3, log_start_offset=5)
+
+    await store.set_topic_configs("orders", {"cleanup.policy": "delete"})
+    await store.add_partitions("orders", 5)
+    assert (await store.get_topic("orders")).partitions == 5
+    assert await store.get_partition("orders", 4) is not None
+
+    await store.delete_topic("orders")
+    assert await store.get_topic("orders") is None
+    assert await kv.range("/partitions/orders/") == [] and await kv.range("/segments/orders/") == []
+    await store.create_topic(TopicMeta("orders", 1))  # the name is free again
+
+
+async def test_metadata_store_groups_offsets_and_producer_ids(kv):
+    store = MetadataStore(kv)
+    await store.put_group("g1", {"state": "Stable", "generation": 3, "members": ["m1"]})
+    await store.put_group("g2", {"state": "Empty"})
+    assert await store.get_group("g1") == {"state": "Stable", "generation": 3, "members": ["m1"]}
+    assert set(await store.list_groups()) == {"g1", "g2"}
+
+    offsets = {("t/with/slash", 0): CommittedOffset(5, 1, "meta", 123), ("t", 2): CommittedOffset(9)}
+    await store.commit_offsets("g1", offsets)
+    assert await store.fetch_offsets("g1") == offsets
+    await store.commit_offsets("g1", {("t", 2): CommittedOffset(11)})
+    assert (await store.fetch_offsets("g1"))[("t", 2)].offset == 11
+    await store.delete_offsets("g1", [("t", 2)])
+    assert set(await store.fetch_offsets("g1")) == {("t/with/slash", 0)}
+    await store.commit_offsets("g2", {("t", 0): CommittedOffset(1)})
+
+    await store.delete_group("g1")
+    assert await store.get_group("g1") is None and await store.fetch_offsets("g1") == {}
+    assert await store.fetch_offsets("g2") == {("t", 0): CommittedOffset(1)}
+
+    # Producer id blocks stay unique with many concurrent allocators (two clients).
+    other = MetadataStore(EtcdKV(kv.endpoints, prefix=kv.prefix))
+    try:
+        starts = await asyncio.gather(
+            *(s.allocate_producer_ids(100) for s in [store, other] * 10)
+        )
+    finally:
+        await other.kv.close()
+    assert sorted(starts) == list(range(0, 2000, 100))
+    assert (await kv.get("/producer-ids")).value == b"2000"
+
+
+# -- leases and watches ---------------------------------------------------------------------
+
+
+async def test_etcd_leases(kv):
+    lease = await kv.grant_lease(10)
+    await kv.put_with_lease("/brokers/1", b"host:9092", lease)
+    assert await kv.commit_with_lease(Txn(compares=[("/owner/p0", 0)], puts=[("/owner/p0", b"1")]), lease)
+    assert await kv.commit_with_lease(Txn(compares=[("/owner/p0", 0)], puts=[("/owner/p0", b"2")]), lease) is False
+    assert await kv.keepalive(lease) is True
+    assert (await kv.get("/brokers/1")).value == b"host:9092"
+    await kv.revoke_lease(lease)
+    assert await kv.get("/brokers/1") is None and await kv.get("/owner/p0") is None
+    assert await kv.keepalive(lease) is False
+    await kv.revoke_lease(lease)  # already gone: no error
+
+    # Expiry: etcd's minimum TTL is about 2s; without keepalive the key goes away.
+    short = await kv.grant_lease(2)
+    await kv.put_with_lease("/brokers/2", b"x", short)
+    await kv.commit(Txn(puts=[("/plain", b"stays")]))
+    deadline = time.monotonic() + 8
+    while await kv.get("/brokers/2") is not None:
+        assert time.monotonic() < deadline, "leased key outlived its TTL"
+        await asyncio.sleep(0.2)
+    assert await kv.keepalive(short) is False
+    assert (await kv.get("/plain")).value == b"stays"
+
+
+async def test_etcd_watch_prefix(kv):
+    events = []
+    seen = asyncio.Event()
+
+    async def watch():
+        async for ev in kv.watch_prefix("/w/"):
+            events.append(ev)
+            if len(events) == 3:
+                seen.set()
+                return
+
+    task = asyncio.create_task(watch())
+    await asyncio.sleep(0.3)  # let the watch be created before the writes
+    await kv.commit(Txn(puts=[("/w/a", b"1")]))
+    await kv.commit(Txn(puts=[("/elsewhere", b"ignored")]))
+    await kv.commit(Txn(puts=[("/w/a", b"2")]))
+    await kv.commit(Txn(deletes=["/w/a"]))
+    await asyncio.wait_for(seen.wait(), 5)
+    await task
+    assert [(e.type, e.key, e.value, e.version) for e in events] == [
+        ("put", "/w/a", b"1", 1), ("put", "/w/a", b"2", 2), ("delete", "/w/a", b"", 0),
+    ]  # fmt: skip
+
+
+# -- etcd outage ---------------------------------------------------------------------------
+
+
+async def test_etcd_down_then_restarted():
+    with start_etcd() as srv:
+        kv = EtcdKV.from_url(srv.url, prefix="/outage", op_timeout=1.0, rpc_timeout=0.5)
+        store = MetadataStore(kv)
+        try:
+            await store.create_topic(TopicMeta("t", 1))
+            watched = []
+
+            async def watch():
+                async for ev in kv.watch_prefix("/topics/"):
+                    watched.append(ev)
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.2)
+            srv.stop()
+            with pytest.raises(MetadataUnavailable):  # a broken watch ends, it does not hang
+                await asyncio.wait_for(watcher, 5)
+            for call in (kv.get("/topics/t"), kv.range("/"), kv.commit(Txn(puts=[("/x", b"1")])), kv.check()):
+                t0 = time.monotonic()
+                with pytest.raises(MetadataUnavailable):
+                    await call
+                assert time.monotonic() - t0 < 2.5
+            with pytest.raises(MetadataUnavailable):
+                await kv.grant_lease(5)
+
+            srv.start()  # same ports, same data dir
+            t0 = time.monotonic()
+            while True:  # the channel reconnects within about a second
+                try:
+                    await kv.check()
+                    break
+                except MetadataUnavailable:
+                    assert time.monotonic() - t0 < 10
+            assert (await store.get_topic("t")).partitions == 1
+            with pytest.raises(TopicExistsError):
+                await store.create_topic(TopicMeta("t", 1))
+            assert await kv.get("/x") is None  # the write during the outage did not happen
+            st = await store.get_partition("t", 0)
+            assert (await store.commit_segment(st, _seg(0, 0))).high_watermark == 1
+        finally:
+            await kv.close()
