@@ -23,8 +23,15 @@ class Broker:
         self.metadata = MetadataStore(open_kv(config.metadata, config.data_dir, config.metadata_prefix))
         self.store = open_store(config.storage)
         host, port = BrokerConfig.split_hostport(config.advertise)
-        self.cluster = SingleNodeCluster(BrokerNode(config.broker_id, host, port))
+        local = BrokerNode(config.broker_id, host, port)
+        if config.metadata.startswith("etcd://"):
+            from kafscale.cluster.etcd_cluster import EtcdCluster
+
+            self.cluster = EtcdCluster(local, self.metadata.kv, self.metadata, config.lease_ttl_s)
+        else:
+            self.cluster = SingleNodeCluster(local)
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
+        self.cluster.logs = self.logs
         self.router = build_router()
         self.groups = None
         try:

@@ -263,6 +263,8 @@ class EtcdKV(KV):
                 ops.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=cur, range_end=e)))
         for k in put_keys:
             ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=puts[k], lease=lease)))
+        for key, value in txn.leased_puts:
+            ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self._k(key), value=bytes(value), lease=txn.lease)))
         return ops
 
     def _compares(self, txn: Txn) -> list:

@@ -33,6 +33,10 @@ class Txn:
     puts: list[tuple[str, bytes]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
     delete_prefixes: list[str] = field(default_factory=list)
+    # Puts tied to a lease (etcd): deleted when the lease ends. Backends without leases
+    # (embedded: one broker, nothing to fence) store them as plain puts.
+    leased_puts: list[tuple[str, bytes]] = field(default_factory=list)
+    lease: int = 0
 
 
 class KV(abc.ABC):
@@ -94,7 +98,7 @@ class SqliteKV(KV):
                 db.execute("DELETE FROM kv WHERE key >= ? AND key < ?", (prefix, prefix + "\U0010ffff"))
             for key in txn.deletes:
                 db.execute("DELETE FROM kv WHERE key = ?", (key,))
-            for key, value in txn.puts:
+            for key, value in txn.puts + txn.leased_puts:
                 db.execute(
                     "INSERT INTO kv (key, value, version) VALUES (?, ?, 1) "
                     "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = kv.version + 1",

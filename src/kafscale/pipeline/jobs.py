@@ -91,8 +91,9 @@ def describe_offsets(start: Any, end: Any) -> str:
     return ", ".join(parts) or "no new offsets"
 
 
-def _follow(query, result: JobResult, timeout: float | None, out=sys.stdout, on_progress: Callable[[dict], None] | None = None) -> JobResult:
+def _follow(query, result: JobResult, timeout: float | None, out=None, on_progress: Callable[[dict], None] | None = None) -> JobResult:
     """Wait for the query, printing each completed micro-batch once."""
+    out = out or sys.stdout
     seen: set[int] = set()
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -231,7 +232,7 @@ class IcebergAppender:
     Also usable directly as a foreachBatch function: `appender(batch_df, batch_id)`.
     """
 
-    def __init__(self, table: str, catalog_name: str = "kafscale", catalog_properties: dict | None = None, out=sys.stdout):
+    def __init__(self, table: str, catalog_name: str = "kafscale", catalog_properties: dict | None = None, out=None):
         if "." not in table:
             table = f"default.{table}"
         self.table_name = table
@@ -310,7 +311,7 @@ class IcebergAppender:
             f"[kafscale iceberg] batch {batch_id}: {appended} rows appended to {self.table_name}"
             + (f", {present} already present" if present else "")
             + (f" (offsets {ranges})" if ranges else ""),
-            file=self.out,
+            file=self.out or sys.stdout,
             flush=True,
         )
 

@@ -202,6 +202,11 @@ class PartitionLog:
             if not self._buffer:
                 return
             self._last_flush = time.monotonic()
+            if not self.manager.cluster.owns(self.topic, self.partition):
+                # Lease lost or ownership moved: another broker may write this partition now.
+                self.fail_pending(StorageError(f"{self.topic}-{self.partition} is no longer owned here", NOT_LEADER_OR_FOLLOWER))
+                self.manager.forget(self.topic, self.partition)
+                return
             taken = self._take_segment()
             self._in_flight = taken
             self._waiting_acks -= sum(1 for p in taken if p.waiters)
@@ -243,6 +248,17 @@ class PartitionLog:
         if isinstance(error, ConflictError) and st is not None:
             self.state = st
         return False
+
+    def fail_pending(self, error: StorageError) -> None:
+        """Reject everything buffered (not durable); the log stops accepting appends."""
+        dropped, self._buffer = self._buffer, []
+        self._buffer_bytes = 0
+        self._waiting_acks = 0
+        self.closed = True
+        for p in dropped:
+            for w in p.waiters:
+                if not w.done():
+                    w.set_exception(error)
 
     def _fail_unflushed(self, taken: list[_Pending], error: Exception) -> None:
         """Drop everything not durable: its offsets will be handed out again."""
@@ -462,6 +478,15 @@ class LogManager:
 
     # -- partition logs ------------------------------------------------------------------
 
+    async def release(self, topic: str, partition: int, flush: bool) -> None:
+        """Ownership is moving away: flush (graceful hand-over) or drop (fenced), then forget."""
+        lg = self.logs.pop((topic, partition), None)
+        if lg is not None:
+            if not flush:
+                lg.fail_pending(StorageError(f"{topic}-{partition} moved to another broker", NOT_LEADER_OR_FOLLOWER))
+            await lg.close(flush=flush)
+        self.cache.drop_prefix((topic, partition))
+
     def forget(self, topic: str, partition: int) -> None:
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
@@ -473,7 +498,7 @@ class LogManager:
         Raises StorageError(UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER)."""
         key = (topic, partition)
         lg = self.logs.get(key)
-        if lg is not None:
+        if lg is not None and not lg.closed:
             return lg
         if not self.cluster.owns(topic, partition):
             raise StorageError(f"{topic}-{partition} is owned by another broker", NOT_LEADER_OR_FOLLOWER)

@@ -1,0 +1,264 @@
+"""Many stateless brokers sharing etcd: membership, partition ownership, fencing.
+
+- Each broker holds one etcd lease and registers `/brokers/{id}` under it.
+- The desired owner of a partition (and coordinator of a group) is chosen by rendezvous
+  hashing over the live brokers, so every broker computes the same answer and ownership
+  moves only for the share a joining or leaving broker takes or gives up.
+- Ownership is the key `/owners/{topic}/{p}`, tied to the owner's lease. Taking it is one
+  transaction that also bumps the partition's leader epoch (so the old owner's next
+  segment commit fails its compare): the old owner cannot commit after a takeover.
+- An owner whose lease could not be refreshed for half the TTL stops writing, well before
+  etcd expires the lease and anyone else can take over, so an old owner's upload cannot
+  land on a key after the new owner has written it.
+- SIGTERM: flush, delete the owner keys and revoke the lease: hand-over in well under a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kafscale.cluster.membership import BrokerNode, Cluster
+from kafscale.metadata.kv import MetadataUnavailable, Txn
+from kafscale.metadata.store import MetadataStore
+
+if TYPE_CHECKING:
+    from kafscale.metadata.etcd import EtcdKV
+    from kafscale.storage.logs import LogManager
+
+log = logging.getLogger("kafscale.cluster")
+RECONCILE_INTERVAL_S = 0.5
+
+
+def _score(key: str, node_id: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}|{node_id}".encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous(key: str, node_ids: list[int]) -> int:
+    """Highest-random-weight choice: stable when other nodes come and go."""
+    return max(node_ids, key=lambda n: _score(key, n)) if node_ids else -1
+
+
+def assign_topic(topic: str, partitions: int, node_ids: list[int]) -> list[int]:
+    """Owner of each partition: rendezvous preference, capped at ceil(partitions / nodes)
+    per node, so a topic is balanced and a membership change moves few partitions."""
+    if not node_ids:
+        return [-1] * partitions
+    cap = -(-partitions // len(node_ids))
+    load = dict.fromkeys(node_ids, 0)
+    owners = []
+    for p in range(partitions):
+        key = f"{topic}/{p}"
+        for n in sorted(node_ids, key=lambda n: _score(key, n), reverse=True):
+            if load[n] < cap:
+                load[n] += 1
+                owners.append(n)
+                break
+    return owners
+
+
+class EtcdCluster(Cluster):
+    def __init__(self, local: BrokerNode, kv: "EtcdKV", metadata: MetadataStore, lease_ttl_s: int):
+        super().__init__(local)
+        self.kv = kv
+        self.metadata = metadata
+        self.ttl = lease_ttl_s
+        self.logs: "LogManager | None" = None  # set by the broker after construction
+        self.lease = 0
+        self._write_deadline = 0.0  # monotonic time until which our lease is surely alive
+        self._live: dict[int, BrokerNode] = {local.node_id: local}
+        self._owners: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, p) -> (node, epoch)
+        self._owned: set[tuple[str, int]] = set()
+        self._partition_counts: dict[str, int] = {}
+        self._assignments: dict[tuple, list[int]] = {}  # (topic, count, live ids) -> owners
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self.listeners: list = []  # callables(cluster) run after membership changes
+
+    # -- Cluster interface ---------------------------------------------------------------
+
+    def brokers(self) -> list[BrokerNode]:
+        return sorted(self._live.values(), key=lambda b: b.node_id)
+
+    def lease_alive(self) -> bool:
+        return time.monotonic() < self._write_deadline
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._owned and self.lease_alive()
+
+    def owner_of(self, topic: str, partition: int) -> int:
+        if self.owns(topic, partition):
+            return self.local.node_id
+        owner = self._owners.get((topic, partition))
+        if owner is not None and owner[0] in self._live:
+            return owner[0]
+        return self.desired_owner(topic, partition)
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        owner = self._owners.get((topic, partition))
+        return owner[1] if owner else 0
+
+    def desired_owner(self, topic: str, partition: int) -> int:
+        count = self._partition_counts.get(topic, partition + 1)
+        key = (topic, max(count, partition + 1), tuple(sorted(self._live)))
+        owners = self._assignments.get(key)
+        if owners is None:
+            owners = self._assignments[key] = assign_topic(topic, key[1], list(key[2]))
+        return owners[partition]
+
+    def coordinator_for(self, key: str) -> BrokerNode:
+        return self._live[rendezvous(f"group/{key}", list(self._live))]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._register()
+        await self.reconcile()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keepalive_loop(), name="lease-keepalive"), loop.create_task(self._reconcile_loop(), name="ownership")]
+
+    async def _register(self) -> None:
+        started = time.monotonic()
+        self.lease = await self.kv.grant_lease(self.ttl)
+        self._write_deadline = started + self.ttl / 2
+        doc = json.dumps({"host": self.local.host, "port": self.local.port, "rack": self.local.rack}).encode()
+        key = f"/brokers/{self.local.node_id}"
+        # The same id must not run twice: the key is free, or left by our own earlier life.
+        await self.kv.commit(Txn(leased_puts=[(key, doc)], lease=self.lease))
+        log.info("broker %d registered with lease %x (ttl %ds)", self.local.node_id, self.lease, self.ttl)
+
+    async def stop(self) -> None:
+        """Hand everything over at once: flush and release partitions, revoke the lease."""
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for key in list(self._owned):
+            await self._release(*key, flush=True)
+        try:
+            await self.kv.revoke_lease(self.lease)
+        except MetadataUnavailable as e:
+            log.warning("could not revoke lease on shutdown (it expires in %ds): %s", self.ttl, e)
+
+    async def _keepalive_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(self.ttl / 4, 0.2))
+            started = time.monotonic()
+            try:
+                alive = await self.kv.keepalive(self.lease)
+            except MetadataUnavailable as e:
+                if not self.lease_alive():
+                    log.error("etcd unreachable for half the lease TTL: stopped writing (%s)", e)
+                    await self._drop_all()
+                continue
+            if alive:
+                self._write_deadline = started + self.ttl / 2
+                continue
+            log.error("lease %x expired: dropping ownership and registering again", self.lease)
+            await self._drop_all()
+            try:
+                await self._register()
+            except MetadataUnavailable as e:
+                log.error("re-registering failed: %s", e)
+
+    async def _drop_all(self) -> None:
+        """Our lease is (or may be) gone: others may own our partitions now. Never flush."""
+        for key in list(self._owned):
+            self._owned.discard(key)
+            if self.logs is not None:
+                await self.logs.release(*key, flush=False)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            try:
+                await self.reconcile()
+            except MetadataUnavailable as e:
+                log.warning("ownership reconcile: etcd unavailable: %s", e)
+            except Exception:  # noqa: BLE001 - keep reconciling
+                log.exception("ownership reconcile failed")
+
+    # -- ownership ------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        live = {}
+        for kv in await self.kv.range("/brokers/"):
+            doc = json.loads(kv.value)
+            node_id = int(kv.key.rsplit("/", 1)[1])
+            live[node_id] = BrokerNode(node_id, doc["host"], doc["port"], doc.get("rack"))
+        if self.lease_alive() and not self._stopping:
+            live.setdefault(self.local.node_id, self.local)
+        changed = set(live) != set(self._live)
+        self._live = live
+        owners = {}
+        for kv in await self.kv.range("/owners/"):
+            topic, p = kv.key[len("/owners/") :].rsplit("/", 1)
+            doc = json.loads(kv.value)
+            owners[(topic, int(p))] = (doc["node"], doc["epoch"])
+        self._owners = owners
+        if changed:
+            log.info("live brokers: %s", sorted(live))
+            for fn in self.listeners:
+                fn(self)
+
+    async def reconcile(self) -> None:
+        await self.refresh()
+        if self._stopping or not self.lease_alive():
+            return
+        me = self.local.node_id
+        topics = await self.metadata.list_topics()
+        self._partition_counts = {m.name: m.partitions for m in topics}
+        if len(self._assignments) > 10_000:
+            self._assignments.clear()
+        for meta in topics:
+            for p in range(meta.partitions):
+                key = (meta.name, p)
+                desired = self.desired_owner(*key)
+                current = self._owners.get(key)
+                if key in self._owned:
+                    if current is None or current[0] != me:
+                        # Someone removed our key (etcd restored, or a lease mix-up): stop.
+                        self._owned.discard(key)
+                        if self.logs is not None:
+                            await self.logs.release(*key, flush=False)
+                    elif desired != me:
+                        await self._release(*key, flush=True)
+                elif desired == me and current is None:
+                    await self._acquire(*key)
+        # Ownership of topics that were deleted.
+        names = set(self._partition_counts)
+        for key in [k for k in self._owned if k[0] not in names]:
+            self._owned.discard(key)
+
+    async def _acquire(self, topic: str, partition: int) -> None:
+        st = await self.metadata.get_partition(topic, partition, with_segments=False)
+        if st is None:
+            return
+        epoch = st.leader_epoch + 1
+        okey, pkey = f"/owners/{topic}/{partition}", f"/partitions/{topic}/{partition}"
+        state_doc = MetadataStore._state_doc(st)
+        state_doc.update(leader_epoch=epoch, owner=self.local.node_id, epoch_start_offset=st.high_watermark)
+        txn = Txn(
+            compares=[(okey, 0), (pkey, st.version)],
+            puts=[(pkey, json.dumps(state_doc).encode())],
+            leased_puts=[(okey, json.dumps({"node": self.local.node_id, "epoch": epoch}).encode())],
+            lease=self.lease,
+        )
+        if await self.kv.commit(txn):
+            self._owned.add((topic, partition))
+            self._owners[(topic, partition)] = (self.local.node_id, epoch)
+            log.info("took ownership of %s-%d at epoch %d (high watermark %d)", topic, partition, epoch, st.high_watermark)
+
+    async def _release(self, topic: str, partition: int, flush: bool) -> None:
+        if self.logs is not None:
+            await self.logs.release(topic, partition, flush=flush)
+        self._owned.discard((topic, partition))
+        okey = f"/owners/{topic}/{partition}"
+        kv = await self.kv.get(okey)
+        if kv is not None and json.loads(kv.value).get("node") == self.local.node_id:
+            await self.kv.commit(Txn(compares=[(okey, kv.version)], deletes=[okey]))
+        self._owners.pop((topic, partition), None)
+        log.info("released ownership of %s-%d", topic, partition)
