@@ -611,13 +611,10 @@ class LogManager:
                 break
             out.append(chunk)
             remaining -= len(chunk)
-            last = records.read_header(chunk, 0)
-            # advance past what we returned
             for _pos, h in records.iter_batches(chunk):
-                last = h
-            offset = last.last_offset + 1
-            if remaining <= 0:
-                break
+                offset = h.last_offset + 1
+            if remaining <= 0 or offset <= seg.last_offset:
+                break  # the byte budget ended inside this segment: never skip ahead
             i += 1
         return out
 
