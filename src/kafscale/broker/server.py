@@ -14,6 +14,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from kio.schema.index import api_key_map
+
 from kafscale.broker.router import RequestContext
 from kafscale.protocol import codec
 
@@ -200,7 +202,11 @@ class KafkaServer:
             response = await api.handler(ctx, request)
         except Exception as e:
             error = e
-            raise
+            log.error(
+                "request failed: api=%s v%d client_id=%s peer=%s: %r",
+                api_key_map.get(api_key, api_key), version, header.client_id, conn.peer, e, exc_info=e,
+            )
+            raise CloseConnection(f"internal error in api {api_key}: {e!r}") from e
         finally:
             for hook in self.request_hooks:
                 hook(api_key, version, time.perf_counter() - started, error)

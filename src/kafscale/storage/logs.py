@@ -400,6 +400,40 @@ class PartitionLog:
         self._notify_data()
 
 
+class FlushedPartition:
+    """Read-only view of a partition this broker does not own, from the metadata's segment
+    list; refreshed after a short time so followers see new segments."""
+
+    MAX_AGE_S = 0.5
+
+    def __init__(self, manager: "LogManager", state: PartitionState):
+        self.manager = manager
+        self.state = state
+        self.topic, self.partition = state.topic, state.partition
+        self.loaded = time.monotonic()
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.loaded > self.MAX_AGE_S
+
+    high_watermark = PartitionLog.high_watermark
+    log_start_offset = PartitionLog.log_start_offset
+    leader_epoch = PartitionLog.leader_epoch
+
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
+        if self.stale():
+            st = await self.manager.metadata.get_partition(self.topic, self.partition)
+            if st is not None:
+                self.state, self.loaded = st, time.monotonic()
+        return await PartitionLog.read(self, offset, max_bytes, at_least_one)
+
+    def add_data_waiter(self, fut: asyncio.Future) -> None:
+        # No local appends to wait for: wake the long poll when the view goes stale.
+        asyncio.get_running_loop().call_later(self.MAX_AGE_S, lambda: fut.done() or fut.set_result(None))
+
+    def discard_data_waiter(self, fut: asyncio.Future) -> None:
+        pass
+
+
 class LogManager:
     """The partition logs this broker owns, plus the shared read path and retention."""
 
@@ -414,6 +448,7 @@ class LogManager:
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         self._topics: dict[str, TopicMeta] = {}
         self._segment_loads: dict[tuple, asyncio.Future] = {}
+        self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
         self.merger = SegmentMerger(self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000)
@@ -491,6 +526,26 @@ class LogManager:
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
             lg.closed = True
+
+    async def get_reader(self, topic: str, partition: int):
+        """Something to fetch from: the owned log, or else a read-only view of the
+        partition's flushed segments (any broker can serve those from the object store)."""
+        try:
+            return await self.get_log(topic, partition)
+        except StorageError as e:
+            if e.error_code != NOT_LEADER_OR_FOLLOWER:
+                raise
+        key = (topic, partition)
+        view = self._readers.get(key)
+        if view is None or view.stale():
+            try:
+                st = await self.metadata.get_partition(topic, partition)
+            except MetadataUnavailable as err:
+                raise StorageError(f"metadata unavailable: {err}") from err
+            if st is None:
+                raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+            view = self._readers[key] = FlushedPartition(self, st)
+        return view
 
     async def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The owned log of a partition, loading and recovering it on first use.

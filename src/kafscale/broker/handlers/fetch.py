@@ -43,7 +43,7 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
                 p.error = UNKNOWN_TOPIC_ID
             else:
                 try:
-                    p.log = await broker.logs.get_log(name, fp.partition)
+                    p.log = await broker.logs.get_reader(name, fp.partition)
                 except StorageError as e:
                     p.error = e.error_code
             if p.log is not None and p.leader_epoch >= 0 and p.leader_epoch != p.log.leader_epoch:
