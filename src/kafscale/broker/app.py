@@ -13,6 +13,7 @@ from kafscale.metadata.kv import open_kv
 from kafscale.metadata.store import MetadataStore
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import open_store
+from kafscale.ops.http import start_ops
 
 log = logging.getLogger("kafscale.broker")
 
@@ -41,6 +42,7 @@ class Broker:
         if GroupCoordinator is not None:
             self.groups = GroupCoordinator(self.metadata, config)
         self.server = KafkaServer(self, config)
+        self.ops = None
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -49,9 +51,12 @@ class Broker:
         if self.groups is not None:
             await self.groups.start()
         await self.server.start()
+        self.ops = await start_ops(self)
 
     async def stop(self) -> None:
         """Stop accepting, flush every buffer, release everything."""
+        if self.ops is not None:
+            await self.ops.stop()  # readiness fails from the first moment of shutdown
         await self.server.stop_accepting()
         await self.logs.stop()
         if self.groups is not None:

@@ -59,7 +59,7 @@ class BrokerMetrics:
 
     def __init__(self, broker: "Broker"):
         self.broker = broker
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kafscale_requests", "Kafka requests handled, by API and version", ["api", "version"], registry=r)
         self.request_errors = Counter(
@@ -73,6 +73,13 @@ class BrokerMetrics:
         self.batches_in = Counter("kafscale_produce_batches", "Record batches appended by Produce, by topic", ["topic"], registry=r)
         self.partition_errors = Counter(
             "kafscale_partition_errors", "Per-partition error codes in Produce/Fetch responses, by API and error", ["api", "error"], registry=r
+        )
+        self.flush_seconds = Histogram(
+            "kafscale_flush_duration_seconds", "Time to upload a segment and commit it to the metadata store", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.flush_bytes = Histogram(
+            "kafscale_flush_size_bytes", "Size of each uploaded segment (small ones mean many PUTs per byte)",
+            buckets=(1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864), registry=r,
         )
         ProcessCollector(namespace="kafscale", registry=r)
         # Filled by the sampler (OpsHandle); read by the collector.
@@ -169,9 +176,20 @@ class BrokerMetrics:
         return name
 
     def install_taps(self) -> None:
-        """Wrap the router's Produce and Fetch handlers; `remove_taps` puts them back."""
+        """Wrap the router's Produce and Fetch handlers and the log manager's flush hook;
+        `remove_taps` puts them back."""
         from dataclasses import replace
 
+        logs = self.broker.logs
+        flushed = getattr(logs, "metrics_flushed", None)
+        if flushed is not None:
+            def metrics_flushed(info, seconds, _orig=flushed):
+                _orig(info, seconds)
+                self.flush_seconds.observe(seconds)
+                self.flush_bytes.observe(getattr(info, "size", 0))
+
+            logs.metrics_flushed = metrics_flushed  # instance attribute shadows the method
+            self._flush_tapped = True
         router = self.broker.router
         self._original_apis = {}
         for key, account in ((PRODUCE, self.account_produce), (FETCH, self.account_fetch)):
@@ -185,6 +203,9 @@ class BrokerMetrics:
         for key, api in getattr(self, "_original_apis", {}).items():
             self.broker.router.apis[key] = api
         self._original_apis = {}
+        if getattr(self, "_flush_tapped", False):
+            self.broker.logs.__dict__.pop("metrics_flushed", None)
+            self._flush_tapped = False
 
 
 def _tap(handler, account):
@@ -272,6 +293,15 @@ class _LiveCollector(Collector):
             yield GaugeMetricFamily("kafscale_cache_max_bytes", "Cache budget (--cache-bytes)", value=cache.max_bytes)
 
         yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
+
+        cluster = b.cluster
+        try:
+            yield GaugeMetricFamily("kafscale_cluster_brokers", "Live brokers this broker sees (itself included)", value=len(cluster.brokers()))
+        except Exception:  # noqa: BLE001 - a cluster view being rebuilt: skip this scrape
+            pass
+        lease_alive = getattr(cluster, "lease_alive", None)
+        if callable(lease_alive):
+            yield GaugeMetricFamily("kafscale_cluster_lease_alive", "1 while the etcd lease is fresh enough to write (etcd clusters only)", value=1 if lease_alive() else 0)
 
         owned = list(logs.logs.items())
         yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(owned))

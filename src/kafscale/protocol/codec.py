@@ -123,10 +123,10 @@ def decode_body(api_key: int, version: int, payload: memoryview, offset: int) ->
         value, size = _reader(cls)(payload.toreadonly(), offset)
     except Exception as e:  # kio raises various errors on short/garbled input
         raise MalformedRequest(f"cannot decode {cls.__name__} v{version}: {e}") from e
-    if offset + size != len(payload):
-        raise MalformedRequest(
-            f"{cls.__name__} v{version}: {len(payload) - offset - size} trailing bytes after the body"
-        )
+    if offset + size > len(payload):
+        raise MalformedRequest(f"{cls.__name__} v{version}: body runs past the end of the frame")
+    # Trailing bytes are ignored, as Apache Kafka does (librdkafka 2.16 sends a few extra
+    # bytes in some Metadata requests).
     return value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from kafscale.broker import topics
-from kafscale.protocol.build import make, nested, response
+from kafscale.protocol.build import ZERO_UUID, make, nested, response
 
 METADATA = 3
 DESCRIBE_CLUSTER = 60
@@ -75,7 +75,7 @@ async def metadata(ctx, req):
                     else:
                         code = e.code
                 if meta is None:
-                    results.append(make(topic_cls, error_code=code, name=name, partitions=()))
+                    results.append(make(topic_cls, error_code=code, name=name, topic_id=ZERO_UUID, partitions=()))
                     continue
             results.append(_topic_entry(ctx, cls, meta))
     broker_cls = nested(cls, "MetadataResponseBroker")

@@ -1,0 +1,507 @@
+"""Operations endpoint: /metrics after real traffic, /healthz, /readyz through an object
+store and a metadata store outage, several brokers in one process.
+
+The brokers here run in the test's own event loop (a Broker plus `start_ops`), so the
+Kafka clients run in threads (`asyncio.to_thread`) while the loop serves them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
+
+from kafscale.broker.app import Broker
+from kafscale.broker.config import BrokerConfig
+from kafscale.ops.http import start_ops
+from tests.support.broker import REPO, free_port, wait_port
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+class Running:
+    def __init__(self, broker: Broker, ops, data_dir: str):
+        self.broker, self.ops, self.data_dir = broker, ops, data_dir
+
+    @property
+    def bootstrap(self) -> str:
+        return "%s:%d" % self.broker.listen_address
+
+    @property
+    def http(self) -> str:
+        return "http://%s:%d" % self.ops.address
+
+
+async def start_broker(**overrides) -> Running:
+    data_dir = tempfile.mkdtemp(prefix="kafscale-ops-")
+    port = free_port()
+    settings = {"listen": f"127.0.0.1:{port}", "data_dir": data_dir, "http": "127.0.0.1:0", "group_initial_rebalance_delay_ms": 0, **overrides}
+    cfg = BrokerConfig(**settings)
+    broker = Broker(cfg)
+    await broker.start()
+    # Once broker/app.py wires the endpoint, start() has already started it.
+    ops = getattr(broker, "ops", None) or await start_ops(broker)
+    return Running(broker, ops, data_dir)
+
+
+async def stop_broker(r: Running) -> None:
+    await r.ops.stop()
+    await r.broker.stop()
+    shutil.rmtree(r.data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+async def running():
+    r = await start_broker()
+    yield r
+    await stop_broker(r)
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, str, dict]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode(), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+async def get(url: str, method: str = "GET") -> tuple[int, str, dict]:
+    return await asyncio.to_thread(_get, url, method)
+
+
+async def scrape(r: Running) -> dict[tuple[str, tuple], float]:
+    """Every sample as {(name, sorted label items): value}."""
+    status, text, headers = await get(r.http + "/metrics")
+    assert status == 200, text
+    assert headers["Content-Type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(samples, name: str, **labels) -> float:
+    """Sum of every series of `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+class Stats:
+    """librdkafka's own statistics: how many requests of each type the client sent."""
+
+    def __init__(self):
+        self.last: dict | None = None
+
+    def __call__(self, raw: str) -> None:
+        self.last = json.loads(raw)
+
+    def sent(self, request_type: str) -> int:
+        return sum(b.get("req", {}).get(request_type, 0) for b in self.last["brokers"].values())
+
+
+def _produce(bootstrap: str, topic: str, n: int) -> int:
+    """Produce n records in several batches; returns the Produce requests the client sent."""
+    stats = Stats()
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 40, "acks": "all",
+                  "statistics.interval.ms": 100, "stats_cb": stats})
+    errors = []
+    for i in range(n):
+        p.produce(topic, key=b"k%d" % i, value=b"value-%04d" % i, partition=0,
+                  on_delivery=lambda err, _m: errors.append(err) if err else None)
+        if i % 100 == 99:
+            p.flush(15)
+    assert p.flush(15) == 0
+    assert not errors, errors
+    # statistics are emitted from poll(): wait for one taken after the last delivery
+    deadline = time.monotonic() + 5
+    stats.last = None
+    while (stats.last is None or stats.last["txmsgs"] < n) and time.monotonic() < deadline:
+        p.poll(0.1)
+    sent = stats.sent("Produce")
+    return sent
+
+
+def _consume(bootstrap: str, topic: str, n: int) -> int:
+    """Read n records from the start without a group; returns the Fetch requests sent."""
+    stats = Stats()
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 100, "statistics.interval.ms": 100, "stats_cb": stats})
+    tp = TopicPartition(topic, 0, 0)
+    c.assign([tp])
+    got = 0
+    deadline = time.monotonic() + 20
+    while got < n and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got += 1
+    assert got == n
+    # Stop fetching, let the last long poll finish, then read the client's final count.
+    c.pause([tp])
+    time.sleep(0.6)
+    stats.last = None
+    while stats.last is None:
+        c.poll(0.1)
+    sent = stats.sent("Fetch")
+    c.close()
+    return sent
+
+
+def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    c.close()
+
+
+# -- /metrics ----------------------------------------------------------------------------
+
+
+async def test_metrics_after_real_traffic(running):
+    r = running
+    topic, n = "ops-metrics", 500
+    before = await scrape(r)
+
+    produce_requests = await asyncio.to_thread(_produce, r.bootstrap, topic, n)
+    fetch_requests = await asyncio.to_thread(_consume, r.bootstrap, topic, n)
+    after = await scrape(r)
+
+    def delta(name, **labels):
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    # Request counters agree exactly with what librdkafka says it sent.
+    assert produce_requests > 1
+    assert delta("kafscale_requests_total", api="Produce") == produce_requests
+    assert delta("kafscale_requests_total", api="Fetch") == fetch_requests
+    assert delta("kafscale_request_duration_seconds_count", api="Produce") == produce_requests
+    assert delta("kafscale_request_errors_total", api="Produce") == 0
+    assert any(n_ == "kafscale_requests_total" and dict(ls)["api"] == "Produce" and dict(ls)["version"].isdigit() for n_, ls in after)
+    assert delta("kafscale_request_duration_seconds_bucket", api="Produce", le="+Inf") == produce_requests
+
+    # Produce path
+    assert delta("kafscale_produce_records_total") == n
+    assert delta("kafscale_produce_bytes_total") > n * 10
+    assert value(after, "kafscale_topic_bytes_in_total", topic=topic) == delta("kafscale_produce_bytes_total")
+    assert 1 < value(after, "kafscale_produce_batches_total", topic=topic) <= produce_requests
+    assert value(after, "kafscale_topic_bytes_out_total", topic=topic) >= value(after, "kafscale_topic_bytes_in_total", topic=topic)
+
+    # Storage
+    assert delta("kafscale_flushes_total") > 0
+    assert value(after, "kafscale_flush_failures_total") == 0
+    assert delta("kafscale_segment_bytes_total") >= delta("kafscale_produce_bytes_total")
+    assert value(after, "kafscale_object_store_requests_total", op="put") >= 2 * delta("kafscale_flushes_total")
+    assert ("kafscale_object_store_requests_total", (("op", "get"),)) in after
+    assert value(after, "kafscale_unflushed_records") == 0
+    assert delta("kafscale_flush_duration_seconds_count") == delta("kafscale_flushes_total")
+    assert delta("kafscale_flush_size_bytes_sum") == delta("kafscale_segment_bytes_total")
+
+    # Cache: present with numbers; the fetches were served from just-flushed segments.
+    for name in ("kafscale_cache_hits_total", "kafscale_cache_misses_total", "kafscale_cache_bytes", "kafscale_cache_max_bytes"):
+        assert isinstance(after[(name, ())], float), name
+    assert value(after, "kafscale_cache_hits_total") > 0
+    assert 0 < value(after, "kafscale_cache_bytes") <= value(after, "kafscale_cache_max_bytes")
+
+    # Partitions, process, health
+    assert value(after, "kafscale_partitions_owned") == 1
+    assert value(after, "kafscale_partition_high_watermark", topic=topic, partition="0") == n
+    assert value(after, "kafscale_partition_log_start_offset", topic=topic, partition="0") == 0
+    assert value(after, "kafscale_process_resident_memory_bytes") > 0
+    assert ("kafscale_process_cpu_seconds_total", ()) in after
+    assert value(after, "kafscale_broker_info", broker_id="0", storage="file", metadata="embedded") == 1
+    assert ("kafscale_connections", ()) in after
+
+
+async def test_connections_gauge(running):
+    r = running
+    base = value(await scrape(r), "kafscale_connections")
+    conns = [await asyncio.open_connection(*r.broker.listen_address) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert value(await scrape(r), "kafscale_connections") == base + 3
+    for _reader, writer in conns:
+        writer.close()
+    deadline = time.monotonic() + 5
+    while value(await scrape(r), "kafscale_connections") > base and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert value(await scrape(r), "kafscale_connections") == base
+
+
+async def test_consumer_lag_and_group_states(running):
+    r = running
+    topic, group = "ops-lag", "ops-lag-group"
+    await asyncio.to_thread(_produce, r.bootstrap, topic, 100)
+    await asyncio.to_thread(_commit, r.bootstrap, group, topic, 40)
+    await r.ops.sample()  # what the 15 s sampler does
+    s = await scrape(r)
+    assert value(s, "kafscale_consumer_lag", group=group, topic=topic, partition="0") == 60
+    assert value(s, "kafscale_consumer_committed_offset", group=group, topic=topic, partition="0") == 40
+    assert value(s, "kafscale_consumer_group_lag", group=group) == 60
+    assert value(s, "kafscale_consumer_lag_sampled_timestamp_seconds") > time.time() - 60
+    if r.broker.groups is not None:
+        assert value(s, "kafscale_consumer_groups", state="Empty") >= 1
+    for state in ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead"):
+        assert ("kafscale_consumer_groups", (("state", state),)) in s
+
+    # The group catches up: lag 0 on the next sample.
+    await asyncio.to_thread(_commit, r.bootstrap, group, topic, 100)
+    await r.ops.sample()
+    assert value(await scrape(r), "kafscale_consumer_lag", group=group, topic=topic, partition="0") == 0
+
+
+async def test_deleted_topic_series_are_dropped(running):
+    r = running
+    topic = "ops-deleted"
+    await asyncio.to_thread(_produce, r.bootstrap, topic, 10)
+    assert value(await scrape(r), "kafscale_topic_bytes_in_total", topic=topic) > 0
+
+    def delete():
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": r.bootstrap})
+        admin.delete_topics([topic])[topic].result(10)
+
+    await asyncio.to_thread(delete)
+    await r.ops.sample()
+    s = await scrape(r)
+    assert ("kafscale_topic_bytes_in_total", (("topic", topic),)) not in s
+    assert ("kafscale_partition_high_watermark", (("partition", "0"), ("topic", topic))) not in s
+
+
+async def test_flush_failures_are_counted(running, monkeypatch):
+    from kafscale.storage.objectstore import ObjectStoreError
+
+    r = running
+    topic = "ops-flush-fail"
+    await asyncio.to_thread(_produce, r.bootstrap, topic, 5)  # the topic exists, the log is loaded
+
+    async def failing_put(key, parts):
+        raise ObjectStoreError(f"put {key}: simulated outage")
+
+    monkeypatch.setattr(r.broker.store, "put", failing_put)
+
+    def produce_one() -> object:
+        p = Producer({"bootstrap.servers": r.bootstrap, "message.timeout.ms": 1500, "retry.backoff.ms": 100, "acks": "all"})
+        errors = []
+        p.produce(topic, value=b"lost", partition=0, on_delivery=lambda err, _m: errors.append(err))
+        p.flush(10)
+        return errors[0]
+
+    err = await asyncio.to_thread(produce_one)
+    assert err is not None  # never acknowledged
+    s = await scrape(r)
+    assert value(s, "kafscale_flush_failures_total") >= 1
+    assert value(s, "kafscale_partition_errors_total", api="Produce", error="kafka_storage_error") >= 1
+    assert value(s, "kafscale_unflushed_records") == 0  # rejected batches are dropped, not kept
+    assert value(s, "kafscale_partition_high_watermark", topic=topic, partition="0") == 5
+
+    monkeypatch.undo()
+    await asyncio.to_thread(_produce, r.bootstrap, topic, 5)
+    assert value(await scrape(r), "kafscale_partition_high_watermark", topic=topic, partition="0") == 10
+
+
+async def test_stop_unhooks_everything():
+    r = await start_broker()
+    original = r.broker.router.apis[0].handler
+    assert original is not None
+    await r.ops.stop()
+    assert r.broker.server.request_hooks == []
+    assert "metrics_flushed" not in vars(r.broker.logs)
+    assert r.broker.router.apis[0].handler.__name__ == "produce"
+    assert r.broker.router.apis[1].handler.__name__ == "fetch"
+    await r.ops.stop()  # twice is fine
+    await r.broker.stop()
+    shutil.rmtree(r.data_dir, ignore_errors=True)
+
+
+async def test_two_brokers_in_one_process_do_not_clash():
+    a, b = await start_broker(), await start_broker(broker_id=7)
+    try:
+        await asyncio.to_thread(_produce, a.bootstrap, "ops-two", 20)
+        sa, sb = await scrape(a), await scrape(b)
+        assert value(sa, "kafscale_produce_records_total") == 20
+        assert value(sb, "kafscale_produce_records_total") == 0
+        assert value(sb, "kafscale_broker_info", broker_id="7", storage="file", metadata="embedded") == 1
+    finally:
+        await stop_broker(a)
+        await stop_broker(b)
+
+
+async def test_openmetrics_negotiation(running):
+    def fetch():
+        req = urllib.request.Request(running.http + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.headers["Content-Type"], resp.read().decode()
+
+    ctype, body = await asyncio.to_thread(fetch)
+    assert ctype.startswith("application/openmetrics-text")
+    assert body.rstrip().endswith("# EOF")
+
+
+# -- /healthz, /readyz -------------------------------------------------------------------
+
+
+async def test_healthz_and_http_basics(running):
+    status, body, _ = await get(running.http + "/healthz")
+    assert (status, body) == (200, "ok\n")
+    status, body, _ = await get(running.http + "/healthz", "HEAD")
+    assert (status, body) == (200, "")
+    assert (await get(running.http + "/nope"))[0] == 404
+    status, _, headers = await get(running.http + "/metrics", "POST")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+
+    # A garbage request line gets a 400 and the server keeps serving.
+    reader, writer = await asyncio.open_connection(*running.ops.address)
+    writer.write(b"garbage\r\n\r\n")
+    await writer.drain()
+    assert (await reader.read()).startswith(b"HTTP/1.1 400 ")
+    writer.close()
+    assert (await get(running.http + "/healthz"))[0] == 200
+
+
+async def test_readiness_follows_object_store_outage(running):
+    r = running
+    status, body, _ = await get(r.http + "/readyz")
+    assert (status, body) == (200, "ready\n")
+
+    objects = r.broker.store.root
+    away = objects.with_name(objects.name + ".away")
+    os.rename(objects, away)  # works as root too, where chmod would not stop anyone
+    try:
+        await asyncio.sleep(1.1)  # readiness is cached for a second
+        status, body, _ = await get(r.http + "/readyz")
+        assert status == 503
+        assert "object store" in body
+        s = await scrape(r)
+        assert value(s, "kafscale_object_store_up") == 0
+        assert value(s, "kafscale_ready") == 0
+        assert value(s, "kafscale_metadata_store_up") == 1
+        assert (await get(r.http + "/healthz"))[0] == 200  # alive all the same
+    finally:
+        os.rename(away, objects)
+    await asyncio.sleep(1.1)
+    status, body, _ = await get(r.http + "/readyz")
+    assert (status, body) == (200, "ready\n")
+    assert value(await scrape(r), "kafscale_object_store_up") == 1
+
+
+async def test_readiness_follows_metadata_store_failures(running, monkeypatch):
+    r = running
+
+    async def broken():
+        raise OSError("connection refused")
+
+    async def hung():
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(r.broker.metadata, "check", broken)
+    await asyncio.sleep(1.1)  # past the cached result of the last check
+    status, body, _ = await get(r.http + "/readyz")
+    assert status == 503 and "metadata store unreachable: connection refused" in body
+
+    monkeypatch.setattr(r.broker.metadata, "check", hung)
+    await asyncio.sleep(1.1)
+    started = time.monotonic()
+    status, body, _ = await get(r.http + "/readyz")
+    assert status == 503 and "metadata store did not answer" in body
+    assert time.monotonic() - started < 5  # the probe is bounded
+
+    monkeypatch.undo()
+    await asyncio.sleep(1.1)
+    assert (await get(r.http + "/readyz"))[0] == 200
+
+
+async def test_readiness_false_when_listener_stops():
+    r = await start_broker()
+    try:
+        assert (await get(r.http + "/readyz"))[0] == 200
+        await r.broker.server.stop_accepting()
+        await asyncio.sleep(1.1)
+        status, body, _ = await get(r.http + "/readyz")
+        assert status == 503 and "listener" in body
+    finally:
+        await stop_broker(r)
+
+
+async def test_http_port_in_use_is_a_clear_error():
+    r = await start_broker()
+    try:
+        cfg = BrokerConfig(listen=f"127.0.0.1:{free_port()}", data_dir=tempfile.mkdtemp(prefix="kafscale-ops-"), http="%s:%d" % r.ops.address)
+        other = Broker(cfg)
+        try:
+            with pytest.raises(OSError, match="--http"):
+                await other.start()  # fails here once app.py starts the endpoint itself
+                await start_ops(other)
+            assert other.server.request_hooks == []  # nothing left behind
+        finally:
+            await other.stop()
+    finally:
+        await stop_broker(r)
+
+
+async def test_http_disabled():
+    r = await start_broker(http="")
+    try:
+        assert r.ops.address is None
+        assert r.ops.metrics.on_request in r.broker.server.request_hooks
+    finally:
+        await stop_broker(r)
+
+
+# -- the real command (once broker/app.py starts the ops endpoint) ------------------------
+
+
+def _wired() -> bool:
+    import inspect
+
+    from kafscale.broker import app
+
+    return "start_ops" in inspect.getsource(app)
+
+
+@pytest.mark.skipif(not _wired(), reason="broker/app.py does not call start_ops yet")
+async def test_broker_command_serves_http():
+    await asyncio.to_thread(_broker_command_serves_http)
+
+
+def _broker_command_serves_http() -> None:
+    data_dir = tempfile.mkdtemp(prefix="kafscale-ops-")
+    port, http_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kafscale", "broker", "--listen", f"127.0.0.1:{port}", "--data-dir", data_dir, "--http", f"127.0.0.1:{http_port}"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(http_port, proc=proc)
+        assert _get(f"http://127.0.0.1:{http_port}/healthz")[0] == 200
+        assert _get(f"http://127.0.0.1:{http_port}/readyz")[0] == 200
+        p = Producer({"bootstrap.servers": f"127.0.0.1:{port}"})
+        for i in range(7):
+            p.produce("ops-cmd", value=b"v%d" % i)
+        assert p.flush(15) == 0
+        del p  # close the client while the broker still runs
+        text = _get(f"http://127.0.0.1:{http_port}/metrics")[1]
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        assert value(samples, "kafscale_produce_records_total") == 7
+        assert total(samples, "kafscale_requests_total", api="Produce") >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        shutil.rmtree(data_dir, ignore_errors=True)
