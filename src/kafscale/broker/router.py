@@ -31,6 +31,17 @@ class RequestContext:
     def client_id(self) -> str | None:
         return self.header.client_id
 
+    def log_fields(self, topic: str | None = None, partition: int | None = None) -> dict:
+        """`extra=` for log lines: structured (JSON) logs carry these as fields."""
+        from kio.schema.index import api_key_map
+
+        out = {"client_id": self.client_id, "api": api_key_map.get(self.header.api_key, self.header.api_key), "peer": self.peer}
+        if topic is not None:
+            out["topic"] = topic
+        if partition is not None:
+            out["partition"] = partition
+        return out
+
 
 # A handler takes the context and the decoded kio request; it returns the kio response,
 # or None when no response is sent (Produce with acks=0).

@@ -115,7 +115,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _close(self, reason: str) -> None:
         if not self.closing:
-            log.warning("closing connection from %s: %s", self.peer, reason)
+            log.warning("closing connection from %s: %s", self.peer, reason, extra={"peer": self.peer})
         self.closing = True
         if self.transport is not None:
             self.transport.close()
@@ -205,6 +205,7 @@ class KafkaServer:
             log.error(
                 "request failed: api=%s v%d client_id=%s peer=%s: %r",
                 api_key_map.get(api_key, api_key), version, header.client_id, conn.peer, e, exc_info=e,
+                extra=ctx.log_fields(),
             )
             raise CloseConnection(f"internal error in api {api_key}: {e!r}") from e
         finally:

@@ -275,6 +275,7 @@ class PartitionLog:
         log.error(
             "partition %s-%s: %s; %d unacknowledged batches rejected with error %d",
             self.topic, self.partition, what, len(dropped), code,
+            extra={"topic": self.topic, "partition": self.partition},
         )
         self.manager.metrics_flush_failed()
         for p in dropped:
@@ -392,7 +393,7 @@ class PartitionLog:
             try:
                 await self.flush()
             except Exception as e:  # noqa: BLE001
-                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e)
+                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
         self.closed = True
         self._wake.set()
         if self._flusher is not None:
@@ -638,7 +639,7 @@ class LogManager:
             try:
                 decoded = segment.decode(await self.store.get(key), name=key)
             except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
-                log.warning("recovery: ignoring uncommitted segment %s: %s", key, e)
+                log.warning("recovery: ignoring uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
                 break
             st = await self.metadata.commit_segment(st, decoded.info)
             log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
@@ -699,7 +700,7 @@ class LogManager:
         try:
             decoded = segment.decode(data, name=key)
         except segment.SegmentFormatError as e:
-            log.error("corrupt segment: %s", e)
+            log.error("corrupt segment: %s", e, extra={"topic": topic, "partition": partition})
             raise StorageError(str(e)) from e
         view = SegmentView(seg.base_offset, decoded.batches)
         self.cache.put((topic, partition, seg.base_offset), view)
@@ -749,7 +750,7 @@ class LogManager:
             try:
                 deleted += await lg.enforce_retention(now_ms)
             except Exception as e:  # noqa: BLE001 - retry next round
-                log.warning("retention of %s-%s failed: %s", lg.topic, lg.partition, e)
+                log.warning("retention of %s-%s failed: %s", lg.topic, lg.partition, e, extra={"topic": lg.topic, "partition": lg.partition})
         return deleted
 
     def epoch_end_offset(self, lg: PartitionLog, epoch: int) -> tuple[int, int]:

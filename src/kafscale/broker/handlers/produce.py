@@ -42,11 +42,11 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         result.log_start = lg.log_start_offset
     except records.InvalidRecordError as e:
         result.error, result.message = e.error_code, str(e)
-        log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e)
+        log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
     except StorageError as e:
         result.error, result.message = e.error_code, str(e)
         if e.error_code not in (UNKNOWN_TOPIC_OR_PARTITION, 6):
-            log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e)
+            log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
 
 
 async def produce(ctx, req):

@@ -50,7 +50,7 @@ def _allocator(broker) -> ProducerIdAllocator:
 async def init_producer_id(ctx, req):
     cls = response(INIT_PRODUCER_ID, ctx.version)
     if req.transactional_id is not None:
-        log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id)
+        log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
     pid = getattr(req, "producer_id", -1)
     epoch = getattr(req, "producer_epoch", -1)
@@ -60,7 +60,7 @@ async def init_producer_id(ctx, req):
             return make(cls, throttle_time=0, error_code=NONE, producer_id=pid, producer_epoch=epoch + 1)
         new_id = await _allocator(ctx.broker).allocate()
     except MetadataUnavailable as e:
-        log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e)
+        log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
     return make(cls, throttle_time=0, error_code=NONE, producer_id=new_id, producer_epoch=0)
 
