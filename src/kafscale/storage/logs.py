@@ -638,6 +638,10 @@ class LogManager:
             key = segment.segment_key(self.namespace, st.topic, st.partition, base)
             try:
                 decoded = segment.decode(await self.store.get(key), name=key)
+                body = decoded.batches
+                for pos, h in records.iter_batches(body):  # each batch must be intact too
+                    if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
+                        raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
             except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
                 log.warning("recovery: ignoring uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
                 break

@@ -6,7 +6,7 @@ import logging
 
 from kafscale.broker import topics
 from kafscale.metadata import topic_config
-from kafscale.protocol.build import make, nested, response
+from kafscale.protocol.build import ZERO_UUID, make, nested, response
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 NONE, UNKNOWN_TOPIC_ID, INVALID_REQUEST = 0, 100, 42
@@ -23,13 +23,13 @@ async def create_topics(ctx, req):
         partitions = t.num_partitions
         if t.assignments:
             if partitions != -1:
-                results.append(make(r_cls, name=t.name, error_code=INVALID_REQUEST, error_message="give either num_partitions or assignments"))
+                results.append(make(r_cls, name=t.name, topic_id=ZERO_UUID, error_code=INVALID_REQUEST, error_message="give either num_partitions or assignments", num_partitions=-1, replication_factor=-1, configs=()))
                 continue
             partitions = len(t.assignments)
         try:
             meta = await topics.create(ctx.broker, t.name, partitions, configs, replication_factor=t.replication_factor, validate_only=req.validate_only)
         except topics.TopicError as e:
-            results.append(make(r_cls, name=t.name, error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1))
+            results.append(make(r_cls, name=t.name, topic_id=ZERO_UUID, error_code=e.code, error_message=str(e), num_partitions=-1, replication_factor=-1, configs=()))
             continue
         if not req.validate_only:
             log.info("created topic %s with %d partitions (client %s)", meta.name, meta.partitions, ctx.client_id)
