@@ -31,6 +31,30 @@ class JobResult:
     end_offsets: dict = field(default_factory=dict)  # {topic: {partition: next offset}} after the last batch
 
 
+def local_spark(app_name: str = "kafscale-pipeline", cores: int = 2, **conf: str):
+    """A local SparkSession for tests, benchmarks and laptops, with the kafscale source registered.
+
+    Workers run this interpreter (so they import this kafscale), the UI is off and shuffles
+    are small; `conf` adds or overrides Spark settings (dots as in Spark: pass a dict).
+    """
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(cores))
+        .config("spark.default.parallelism", str(cores))
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    return spark_session(app_name, builder.getOrCreate())
+
+
 def spark_session(app_name: str = "kafscale-pipeline", spark=None):
     """The given or active SparkSession (a local one if none), with the kafscale source registered."""
     from pyspark.sql import SparkSession

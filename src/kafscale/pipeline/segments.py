@@ -405,8 +405,16 @@ def candidate_keys(segs: list[tuple[int, str]], start: int | None, end: int | No
     return segs[i0:i1]
 
 
+async def _meta_if_present(store: ObjectStore, key: str, base: int, fail_on_corruption: bool) -> SegmentMeta | None:
+    try:
+        return await read_segment_meta(store, key, base, fail_on_corruption=fail_on_corruption)
+    except ObjectNotFound:
+        return None  # deleted since listing: merged into the segment before it, or retention
+
+
 async def fetch_metas(store: ObjectStore, segs: list[tuple[int, str]], *, fail_on_corruption: bool = True) -> list[SegmentMeta]:
-    return await _gather_limited([read_segment_meta(store, key, base, fail_on_corruption=fail_on_corruption) for base, key in segs])
+    metas = await _gather_limited([_meta_if_present(store, key, base, fail_on_corruption) for base, key in segs])
+    return [m for m in metas if m is not None]
 
 
 async def partition_bounds(
@@ -418,7 +426,9 @@ async def partition_bounds(
         segs = listing.segments[tp]
         # walk back over empty or skipped-corrupt tail segments
         for base, key in reversed(segs):
-            m = await read_segment_meta(store, key, base, fail_on_corruption=fail_on_corruption)
+            m = await _meta_if_present(store, key, base, fail_on_corruption)
+            if m is None:
+                continue
             if m.corrupt is not None and skipped is not None:
                 # how much it held is unknown: nothing after it says where it ended
                 skipped.add(CorruptSegmentError(m.key, m.corrupt, offset=m.base_offset), 0, last_segment=True)
@@ -498,9 +508,14 @@ async def offset_for_timestamp(store: ObjectStore, segs: list[tuple[int, str]], 
 
 
 class Columns:
-    """Decoded records of one topic partition, column by column (Arrow-friendly)."""
+    """Decoded records of one topic partition, column by column (Arrow-friendly).
 
-    __slots__ = ("keys", "values", "offsets", "timestamps", "ts_types", "headers")
+    Headers are kept flat, as Arrow stores them: `header_ends[i]` is the end of row i's
+    headers in `header_keys`/`header_values`; a row without headers is null (as in Spark's
+    Kafka source), not an empty list.
+    """
+
+    __slots__ = ("keys", "values", "offsets", "timestamps", "ts_types", "header_ends", "header_keys", "header_values")
 
     def __init__(self) -> None:
         self.keys: list = []
@@ -508,10 +523,20 @@ class Columns:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []  # milliseconds
         self.ts_types: list[int] = []
-        self.headers: list = []  # None or list of (str, bytes | None)
+        self.header_ends: list[int] = []
+        self.header_keys: list[str] = []
+        self.header_values: list = []
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def truncate(self, rows: int) -> None:
+        """Drop rows from `rows` on (what a failed batch decode appended part-way)."""
+        keep_headers = self.header_ends[rows - 1] if rows else 0
+        for name in ("keys", "values", "offsets", "timestamps", "ts_types", "header_ends"):
+            del getattr(self, name)[rows:]
+        del self.header_keys[keep_headers:]
+        del self.header_values[keep_headers:]
 
 
 def _varint_slow(buf: bytes, p: int) -> tuple[int, int]:
@@ -531,10 +556,11 @@ def _varint_slow(buf: bytes, p: int) -> tuple[int, int]:
 def decode_batch_into(cols: Columns, body: bytes, h: records.BatchHeader, lo: int, hi: int) -> None:
     """Append the records of one (decompressed) batch body with offsets in [lo, hi) to `cols`.
 
-    A hand-inlined parser: most varints of small records are one byte, and avoiding a call
-    and a Record object per record roughly doubles throughput over records.decode_records.
+    A hand-inlined parser: varints of small records take one or two bytes, so those cases
+    are decoded in line; a call and a Record object per record would halve throughput.
     """
-    keys, values, offs, tss, types, hdrs = cols.keys, cols.values, cols.offsets, cols.timestamps, cols.ts_types, cols.headers
+    keys, values, offs, tss, types = cols.keys, cols.values, cols.offsets, cols.timestamps, cols.ts_types
+    hends, hkeys, hvals = cols.header_ends, cols.header_keys, cols.header_values
     base = h.base_offset
     log_append = h.is_log_append_time
     ts_type = 1 if log_append else 0
@@ -542,27 +568,37 @@ def decode_batch_into(cols: Columns, body: bytes, h: records.BatchHeader, lo: in
     max_ts = h.max_timestamp
     p = 0
     for _ in range(h.record_count):
+        # record length
         b = body[p]
         if b < 0x80:
-            length, p = (b >> 1) ^ -(b & 1), p + 1
+            n, p = (b >> 1) ^ -(b & 1), p + 1
+        elif body[p + 1] < 0x80:
+            n = (b & 0x7F) | (body[p + 1] << 7)
+            n, p = (n >> 1) ^ -(n & 1), p + 2
         else:
-            length, p = _varint_slow(body, p)
-        rec_end = p + length
+            n, p = _varint_slow(body, p)
+        rec_end = p + n
         p += 1  # record attributes
+        # timestamp delta
         b = body[p]
         if b < 0x80:
             ts_delta, p = (b >> 1) ^ -(b & 1), p + 1
         else:
             ts_delta, p = _varint_slow(body, p)
+        # offset delta
         b = body[p]
         if b < 0x80:
-            off_delta, p = (b >> 1) ^ -(b & 1), p + 1
+            n, p = (b >> 1) ^ -(b & 1), p + 1
+        elif body[p + 1] < 0x80:
+            n = (b & 0x7F) | (body[p + 1] << 7)
+            n, p = (n >> 1) ^ -(n & 1), p + 2
         else:
-            off_delta, p = _varint_slow(body, p)
-        off = base + off_delta
+            n, p = _varint_slow(body, p)
+        off = base + n
         if off < lo or off >= hi:
             p = rec_end
             continue
+        # key
         b = body[p]
         if b < 0x80:
             n, p = (b >> 1) ^ -(b & 1), p + 1
@@ -573,9 +609,13 @@ def decode_batch_into(cols: Columns, body: bytes, h: records.BatchHeader, lo: in
         else:
             keys.append(body[p : p + n])
             p += n
+        # value
         b = body[p]
         if b < 0x80:
             n, p = (b >> 1) ^ -(b & 1), p + 1
+        elif body[p + 1] < 0x80:
+            n = (b & 0x7F) | (body[p + 1] << 7)
+            n, p = (n >> 1) ^ -(n & 1), p + 2
         else:
             n, p = _varint_slow(body, p)
         if n < 0:
@@ -583,29 +623,31 @@ def decode_batch_into(cols: Columns, body: bytes, h: records.BatchHeader, lo: in
         else:
             values.append(body[p : p + n])
             p += n
-        nh, p = _varint_slow(body, p)
-        if nh > 0:
-            rec_headers = []
+        # headers
+        b = body[p]
+        if b == 0:
+            p += 1
+        else:
+            nh, p = _varint_slow(body, p)
             for _h in range(nh):
                 n, p = _varint_slow(body, p)
-                hk = body[p : p + n].decode("utf-8", "replace") if n >= 0 else ""
-                p += max(n, 0)
+                if n < 0:
+                    hkeys.append("")
+                else:
+                    hkeys.append(body[p : p + n].decode("utf-8", "replace"))
+                    p += n
                 n, p = _varint_slow(body, p)
                 if n < 0:
-                    hv = None
+                    hvals.append(None)
                 else:
-                    hv = body[p : p + n]
+                    hvals.append(body[p : p + n])
                     p += n
-                rec_headers.append((hk, hv))
-            hdrs.append(rec_headers)
-        else:
-            hdrs.append(None)  # Spark's Kafka source gives null, not [], for no headers
+        hends.append(len(hkeys))
         offs.append(off)
         tss.append(max_ts if log_append else first_ts + ts_delta)
         types.append(ts_type)
-        if p > rec_end:
-            raise ValueError(f"record at offset {off} overruns its length")
-        p = rec_end
+        if p != rec_end:
+            raise ValueError(f"record at offset {off} does not match its length")
 
 
 @dataclass(slots=True)
@@ -700,7 +742,7 @@ def _decode_range(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str,
                     body = records.decompress(h.compression, body)
                 decode_batch_into(st.cols, body, h, max(lo, st.next_expected), hi)
             except Exception as ex:  # bad codec data or record layout inside a CRC-valid batch
-                _truncate(st.cols, mark)
+                st.cols.truncate(mark)
                 e = CorruptSegmentError(key, f"undecodable record batch ({type(ex).__name__}: {ex})", byte=abs_start + batch_pos, offset=h.base_offset)
                 if fail:
                     raise e from ex
@@ -709,12 +751,6 @@ def _decode_range(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str,
         if len(st.cols) >= opts.batch_rows:
             yield st.cols
             st.cols = Columns()
-
-
-def _truncate(cols: Columns, n: int) -> None:
-    """Drop the rows a failed batch decode appended part-way."""
-    for name in Columns.__slots__:
-        del getattr(cols, name)[n:]
 
 
 def read_slice(opts: ReadOptions, s: SegmentSlice) -> Iterator[Columns]:
@@ -834,35 +870,26 @@ def arrow_schema():
 
 def columns_to_arrow(cols: Columns, topic: str, partition: int, schema=None):
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     schema = schema or arrow_schema()
     n = len(cols)
     list_type = schema.field("headers").type
-    header_keys: list = []
-    header_values: list = []
-    list_offsets = [0]
-    list_nulls = []
-    for h in cols.headers:
-        if h is None:
-            list_nulls.append(True)
-        else:
-            list_nulls.append(False)
-            for hk, hv in h:
-                header_keys.append(hk)
-                header_values.append(hv)
-        list_offsets.append(len(header_keys))
     header_structs = pa.StructArray.from_arrays(
-        [pa.array(header_keys, pa.string()), pa.array(header_values, pa.binary())], fields=list(list_type.value_type)
+        [pa.array(cols.header_keys, pa.string()), pa.array(cols.header_values, pa.binary())], fields=list(list_type.value_type)
     )
-    headers = pa.ListArray.from_arrays(pa.array(list_offsets, pa.int32()), header_structs, type=list_type, mask=pa.array(list_nulls, pa.bool_()))
+    ends = pa.array([0] + cols.header_ends, pa.int32())
+    no_headers = pc.equal(pc.subtract(ends[1:], ends[:-1]), 0)
+    headers = pa.ListArray.from_arrays(ends, header_structs, type=list_type, mask=no_headers)
+    millis = pa.array(cols.timestamps, pa.int64())
     return pa.RecordBatch.from_arrays(
         [
             pa.array(cols.keys, pa.binary()),
             pa.array(cols.values, pa.binary()),
-            pa.array([topic] * n, pa.string()),
+            pa.repeat(pa.scalar(topic, pa.string()), n) if hasattr(pa, "repeat") else pa.array([topic] * n, pa.string()),
             pa.array([partition] * n, pa.int32()),
             pa.array(cols.offsets, pa.int64()),
-            pa.array([t * 1000 for t in cols.timestamps], pa.int64()).cast(schema.field("timestamp").type),
+            pc.multiply(millis, 1000).cast(schema.field("timestamp").type),
             pa.array(cols.ts_types, pa.int32()),
             headers,
         ],
@@ -872,6 +899,9 @@ def columns_to_arrow(cols: Columns, topic: str, partition: int, schema=None):
 
 def columns_to_tuples(cols: Columns, topic: str, partition: int) -> Iterator[tuple]:
     epoch, delta = _EPOCH, _dt.timedelta
-    for k, v, off, ts, tt, h in zip(cols.keys, cols.values, cols.offsets, cols.timestamps, cols.ts_types, cols.headers):
-        yield (k, v, topic, partition, off, epoch + delta(milliseconds=ts), tt, h)
-
+    hkeys, hvals = cols.header_keys, cols.header_values
+    start = 0
+    for k, v, off, ts, tt, end in zip(cols.keys, cols.values, cols.offsets, cols.timestamps, cols.ts_types, cols.header_ends):
+        headers = list(zip(hkeys[start:end], hvals[start:end])) if end > start else None
+        start = end
+        yield (k, v, topic, partition, off, epoch + delta(milliseconds=ts), tt, headers)

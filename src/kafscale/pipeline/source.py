@@ -13,6 +13,7 @@ the end of the last flushed segment. See docs/pipeline.md for all options.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -247,10 +248,16 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
                     )
                 log.warning("%s/%s: starting offset %d is gone, starting at %d", tp[0], tp[1], want, b.start)
                 want = b.start
+            if not is_start and want > b.end:
+                raise ValueError(
+                    f"endingOffsets {tp[0]}/{tp[1]}: offset {want} is beyond the end of the flushed segments ({b.end}); "
+                    "only flushed records are readable"
+                )
             out[tp] = want
     if is_start and cfg.starting_timestamp is not None:
-        for tp in sorted(known):
-            found = await seg.offset_for_timestamp(store, listing.segments[tp], cfg.starting_timestamp)
+        tps = sorted(known)
+        found_all = await asyncio.gather(*(seg.offset_for_timestamp(store, listing.segments[tp], cfg.starting_timestamp) for tp in tps))
+        for tp, found in zip(tps, found_all):
             if found is None:
                 if cfg.timestamp_strategy == "error":
                     raise ValueError(
@@ -334,7 +341,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, cfg: SourceConfig):
         self.cfg = cfg
         self._available_now_target: dict[TopicPartition, int] | None = None
-        self._last_end: dict[TopicPartition, int] | None = None  # only for pyspark without admission control
+        self._warned_no_limit = False
 
     def initialOffset(self) -> dict:
         cfg = self.cfg
@@ -356,21 +363,23 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         latest, earliest = self._bounds()
-        if start is None:  # pyspark without admission control: no start given, no limit possible
-            start_pos = self._last_end if self._last_end is not None else offsets_from_json(self.initialOffset())
-        else:
-            start_pos = offsets_from_json(start)
         target = dict(latest)
         if self._available_now_target is not None:
             # behave as if nothing arrived after the query started, new partitions included
             target = {tp: min(off, self._available_now_target[tp]) for tp, off in target.items() if tp in self._available_now_target}
+        if start is None:
+            # pyspark without admission control calls latestOffset() with no start: the
+            # contract is then simply "the newest offsets"; a read limit cannot be applied
+            if self.cfg.max_offsets_per_trigger and not self._warned_no_limit:
+                log.warning("this pyspark version cannot limit micro-batches: maxOffsetsPerTrigger is ignored")
+                self._warned_no_limit = True
+            return offsets_json(target)
+        start_pos = offsets_from_json(start)
         end = dict(start_pos)
         for tp, off in target.items():
-            begin = start_pos.get(tp, earliest[tp])
-            end[tp] = max(begin, off)
+            end[tp] = max(start_pos.get(tp, earliest[tp]), off)
         if isinstance(limit, ReadMaxRows):
             end = _rate_limit(start_pos, end, earliest, limit.max_rows)
-        self._last_end = end
         return offsets_json(end)
 
     def _bounds(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
@@ -466,6 +475,8 @@ class KafScaleDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool):
         from kafscale.pipeline.sink import KafScaleWriter, parse_sink_options
 
+        if overwrite:
+            raise ValueError("a topic cannot be overwritten: write with .mode(\"append\")")
         return KafScaleWriter(parse_sink_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool):
