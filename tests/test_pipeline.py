@@ -118,22 +118,6 @@ def corrupt_object(url: str, key: str, mutate) -> None:
 # Fixtures
 
 
-@pytest.fixture(scope="session")
-def spark(request):
-    # local[2], UI off, two shuffle partitions, UTC; workers run this interpreter
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    try:
-        # Spark's Python workers inherit the JVM's environment, fixed when it starts: the
-        # S3 test needs moto's AWS_* / KAFSCALE_S3_ENDPOINT in it from the beginning.
-        request.getfixturevalue("moto_server")
-    except Exception:  # noqa: BLE001 - no moto: only the S3 test skips
-        pass
-    session = jobs.local_spark("kafscale-pipeline-tests", **{"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """A store with several topics; see each block for what it exercises."""

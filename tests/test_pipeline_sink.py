@@ -23,15 +23,6 @@ from kafscale.protocol import records as R  # noqa: E402
 from kafscale.storage import segment as S  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def spark():
-    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    session = jobs.local_spark("kafscale-sink-tests", **{"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 @pytest.fixture
 def bootstrap(request) -> str:
     try:

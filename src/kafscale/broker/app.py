@@ -9,6 +9,7 @@ from kafscale.broker.config import BrokerConfig
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
+from kafscale.groups.coordinator import GroupCoordinator
 from kafscale.metadata.kv import open_kv
 from kafscale.metadata.store import MetadataStore
 from kafscale.storage.logs import LogManager
@@ -34,13 +35,7 @@ class Broker:
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
         self.cluster.logs = self.logs
         self.router = build_router()
-        self.groups = None
-        try:
-            from kafscale.groups.coordinator import GroupCoordinator
-        except ImportError:  # coordinator not present in this build
-            GroupCoordinator = None
-        if GroupCoordinator is not None:
-            self.groups = GroupCoordinator(self.metadata, config)
+        self.groups = GroupCoordinator(self.metadata, config, self.cluster)
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()
@@ -48,8 +43,7 @@ class Broker:
     async def start(self) -> None:
         await self.cluster.start()
         await self.logs.start()
-        if self.groups is not None:
-            await self.groups.start()
+        await self.groups.start()
         await self.server.start()
         self.ops = await start_ops(self)
 
@@ -59,8 +53,7 @@ class Broker:
             await self.ops.stop()  # readiness fails from the first moment of shutdown
         await self.server.stop_accepting()
         await self.logs.stop()
-        if self.groups is not None:
-            await self.groups.stop()
+        await self.groups.stop()
         await self.server.close()
         await self.cluster.stop()
         await self.metadata.close()

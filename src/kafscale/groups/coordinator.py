@@ -52,8 +52,10 @@ class GroupCoordinator:
         self.metadata = metadata
         self.config = config
         # Who coordinates which group; None means this broker coordinates every group
-        # (the single-node default). Handlers fill it in from the broker when unset.
-        self.cluster = cluster
+        # (the single-node default). Handlers bind the broker's cluster when unset.
+        self.cluster = None
+        if cluster is not None:
+            self.bind_cluster(cluster)
         self.group_config = GroupConfig(
             initial_rebalance_delay_ms=int(getattr(config, "group_initial_rebalance_delay_ms", 3000)),
             min_session_timeout_ms=int(getattr(config, "group_min_session_timeout_ms", 6000)),
@@ -100,6 +102,22 @@ class GroupCoordinator:
             if not fut.done():
                 fut.cancel()
         self._waiters.clear()
+
+    def bind_cluster(self, cluster) -> None:
+        """Learn who coordinates which group; on membership changes, let go of the groups
+        that moved to another broker so no stale copy acts on them."""
+        if self.cluster is cluster:
+            return
+        self.cluster = cluster
+        listeners = getattr(cluster, "listeners", None)
+        if isinstance(listeners, list):
+            listeners.append(self._on_membership_change)
+
+    def _on_membership_change(self, cluster) -> None:
+        for group_id in [g for g in self.groups if not self.owns(g)]:
+            task = asyncio.ensure_future(self.release(group_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def owns(self, group_id: str) -> bool:
         return self.cluster is None or self.cluster.is_coordinator(group_id)

@@ -397,10 +397,7 @@ class Group:
             d = m.heartbeat_deadline
             if d is not None and d <= now and (best is None or d < best[0]):
                 best = (d, "member", m.member_id)
-        if best is None:
-            return None
-        self.now = max(self.now, best[0])
-        return best[1], best[2]
+        return None if best is None else (best[1], best[2])
 
     def _on_join_timer(self) -> None:
         t = self.join_timer

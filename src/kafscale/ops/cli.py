@@ -51,12 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a broker")
     broker_config.add_arguments(b)
     b.set_defaults(func=_run_broker)
-    try:
-        from kafscale.ops import admin_cli
+    from kafscale.ops import admin_cli
+    from kafscale.pipeline import cli as pipeline_cli
 
-        admin_cli.add_commands(sub)
-    except ImportError:
-        pass
+    admin_cli.add_commands(sub)
+    pipeline_cli.add_commands(sub)
     return parser
 
 

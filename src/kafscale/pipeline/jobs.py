@@ -61,6 +61,8 @@ def spark_session(app_name: str = "kafscale-pipeline", spark=None):
 
     from kafscale.pipeline import register
 
+    # Python workers must import this kafscale: default them to this interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = spark or SparkSession.builder.appName(app_name).getOrCreate()
     register(spark)
     return spark

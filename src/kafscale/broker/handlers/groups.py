@@ -145,7 +145,7 @@ def _client_host(peer: str) -> str:
 def _coordinator(ctx):
     groups = ctx.broker.groups
     if groups is not None and groups.cluster is None:
-        groups.cluster = ctx.broker.cluster
+        groups.bind_cluster(ctx.broker.cluster)
     return groups
 
 
