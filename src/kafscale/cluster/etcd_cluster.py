@@ -226,7 +226,9 @@ class EtcdCluster(Cluster):
                             await self.logs.release(*key, flush=False)
                     elif desired != me:
                         await self._release(*key, flush=True)
-                elif desired == me and current is None:
+                elif desired == me and (current is None or current[0] == me):
+                    # Free, or ours from before (etcd outage, or this id restarted): take it
+                    # with a new epoch, so anything written under the old one is fenced.
                     await self._acquire(*key)
         # Ownership of topics that were deleted.
         names = set(self._partition_counts)
@@ -241,8 +243,11 @@ class EtcdCluster(Cluster):
         okey, pkey = f"/owners/{topic}/{partition}", f"/partitions/{topic}/{partition}"
         state_doc = MetadataStore._state_doc(st)
         state_doc.update(leader_epoch=epoch, owner=self.local.node_id, epoch_start_offset=st.high_watermark)
+        held = await self.kv.get(okey)
+        if held is not None and json.loads(held.value).get("node") != self.local.node_id:
+            return  # another live broker holds it: it releases when it sees it should
         txn = Txn(
-            compares=[(okey, 0), (pkey, st.version)],
+            compares=[(okey, held.version if held else 0), (pkey, st.version)],
             puts=[(pkey, json.dumps(state_doc).encode())],
             leased_puts=[(okey, json.dumps({"node": self.local.node_id, "epoch": epoch}).encode())],
             lease=self.lease,
