@@ -168,7 +168,12 @@ class KafkaServer:
         if self._server is not None:
             self._server.close()
 
-    async def close(self) -> None:
+    async def close(self, drain_s: float = 5.0) -> None:
+        """Close client connections once their open requests are answered (produce
+        requests waiting for the final flush get their acknowledgements)."""
+        pending = [t for conn in self.connections for t in conn._pending]
+        if pending:
+            await asyncio.wait(pending, timeout=drain_s)
         for conn in list(self.connections):
             conn._close("broker shutting down")
         if self._server is not None:

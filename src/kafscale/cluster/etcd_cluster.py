@@ -73,6 +73,7 @@ class EtcdCluster(Cluster):
         self._live: dict[int, BrokerNode] = {local.node_id: local}
         self._owners: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, p) -> (node, epoch)
         self._owned: set[tuple[str, int]] = set()
+        self._epochs: dict[tuple[str, int], int] = {}
         self._partition_counts: dict[str, int] = {}
         self._assignments: dict[tuple, list[int]] = {}  # (topic, count, live ids) -> owners
         self._tasks: list[asyncio.Task] = []
@@ -99,8 +100,9 @@ class EtcdCluster(Cluster):
         return self.desired_owner(topic, partition)
 
     def leader_epoch(self, topic: str, partition: int) -> int:
-        owner = self._owners.get((topic, partition))
-        return owner[1] if owner else 0
+        # The highest epoch seen, also while a partition is between owners: clients
+        # (KIP-320) ignore metadata whose epoch went backwards.
+        return self._epochs.get((topic, partition), 0)
 
     def desired_owner(self, topic: str, partition: int) -> int:
         count = self._partition_counts.get(topic, partition + 1)
@@ -199,6 +201,9 @@ class EtcdCluster(Cluster):
             doc = json.loads(kv.value)
             owners[(topic, int(p))] = (doc["node"], doc["epoch"])
         self._owners = owners
+        for key, (_node, epoch) in owners.items():
+            if epoch > self._epochs.get(key, -1):
+                self._epochs[key] = epoch
         if changed:
             log.info("live brokers: %s", sorted(live))
             for fn in self.listeners:
@@ -255,6 +260,7 @@ class EtcdCluster(Cluster):
         if await self.kv.commit(txn):
             self._owned.add((topic, partition))
             self._owners[(topic, partition)] = (self.local.node_id, epoch)
+            self._epochs[(topic, partition)] = epoch
             log.info("took ownership of %s-%d at epoch %d (high watermark %d)", topic, partition, epoch, st.high_watermark)
 
     async def _release(self, topic: str, partition: int, flush: bool) -> None:

@@ -183,9 +183,12 @@ class PartitionLog:
             await self.flush_once()
 
     async def flush(self) -> None:
-        """Flush everything buffered now (shutdown, ownership hand-over)."""
-        while self._buffer:
-            await self.flush_once()
+        """Flush everything buffered now, and wait for an upload already in flight
+        (shutdown, ownership hand-over)."""
+        while True:
+            await self.flush_once()  # takes the flush lock: waits for the upload in flight
+            if not self._buffer:
+                return
 
     def _take_segment(self) -> list[_Pending]:
         taken, size = [], 0
@@ -220,6 +223,10 @@ class PartitionLog:
             try:
                 await asyncio.gather(mgr.store.put(seg_key, enc.parts), mgr.store.put(idx_key, [enc.index]))
                 self.state = await mgr.metadata.commit_segment(self.state, enc.info)
+            except asyncio.CancelledError:
+                self._in_flight = []
+                self._fail_unflushed(taken, StorageError("flush cancelled (broker stopping)"))
+                raise
             except Exception as e:  # noqa: BLE001 - any failure means "not durable"
                 if not await self._committed_despite(e, enc.info):
                     self._in_flight = []
@@ -389,15 +396,18 @@ class PartitionLog:
             log.info("partition %s-%s: deleted %d segments, log start offset now %d", self.topic, self.partition, len(doomed), new_start)
 
     async def close(self, flush: bool = True) -> None:
+        """Stop the log. With flush, everything buffered or in flight is made durable and
+        acknowledged first; without (fenced), buffered batches are rejected and an upload in
+        flight finishes on its own (its commit fails if another owner took over)."""
         if flush:
             try:
                 await self.flush()
             except Exception as e:  # noqa: BLE001
                 log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
         self.closed = True
-        self._wake.set()
-        if self._flusher is not None:
-            self._flusher.cancel()
+        self._wake.set()  # the flusher sees `closed` and ends after any upload in flight
+        if flush and self._flusher is not None:
+            await asyncio.wait([self._flusher], timeout=30)
         self._notify_data()
 
 
@@ -452,6 +462,7 @@ class LogManager:
         self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
+        self.stopping = False
         self.merger = SegmentMerger(self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000)
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
 
@@ -478,6 +489,7 @@ class LogManager:
             self._merge_task = loop.create_task(self.merger.run_forever(), name="merger")
 
     async def stop(self) -> None:
+        self.stopping = True  # no new logs from here on: clients go to the next owner
         for task in (self._retention_task, self._merge_task):
             if task:
                 task.cancel()
@@ -556,8 +568,8 @@ class LogManager:
         lg = self.logs.get(key)
         if lg is not None and not lg.closed:
             return lg
-        if not self.cluster.owns(topic, partition):
-            raise StorageError(f"{topic}-{partition} is owned by another broker", NOT_LEADER_OR_FOLLOWER)
+        if self.stopping or not self.cluster.owns(topic, partition):
+            raise StorageError(f"{topic}-{partition} is not served by this broker", NOT_LEADER_OR_FOLLOWER)
         fut = self._loading.get(key)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()

@@ -99,6 +99,7 @@ class S3ObjectStore(ObjectStore):
         self.max_backoff = max_backoff
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.attempt_timeout = connect_timeout + read_timeout
         self._create_bucket_on_start = create_bucket
         self.delete_batch = _DELETE_BATCH
         self.list_page_size: int | None = None  # None: the server's default (1000)
@@ -179,7 +180,12 @@ class S3ObjectStore(ObjectStore):
                 if self._create_bucket_on_start:
                     await self._create_bucket(client)
                     self._create_bucket_on_start = False
-                return await fn(client)
+                # One attempt is bounded as a whole: botocore's read timeout does not
+                # cover aiohttp waiting for "100 Continue" on a PUT to a stalled server.
+                return await asyncio.wait_for(fn(client), self.attempt_timeout)
+            except TimeoutError as e:
+                err = e
+                detail = f"no answer within {self.attempt_timeout:.0f}s"
             except bce.ClientError as e:
                 code, status = _error_code(e)
                 if not (code in _RETRY_CODES or status in _RETRY_STATUS):
