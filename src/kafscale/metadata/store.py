@@ -10,6 +10,7 @@ prefix, `/kafscale` on etcd):
     /offsets/{group}/{topic}/{p}         CommittedOffset (JSON)
     /producer-ids                        next free producer id block
     /brokers/{id}                        live broker registration (etcd lease)
+    /owners/{topic}/{p}                  current owner and leader epoch (owner's lease)
 
 Every change that touches several keys is one transaction guarded by compare conditions.
 """
