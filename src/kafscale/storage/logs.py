@@ -540,6 +540,15 @@ class LogManager:
         if lg is not None:
             lg.closed = True
 
+    async def _partition_state(self, topic: str, partition: int) -> PartitionState:
+        try:
+            st = await self.metadata.get_partition(topic, partition)
+        except MetadataUnavailable as e:
+            raise StorageError(f"metadata unavailable: {e}") from e
+        if st is None:
+            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+        return st
+
     async def get_reader(self, topic: str, partition: int):
         """Something to fetch from: the owned log, or else a read-only view of the
         partition's flushed segments (any broker can serve those from the object store)."""
@@ -551,13 +560,7 @@ class LogManager:
         key = (topic, partition)
         view = self._readers.get(key)
         if view is None or view.stale():
-            try:
-                st = await self.metadata.get_partition(topic, partition)
-            except MetadataUnavailable as err:
-                raise StorageError(f"metadata unavailable: {err}") from err
-            if st is None:
-                raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
-            view = self._readers[key] = FlushedPartition(self, st)
+            view = self._readers[key] = FlushedPartition(self, await self._partition_state(topic, partition))
         return view
 
     async def get_log(self, topic: str, partition: int) -> PartitionLog:
@@ -593,13 +596,7 @@ class LogManager:
             meta = await self.topic(topic, refresh=True)
         if meta is None or not 0 <= partition < meta.partitions:
             raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
-        try:
-            st = await self.metadata.get_partition(topic, partition)
-        except MetadataUnavailable as e:
-            raise StorageError(f"metadata unavailable: {e}") from e
-        if st is None:
-            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
-        st = await self._recover(st)
+        st = await self._recover(await self._partition_state(topic, partition))
         lg = PartitionLog(self, meta, st)
         await self._rebuild_producers(lg)
         return lg

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from kafscale.broker.topics import TopicIdResolver
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
 
@@ -27,15 +28,11 @@ class _Part:
 
 async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
     broker = ctx.broker
-    ids = None
+    names = TopicIdResolver(broker)
     out = []
     for ft in req.topics:
-        name = getattr(ft, "topic", None)
         topic_id = getattr(ft, "topic_id", None)
-        if name is None and topic_id is not None:
-            if ids is None:
-                ids = {m.uuid: m.name for m in await broker.metadata.list_topics()}
-            name = ids.get(topic_id)
+        name = await names.name(getattr(ft, "topic", None), topic_id)
         parts = []
         for fp in ft.partitions:
             p = _Part(name, fp.partition, fp.fetch_offset, fp.partition_max_bytes, getattr(fp, "current_leader_epoch", -1))

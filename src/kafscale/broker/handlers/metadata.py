@@ -46,14 +46,13 @@ async def metadata(ctx, req):
         for meta in sorted(await broker.metadata.list_topics(), key=lambda m: m.name):
             results.append(_topic_entry(ctx, cls, meta))
     else:
-        by_id = None
+        names = topics.TopicIdResolver(broker)
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
         for t in requested:
             name = t.name
             if name is None and getattr(t, "topic_id", None) is not None:
-                if by_id is None:
-                    by_id = {m.uuid: m for m in await broker.metadata.list_topics()}
-                meta = by_id.get(t.topic_id)
+                name = await names.name(None, t.topic_id)
+                meta = await broker.logs.topic(name) if name is not None else None
                 if meta is None:
                     results.append(make(topic_cls, error_code=100, name=None, topic_id=t.topic_id, partitions=()))  # UNKNOWN_TOPIC_ID
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kafscale.broker.topics import TopicIdResolver
 from kafscale.protocol import records
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
@@ -53,14 +54,10 @@ async def produce(ctx, req):
     broker = ctx.broker
     want_ack = req.acks != 0
     by_topic: list[tuple[str | None, object, list[_PartitionResult]]] = []
-    ids = None
+    names = TopicIdResolver(broker)
     for td in req.topic_data:
-        name = getattr(td, "name", None)
         topic_id = getattr(td, "topic_id", None)
-        if name is None and topic_id is not None:
-            if ids is None:
-                ids = {m.uuid: m.name for m in await broker.metadata.list_topics()}
-            name = ids.get(topic_id)
+        name = await names.name(getattr(td, "name", None), topic_id)
         results = []
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)

@@ -51,14 +51,9 @@ async def delete_topics(ctx, req):
     r_cls = nested(cls, "DeletableTopicResult")
     wanted: list[tuple[str | None, object]] = []
     if hasattr(req, "topics"):
-        ids = None
+        names = topics.TopicIdResolver(ctx.broker)
         for t in req.topics:
-            if t.name is None and t.topic_id is not None:
-                if ids is None:
-                    ids = {m.uuid: m.name for m in await ctx.broker.metadata.list_topics()}
-                wanted.append((ids.get(t.topic_id), t.topic_id))
-            else:
-                wanted.append((t.name, None))
+            wanted.append((await names.name(t.name, t.topic_id), t.topic_id if t.name is None else None))
     else:
         wanted = [(n, None) for n in req.topic_names]
     results = []

@@ -1,0 +1,49 @@
+"""Requests that name topics by id: Metadata v12, Produce v13, Fetch v13+, DeleteTopics v6."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+
+from kafscale.protocol import records
+from tests.support.raw import RawClient, error_code, req
+
+UNKNOWN_TOPIC_ID = 100
+
+
+def _topic_id(c: RawClient, name: str) -> uuid.UUID:
+    md = c.metadata([name], version=12)
+    assert error_code(md.topics[0].error_code) == 0
+    return md.topics[0].topic_id
+
+
+def test_produce_fetch_metadata_and_delete_by_topic_id(broker, topic_name):
+    with RawClient(broker.bootstrap) as c:
+        tid = _topic_id(c, topic_name)
+        assert isinstance(tid, uuid.UUID) and tid.int != 0
+        # Metadata by id
+        md = c.request(3, 12, req(3, 12, topics=(req(3, 12, "MetadataRequestTopic", name=None, topic_id=tid),), allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+        assert (md.topics[0].name, error_code(md.topics[0].error_code)) == (topic_name, 0)
+        # Produce v13 by id
+        batch = records.build_batch([(b"k", b"by-id")], timestamp=int(time.time() * 1000))
+        pp = req(0, 13, "PartitionProduceData", index=0, records=batch)
+        body = req(0, 13, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=10), topic_data=(req(0, 13, "TopicProduceData", topic_id=tid, partition_data=(pp,)),))
+        pr = c.request(0, 13, body).responses[0]
+        assert pr.topic_id == tid and error_code(pr.partition_responses[0].error_code) == 0
+        # Fetch v13 by id
+        fp = req(1, 13, "FetchPartition", partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)
+        fbody = req(1, 13, replica_id=-1, max_wait=datetime.timedelta(milliseconds=100), min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                    topics=(req(1, 13, "FetchTopic", topic_id=tid, partitions=(fp,)),), forgotten_topics_data=(), rack_id="")
+        fr = c.request(1, 13, fbody).responses[0]
+        data = fr.partitions[0].records
+        assert fr.topic_id == tid and [r.value for r in records.decode_records(data, 0)] == [b"by-id"]
+        # an unknown id
+        fbody2 = req(1, 13, replica_id=-1, max_wait=datetime.timedelta(milliseconds=10), min_bytes=1, max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                     topics=(req(1, 13, "FetchTopic", topic_id=uuid.uuid4(), partitions=(fp,)),), forgotten_topics_data=(), rack_id="")
+        assert error_code(c.request(1, 13, fbody2).responses[0].partitions[0].error_code) == UNKNOWN_TOPIC_ID
+        # DeleteTopics v6 by id
+        dr = c.request(20, 6, req(20, 6, topics=(req(20, 6, "DeleteTopicState", name=None, topic_id=tid),), timeout=datetime.timedelta(seconds=10)))
+        assert (dr.responses[0].name, error_code(dr.responses[0].error_code)) == (topic_name, 0)
+        md = c.metadata([topic_name], version=12, allow_auto=False)
+        assert error_code(md.topics[0].error_code) == 3
