@@ -33,7 +33,8 @@ test: install system-deps
 	@# pytest exit code 5 (nothing collected) is not a failure of the suite
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
-bench: install
+bench: install system-deps
+	$(BIN)/pip install -q -e '.[bench]'  # Tansu (the peer), matplotlib, py-spy
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
