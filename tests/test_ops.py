@@ -295,7 +295,11 @@ async def test_flush_failures_are_counted(running, monkeypatch):
     async def failing_put(key, parts):
         raise ObjectStoreError(f"put {key}: simulated outage")
 
+    async def failing_put_many(objects):
+        raise ObjectStoreError(f"put {objects[0][0]}: simulated outage")
+
     monkeypatch.setattr(r.broker.store, "put", failing_put)
+    monkeypatch.setattr(r.broker.store, "put_many", failing_put_many)
 
     def produce_one() -> object:
         p = Producer({"bootstrap.servers": r.bootstrap, "message.timeout.ms": 1500, "retry.backoff.ms": 100, "acks": "all"})

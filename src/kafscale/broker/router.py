@@ -54,17 +54,19 @@ class Api:
     min_version: int
     max_version: int
     handler: Handler
+    # decoder(version, payload, body_offset) -> request; None: kio's generated decoder
+    decoder: Callable[[int, memoryview, int], Any] | None = None
 
 
 class Router:
     def __init__(self) -> None:
         self.apis: dict[int, Api] = {}
 
-    def register(self, key: int, handler: Handler, min_version: int | None = None, max_version: int | None = None) -> None:
+    def register(self, key: int, handler: Handler, min_version: int | None = None, max_version: int | None = None, decoder=None) -> None:
         kmin, kmax = kio_versions(key)
         lo = kmin if min_version is None else max(kmin, min_version)
         hi = kmax if max_version is None else min(kmax, max_version)
-        self.apis[key] = Api(key, lo, hi, handler)
+        self.apis[key] = Api(key, lo, hi, handler, decoder)
 
     def get(self, key: int) -> Api | None:
         return self.apis.get(key)

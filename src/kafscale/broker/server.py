@@ -198,7 +198,10 @@ class KafkaServer:
             raise CloseConnection(f"unsupported API key {api_key} version {version}")
         try:
             header = codec.decode_header(payload, codec.is_flexible(api_key, version))
-            request = codec.decode_body(api_key, version, payload, header.body_offset)
+            if api.decoder is not None:
+                request = api.decoder(version, payload, header.body_offset)
+            else:
+                request = codec.decode_body(api_key, version, payload, header.body_offset)
         except codec.MalformedRequest as e:
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
         ctx = RequestContext(self.broker, header, conn.peer)

@@ -223,7 +223,7 @@ class PartitionLog:
             idx_key = segment.index_key(mgr.namespace, self.topic, self.partition, base)
             started = time.monotonic()
             try:
-                await asyncio.gather(mgr.store.put(seg_key, enc.parts), mgr.store.put(idx_key, [enc.index]))
+                await mgr.store.put_many([(seg_key, enc.parts), (idx_key, [enc.index])])
                 self.state = await mgr.metadata.commit_segment(self.state, enc.info)
             except asyncio.CancelledError:
                 self._in_flight = []

@@ -94,9 +94,11 @@ class SegmentMerger:
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
         ns = mgr.namespace
-        await asyncio.gather(
-            mgr.store.put(segment.segment_key(ns, lg.topic, lg.partition, base), enc.parts),
-            mgr.store.put(segment.index_key(ns, lg.topic, lg.partition, base), [enc.index]),
+        await mgr.store.put_many(
+            [
+                (segment.segment_key(ns, lg.topic, lg.partition, base), enc.parts),
+                (segment.index_key(ns, lg.topic, lg.partition, base), [enc.index]),
+            ]
         )
         async with lg._flush_lock:
             current = {s.base_offset: s for s in lg.state.segments}

@@ -26,6 +26,10 @@ class ObjectStore(abc.ABC):
     async def put(self, key: str, parts: list) -> None:
         """Store the concatenation of `parts` (bytes-like) at `key`, atomically."""
 
+    async def put_many(self, objects: list[tuple[str, list]]) -> None:
+        """Store several objects (a segment and its index); each one atomically."""
+        await asyncio.gather(*(self.put(key, parts) for key, parts in objects))
+
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object (end None: to the end). Raises ObjectNotFound."""
@@ -85,6 +89,17 @@ class LocalObjectStore(ObjectStore):
             await asyncio.to_thread(self._put_sync, key, parts)
         except OSError as e:
             raise ObjectStoreError(f"put {key}: {e}") from e
+
+    async def put_many(self, objects: list[tuple[str, list]]) -> None:
+        # One worker-thread hop for the segment and its index, not one each.
+        def put_all() -> None:
+            for key, parts in objects:
+                self._put_sync(key, parts)
+
+        try:
+            await asyncio.to_thread(put_all)
+        except OSError as e:
+            raise ObjectStoreError(f"put {objects[0][0]}: {e}") from e
 
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         try:

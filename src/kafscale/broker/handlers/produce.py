@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from kafscale.broker.topics import TopicIdResolver
-from kafscale.protocol import records
+from kafscale.protocol import produce_request, records
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
 
@@ -37,7 +37,9 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         lg = await broker.logs.get_log(topic, index)
         if data is None:
             raise records.InvalidRecordError("null record set", records.INVALID_RECORD)
-        buf = memoryview(bytearray(data))  # writable: offsets are patched in place
+        # Offsets are patched in place: the zero-copy decoder hands us a writable view
+        # into the request frame; anything else (bytes) is copied once.
+        buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
         headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
         result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
         result.log_start = lg.log_start_offset
@@ -103,4 +105,4 @@ async def produce(ctx, req):
 
 
 def register(router):
-    router.register(PRODUCE, produce)
+    router.register(PRODUCE, produce, decoder=produce_request.decode)
