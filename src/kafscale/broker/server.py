@@ -94,14 +94,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
             avail = self._end - self._start - 4
             if avail >= length:
                 body_start = self._start + 4
-                frame = bytearray(buf[body_start : body_start + length])
+                frame = buf[body_start : body_start + length]  # slicing a bytearray copies once
                 self._start = body_start + length
                 self._dispatch(frame)
                 continue
             if 4 + length > len(buf) - self._start:
                 # Too big for the read buffer: read the rest directly into its own bytearray.
                 frame = bytearray(length)
-                frame[:avail] = buf[self._start + 4 : self._end]
+                frame[:avail] = memoryview(buf)[self._start + 4 : self._end]
                 self._start = self._end = 0
                 self._frame, self._frame_pos = frame, avail
             break
