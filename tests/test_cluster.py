@@ -775,3 +775,16 @@ def test_failover_bumps_leader_epoch(cluster_factory):
         f"Metadata reported a leader epoch lower than before the failover (partition, epoch before, "
         f"epoch reported, leader reported): {regressions[:6]} out of {len(views)} answers"
     )
+
+
+def test_assignment_is_balanced_and_moves_only_the_needed_share():
+    from kafscale.cluster.etcd_cluster import assign_topic
+
+    three = assign_topic("orders", 8, [0, 1, 2])
+    assert sorted(three.count(n) for n in (0, 1, 2)) == [2, 3, 3]
+    four = assign_topic("orders", 8, [0, 1, 2, 3], dict(enumerate(three)))
+    assert all(four.count(n) == 2 for n in (0, 1, 2, 3))
+    assert sum(a != b for a, b in zip(three, four)) == 2  # only what the new broker takes
+    assert all(b == 3 for a, b in zip(three, four) if a != b)
+    left = assign_topic("orders", 8, [0, 2, 3], dict(enumerate(four)))
+    assert {p for p in range(8) if left[p] != four[p]} == {p for p in range(8) if four[p] == 1}  # only broker 1's

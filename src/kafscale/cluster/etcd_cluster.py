@@ -43,20 +43,29 @@ def rendezvous(key: str, node_ids: list[int]) -> int:
     return max(node_ids, key=lambda n: _score(key, n)) if node_ids else -1
 
 
-def assign_topic(topic: str, partitions: int, node_ids: list[int]) -> list[int]:
-    """Owner of each partition: rendezvous preference, capped at ceil(partitions / nodes)
-    per node, so a topic is balanced and a membership change moves few partitions."""
+def assign_topic(topic: str, partitions: int, node_ids: list[int], current: dict[int, int] | None = None) -> list[int]:
+    """Owner of each partition, at most ceil(partitions / nodes) per node.
+
+    Sticky: a live current owner keeps its partitions up to that cap, so a joining broker
+    takes only the excess and a leaving one gives up only its own; the rest go by
+    rendezvous preference. Every broker computes the same from the same view."""
     if not node_ids:
         return [-1] * partitions
     cap = -(-partitions // len(node_ids))
     load = dict.fromkeys(node_ids, 0)
-    owners = []
+    owners = [-1] * partitions
+    for p, node in sorted((current or {}).items()):
+        if p < partitions and node in load and load[node] < cap:
+            owners[p] = node
+            load[node] += 1
     for p in range(partitions):
+        if owners[p] >= 0:
+            continue
         key = f"{topic}/{p}"
         for n in sorted(node_ids, key=lambda n: _score(key, n), reverse=True):
             if load[n] < cap:
                 load[n] += 1
-                owners.append(n)
+                owners[p] = n
                 break
     return owners
 
@@ -75,7 +84,7 @@ class EtcdCluster(Cluster):
         self._owned: set[tuple[str, int]] = set()
         self._epochs: dict[tuple[str, int], int] = {}
         self._partition_counts: dict[str, int] = {}
-        self._assignments: dict[tuple, list[int]] = {}  # (topic, count, live ids) -> owners
+        self._desired: dict[str, list[int]] = {}  # topic -> desired owner of each partition
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.listeners: list = []  # callables(cluster) run after membership changes
@@ -105,11 +114,9 @@ class EtcdCluster(Cluster):
         return self._epochs.get((topic, partition), 0)
 
     def desired_owner(self, topic: str, partition: int) -> int:
-        count = self._partition_counts.get(topic, partition + 1)
-        key = (topic, max(count, partition + 1), tuple(sorted(self._live)))
-        owners = self._assignments.get(key)
-        if owners is None:
-            owners = self._assignments[key] = assign_topic(topic, key[1], list(key[2]))
+        owners = self._desired.get(topic)
+        if owners is None or partition >= len(owners):
+            return rendezvous(f"{topic}/{partition}", list(self._live))
         return owners[partition]
 
     def coordinator_for(self, key: str) -> BrokerNode:
@@ -216,8 +223,11 @@ class EtcdCluster(Cluster):
         me = self.local.node_id
         topics = await self.metadata.list_topics()
         self._partition_counts = {m.name: m.partitions for m in topics}
-        if len(self._assignments) > 10_000:
-            self._assignments.clear()
+        live_ids = sorted(self._live)
+        current: dict[str, dict[int, int]] = {}
+        for (t, p), (node, _epoch) in self._owners.items():
+            current.setdefault(t, {})[p] = node
+        self._desired = {m.name: assign_topic(m.name, m.partitions, live_ids, current.get(m.name)) for m in topics}
         for meta in topics:
             for p in range(meta.partitions):
                 key = (meta.name, p)
