@@ -1,9 +1,10 @@
 """Many stateless brokers sharing etcd: membership, partition ownership, fencing.
 
 - Each broker holds one etcd lease and registers `/brokers/{id}` under it.
-- The desired owner of a partition (and coordinator of a group) is chosen by rendezvous
-  hashing over the live brokers, so every broker computes the same answer and ownership
-  moves only for the share a joining or leaving broker takes or gives up.
+- The desired owner of a partition is chosen from the live brokers and the current owners
+  (sticky, at most ceil(partitions / brokers) each, rendezvous preference for the rest), so
+  every broker computes the same answer and ownership moves only for the share a joining
+  or leaving broker takes or gives up. Group coordinators go by rendezvous hashing.
 - Ownership is the key `/owners/{topic}/{p}`, tied to the owner's lease. Taking it is one
   transaction that also bumps the partition's leader epoch (so the old owner's next
   segment commit fails its compare): the old owner cannot commit after a takeover.

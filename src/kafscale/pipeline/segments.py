@@ -90,22 +90,30 @@ def run_with_store(storage_url: str, fn: Callable[[ObjectStore], Awaitable[T]]) 
     work moves to a helper thread instead of nesting loops.
     """
 
-    async def main() -> T:
+    out: list = []
+
+    async def main() -> None:
+        # The value is handed over in `out`, not returned: on the main thread asyncio.run()
+        # (Python 3.11) formats repr(main task) -- result included -- when it restores the
+        # SIGINT handler, which for a segment GET is the repr of megabytes of bytes (~30 ms
+        # per 4 MiB object, as much as decoding it).
         store = open_store(storage_url)
         try:
-            return await fn(store)
+            out.append(await fn(store))
         finally:
             await store.close()
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(main())
+        asyncio.run(main())
+        return out[0]
     result: list = []
 
     def in_thread() -> None:
         try:
-            result.append((True, asyncio.run(main())))
+            asyncio.run(main())
+            result.append((True, out[0]))
         except BaseException as e:  # re-raised in the caller's thread
             result.append((False, e))
 
