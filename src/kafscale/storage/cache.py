@@ -67,6 +67,10 @@ class SegmentCache:
         self.misses = 0
         self._views: OrderedDict[tuple, SegmentView] = OrderedDict()
 
+    def contains(self, key: tuple) -> bool:
+        """Membership without touching LRU order or hit counters."""
+        return key in self._views
+
     def get(self, key: tuple) -> SegmentView | None:
         view = self._views.get(key)
         if view is None:

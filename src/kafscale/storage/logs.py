@@ -676,7 +676,10 @@ class LogManager:
             if seg.last_offset < offset:
                 i += 1
                 continue
+            cached = self.cache.contains((topic, partition, seg.base_offset))
             view = await self._segment_view(topic, partition, seg, offset, remaining)
+            if not cached and i + 1 < len(segments):
+                self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
             chunk = view.read(offset, remaining, at_least_one and not out)
             if not chunk:
                 break
@@ -688,6 +691,15 @@ class LogManager:
                 break  # the byte budget ended inside this segment: never skip ahead
             i += 1
         return out
+
+    def _read_ahead(self, topic: str, partition: int, seg: segment.SegmentInfo) -> None:
+        """Load the next segment in the background, so a sequential reader finds it cached."""
+        key = (topic, partition, seg.base_offset)
+        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key) or key in self._segment_loads:
+            return
+        task = asyncio.get_running_loop().create_task(self._segment_view(topic, partition, seg, seg.base_offset, seg.size))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failed read-ahead is harmless
+        self.stats["read_aheads"] = self.stats.get("read_aheads", 0) + 1
 
     async def _segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
         key = (topic, partition, seg.base_offset)
