@@ -221,6 +221,9 @@ class KafkaServer:
                 hook(api_key, version, time.perf_counter() - started, error)
         if response is None:
             return None
+        encode_frame = getattr(response, "encode_frame", None)
+        if encode_frame is not None:  # encoded by hand for the hot path (Fetch)
+            return encode_frame(correlation_id)
         return codec.encode_response(api_key, version, correlation_id, response)
 
     def _unsupported_api_versions(self, correlation_id: int) -> bytes:

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from kafscale.broker.topics import TopicIdResolver
-from kafscale.protocol.build import make, nested, response
+from kafscale.protocol import fetch_response
 from kafscale.storage.logs import StorageError
 
 FETCH = 1
@@ -92,30 +92,16 @@ async def fetch(ctx, req):
             for p in parts:
                 if p.log is not None:
                     p.log.discard_data_waiter(wake)
-    cls = response(FETCH, ctx.version)
-    topic_cls = nested(cls, "FetchableTopicResponse")
-    part_cls = nested(cls, "PartitionData")
     out = []
     for (name, topic_id), ps in topics:
         entries = []
         for p in ps:
             hw = p.log.high_watermark if p.log is not None else -1
             lso = p.log.log_start_offset if p.log is not None else -1
-            entries.append(
-                make(
-                    part_cls,
-                    partition_index=p.index,
-                    error_code=p.error,
-                    high_watermark=hw,
-                    last_stable_offset=hw,
-                    log_start_offset=lso,
-                    aborted_transactions=None,
-                    preferred_read_replica=-1,
-                    records=b"".join(p.chunks) if p.chunks else b"",
-                )
-            )
-        out.append(make(topic_cls, topic=name, topic_id=topic_id, partitions=tuple(entries)))
-    return make(cls, throttle_time=0, error_code=NONE, session_id=0, responses=tuple(out))
+            # last stable offset = high watermark: no transactions, nothing undecided
+            entries.append(fetch_response.PartitionData(p.index, p.error, hw, hw, lso, fetch_response.RecordChunks(p.chunks)))
+        out.append(fetch_response.TopicData(name, topic_id, entries))
+    return fetch_response.FetchResponse(ctx.version, out)
 
 
 def register(router):
