@@ -159,6 +159,15 @@ async def _owned(ctx, group_id: str) -> bool:
     return False
 
 
+async def _group_check(ctx, group_id: str):
+    """INVALID_GROUP_ID or NOT_COORDINATOR when this broker cannot serve the group, else None."""
+    if not group_id:
+        return ErrorCode.invalid_group_id
+    if _coordinator(ctx) is None or not await _owned(ctx, group_id):
+        return ErrorCode.not_coordinator
+    return None
+
+
 # -- FindCoordinator -------------------------------------------------------------------------
 
 
@@ -209,10 +218,8 @@ async def join_group(ctx, req):
     cls = _response(JOIN_GROUP, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
-    if not group_id:
-        return _join_response(cls, ctx.version, JoinResult(ErrorCode.invalid_group_id, req.member_id))
-    if groups is None or not await _owned(ctx, group_id):
-        return _join_response(cls, ctx.version, JoinResult(ErrorCode.not_coordinator, req.member_id))
+    if (error := await _group_check(ctx, group_id)) is not None:
+        return _join_response(cls, ctx.version, JoinResult(error, req.member_id))
     instance_id = getattr(req, "group_instance_id", None)
     session_ms = _ms(req.session_timeout)
     try:
@@ -240,10 +247,8 @@ async def sync_group(ctx, req):
     cls = _response(SYNC_GROUP, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
-    if not group_id:
-        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
-    if groups is None or not await _owned(ctx, group_id):
-        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    if (error := await _group_check(ctx, group_id)) is not None:
+        return build(cls, throttle_time=0, error_code=error)
     try:
         result = await groups.sync(
             group_id,
@@ -270,10 +275,8 @@ async def heartbeat(ctx, req):
     cls = _response(HEARTBEAT, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
-    if not group_id:
-        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
-    if groups is None or not await _owned(ctx, group_id):
-        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    if (error := await _group_check(ctx, group_id)) is not None:
+        return build(cls, throttle_time=0, error_code=error)
     try:
         error = await groups.heartbeat(
             group_id,
@@ -292,10 +295,8 @@ async def leave_group(ctx, req):
     batched = _has(req, "members")  # v3+: several members, per-member results
     identities = [(m.member_id, m.group_instance_id) for m in req.members] if batched else [(req.member_id, None)]
     group_id = req.group_id
-    if not group_id:
-        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
-    if groups is None or not await _owned(ctx, group_id):
-        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    if (error := await _group_check(ctx, group_id)) is not None:
+        return build(cls, throttle_time=0, error_code=error)
     try:
         error, member_errors = await groups.leave(group_id, identities)
     except MetadataUnavailable:
@@ -480,10 +481,8 @@ async def offset_delete(ctx, req):
     cls = _response(OFFSET_DELETE, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
-    if not group_id:
-        return build(cls, throttle_time=0, error_code=ErrorCode.invalid_group_id)
-    if groups is None or not await _owned(ctx, group_id):
-        return build(cls, throttle_time=0, error_code=ErrorCode.not_coordinator)
+    if (error := await _group_check(ctx, group_id)) is not None:
+        return build(cls, throttle_time=0, error_code=error)
     catalog = _TopicCatalog(ctx.broker.metadata)
     try:
         known: list[tuple[str, int]] = []
