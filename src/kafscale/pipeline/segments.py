@@ -746,14 +746,20 @@ _RECORD_STEP = [1 + (b >> 1) for b in range(0x80)] + [2 + ((b & 0x7F) >> 1) for 
 def _vvarint(np, arr, pos):
     """Zigzag varints starting at `pos` (int64 array) in the uint8 array `arr`: (values, next positions).
 
-    Small records have 1- or 2-byte varints, so after the first gather only the elements that
-    continue are extended. Over 9 bytes (beyond int64) is left to the exact decoder.
+    Small records have 1- or 2-byte varints: those take one or two gathers over all elements;
+    only longer ones are extended element by element. Over 9 bytes (beyond int64) is left to
+    the exact decoder.
     """
     b = arr[pos]
     more = b >= 0x80
     if not more.any():
         v = b.astype(np.int64)
         return (v >> 1) ^ -(v & 1), pos + 1
+    c = arr.take(pos + 1, mode="clip")  # clip: a 1-byte varint may end the data; c is unused there
+    if not (more & (c >= 0x80)).any():  # none longer than 2 bytes: no index lists needed
+        v = b.astype(np.int64)
+        v = np.where(more, (v & 0x7F) | (c.astype(np.int64) << 7), v)
+        return (v >> 1) ^ -(v & 1), pos + 1 + more
     v = (b & 0x7F).astype(np.int64)
     nxt = pos + 1
     idx = np.flatnonzero(more)
@@ -1190,7 +1196,7 @@ def arrow_schema():
 
 
 def columns_to_arrow(cols: "Chunk | Columns", topic: str, partition: int, schema=None):
-    """One Arrow record batch of the source schema; every column is built from buffers."""
+    """One Arrow record batch of the source schema, built from arrays without a Python object per row."""
     import numpy as np
     import pyarrow as pa
 
@@ -1204,13 +1210,11 @@ def columns_to_arrow(cols: "Chunk | Columns", topic: str, partition: int, schema
         headers = pa.ListArray.from_arrays(pa.array(ends), header_structs, type=list_type, mask=pa.array(ends[1:] == ends[:-1]))
     else:
         headers = pa.nulls(n, list_type)
-    topic_bytes = topic.encode()
     return pa.RecordBatch.from_arrays(
         [
             chunk.keys,
             chunk.values,
-            # the same string n times, straight from buffers
-            pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(n + 1, dtype=np.int32) * len(topic_bytes)), pa.py_buffer(topic_bytes * n)]),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.array(np.full(n, partition, np.int32)),
             pa.array(chunk.offsets),
             pa.array(chunk.timestamps * 1000, schema.field("timestamp").type),
