@@ -73,9 +73,6 @@ class EncodedSegment:
     parts: list  # header, batch buffers..., footer: written without joining first
     index: bytes
 
-    def segment_bytes(self) -> bytes:
-        return b"".join(self.parts)
-
 
 def encode(batches: list, base_offset: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL, created_ms: int | None = None) -> EncodedSegment:
     """Wrap already-offset-patched batch buffers in a segment, and build its sparse index.
