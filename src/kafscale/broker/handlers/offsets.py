@@ -40,14 +40,19 @@ async def _list_one(ctx, topic: str, p) -> dict:
     return out
 
 
-async def list_offsets(ctx, req):
-    cls = response(LIST_OFFSETS, ctx.version)
-    t_cls, p_cls = nested(cls, "ListOffsetsTopicResponse"), nested(cls, "ListOffsetsPartitionResponse")
+async def _each_partition(ctx, req, api_key: int, topic_entity: str, partition_entity: str, one):
+    """Response with `one(ctx, topic, partition)` run for every requested partition at once."""
+    cls = response(api_key, ctx.version)
+    t_cls, p_cls = nested(cls, topic_entity), nested(cls, partition_entity)
     topics = []
     for t in req.topics:
-        parts = await asyncio.gather(*(_list_one(ctx, t.name, p) for p in t.partitions))
+        parts = await asyncio.gather(*(one(ctx, t.name, p) for p in t.partitions))
         topics.append(make(t_cls, name=t.name, partitions=tuple(make(p_cls, **d) for d in parts)))
     return make(cls, throttle_time=0, topics=tuple(topics))
+
+
+async def list_offsets(ctx, req):
+    return await _each_partition(ctx, req, LIST_OFFSETS, "ListOffsetsTopicResponse", "ListOffsetsPartitionResponse", _list_one)
 
 
 async def _delete_one(ctx, topic: str, p) -> dict:
@@ -68,13 +73,7 @@ async def _delete_one(ctx, topic: str, p) -> dict:
 
 
 async def delete_records(ctx, req):
-    cls = response(DELETE_RECORDS, ctx.version)
-    t_cls, p_cls = nested(cls, "DeleteRecordsTopicResult"), nested(cls, "DeleteRecordsPartitionResult")
-    topics = []
-    for t in req.topics:
-        parts = await asyncio.gather(*(_delete_one(ctx, t.name, p) for p in t.partitions))
-        topics.append(make(t_cls, name=t.name, partitions=tuple(make(p_cls, **d) for d in parts)))
-    return make(cls, throttle_time=0, topics=tuple(topics))
+    return await _each_partition(ctx, req, DELETE_RECORDS, "DeleteRecordsTopicResult", "DeleteRecordsPartitionResult", _delete_one)
 
 
 async def offset_for_leader_epoch(ctx, req):
