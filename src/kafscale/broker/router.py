@@ -6,6 +6,7 @@ registered. Each handler module under `handlers/` has a `register(router)` funct
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -22,6 +23,19 @@ class RequestContext:
     broker: "Broker"
     header: RequestHeader
     peer: str = ""
+    # Kafka handles a connection's requests in order. Ours run concurrently, so a handler
+    # whose effects must keep that order (Produce: offsets) waits for its predecessor's
+    # turn and ends its own; the server chains them per connection.
+    turn_before: asyncio.Future | None = None
+    turn: asyncio.Future | None = None
+
+    async def wait_turn(self) -> None:
+        if self.turn_before is not None:
+            await self.turn_before
+
+    def end_turn(self) -> None:
+        if self.turn is not None and not self.turn.done():
+            self.turn.set_result(None)
 
     @property
     def version(self) -> int:

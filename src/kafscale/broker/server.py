@@ -29,6 +29,7 @@ _LEN = struct.Struct(">i")
 READ_BUFFER_BYTES = 256 * 1024
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
 API_VERSIONS = 18
+PRODUCE = 0
 UNSUPPORTED_VERSION = 35
 
 
@@ -48,6 +49,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._frame_pos = 0
         self._pending: deque[asyncio.Task] = deque()
         self._paused = False
+        self.produce_turn: asyncio.Future | None = None  # the last Produce's turn (ordering)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.closing = False
@@ -205,6 +207,10 @@ class KafkaServer:
         except codec.MalformedRequest as e:
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
         ctx = RequestContext(self.broker, header, conn.peer)
+        if api_key == PRODUCE:
+            # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
+            ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()
+            conn.produce_turn = ctx.turn
         error = None
         try:
             response = await api.handler(ctx, request)
@@ -217,6 +223,7 @@ class KafkaServer:
             )
             raise CloseConnection(f"internal error in api {api_key}: {e!r}") from e
         finally:
+            ctx.end_turn()
             for hook in self.request_hooks:
                 hook(api_key, version, time.perf_counter() - started, error)
         if response is None:

@@ -57,6 +57,9 @@ async def produce(ctx, req):
     want_ack = req.acks != 0
     by_topic: list[tuple[str | None, object, list[_PartitionResult]]] = []
     names = TopicIdResolver(broker)
+    # Offsets follow the connection's request order even when a request waits (e.g. for
+    # its log to load) and a later one would not.
+    await ctx.wait_turn()
     for td in req.topic_data:
         topic_id = getattr(td, "topic_id", None)
         name = await names.name(getattr(td, "name", None), topic_id)
@@ -71,6 +74,7 @@ async def produce(ctx, req):
                 await _append(ctx, name, pd.index, pd.records, want_ack, r)
             results.append(r)
         by_topic.append((name, topic_id, results))
+    ctx.end_turn()
     if not want_ack:
         return None
     waiters = [r for _, _, rs in by_topic for r in rs if r.waiter is not None]
