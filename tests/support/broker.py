@@ -93,7 +93,9 @@ class BrokerProcess:
 
 @pytest.fixture(scope="session")
 def broker():
-    b = BrokerProcess(extra_args=["--group-initial-rebalance-delay-ms", "0", "--retention-check-interval-ms", "500"]).start()
+    # Merging is off here: tests on this broker check the segments each flush makes (and
+    # retention by segment); the merger has its own tests with private brokers.
+    b = BrokerProcess(extra_args=["--group-initial-rebalance-delay-ms", "0", "--retention-check-interval-ms", "500", "--merge-interval-ms", "0"]).start()
     yield b
     b.stop()
 
