@@ -242,6 +242,10 @@ class BenchBroker:
     def log_tail(self, n: int = 3000) -> str:
         return ""
 
+    def stored_segment_bytes(self) -> int | None:
+        """Bytes of segment (.kfs) objects in the store now (ours only)."""
+        return None
+
     def cleanup(self) -> None:
         try:
             self.stop()
@@ -306,6 +310,23 @@ class KafscaleBroker(BenchBroker):
 
     def log_tail(self, n: int = 3000) -> str:
         return self.bp.log_text()[-n:] if self.bp else ""
+
+    def stored_segment_bytes(self) -> int | None:
+        if not self.s3:
+            return sum(f.stat().st_size for f in (self.workdir / "objects").rglob("*.kfs"))
+        import boto3
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=self.moto.endpoint,
+            aws_access_key_id=MOTO_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=MOTO_ENV["AWS_SECRET_ACCESS_KEY"],
+            region_name=MOTO_ENV["AWS_DEFAULT_REGION"],
+        )
+        total = 0
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{self.case_id}/"):
+            total += sum(o["Size"] for o in page.get("Contents", []) if o["Key"].endswith(".kfs"))
+        return total
 
 
 class TansuBroker(BenchBroker):

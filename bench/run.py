@@ -48,6 +48,7 @@ import loadgen  # noqa: E402  (children of the "spawn" context import this file:
 
 GIB = 1 << 30
 MB = 1_000_000
+SEGMENT_BYTES = 4 * 1024 * 1024  # the broker default segment.bytes (BrokerConfig.segment_bytes)
 
 # (key, label, unit, higher_is_better)
 FIGURES = [
@@ -61,6 +62,7 @@ FIGURES = [
     ("catchup_mb_per_s", "catch-up MB/s", "MB/s", True),
     ("cpu_s_per_gib", "broker CPU s/GiB", "s/GiB", False),
     ("puts_per_gib", "store PUTs/GiB", "PUTs/GiB", False),
+    ("puts_per_segment", "PUTs per segment.bytes", "PUTs", False),
     ("peak_rss_mib", "broker peak RSS", "MiB", False),
 ]
 
@@ -228,6 +230,7 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
         drain_s = time.perf_counter() - t0
         cpu1 = B.cpu_seconds(broker.pid)
         puts1 = broker.puts()
+        stored = broker.stored_segment_bytes()
         marks["saturated_done"] = time.perf_counter()
 
         # Phase 2, paced at --rate-mb: produce and end-to-end latency.
@@ -281,6 +284,9 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
             cpu_s_per_gib=(cpu1 - cpu0) / gib if gib else None,
             puts=puts,
             puts_per_gib=puts / gib if puts is not None and gib else None,
+            # the cost target: PUTs per segment.bytes of stored data (ours only)
+            stored_segment_bytes=stored,
+            puts_per_segment=puts / (stored / SEGMENT_BYTES) if puts is not None and stored else None,
             # phase 2: paced
             paced_target_mb_per_s=args.rate_mb,
             paced_mb_per_s=delivered2 * size / MB / paced_elapsed if paced_elapsed else None,
@@ -508,7 +514,7 @@ def parse_args(argv=None):
     ap.add_argument("--catchup-seconds", type=float, help="cap on the catch-up read (default 20; quick 6)")
     ap.add_argument("--producers", type=int, default=0, help="producer processes (default: 2 up to 1 KiB records, else 1)")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--queue-mib", type=float, default=16, help="librdkafka queue.buffering.max.kbytes per producer, in MiB")
+    ap.add_argument("--queue-mib", type=float, default=1024, help="librdkafka queue.buffering.max.kbytes per producer, in MiB (default: librdkafka's own, 1 GiB; queue.buffering.max.messages stays at its default, 100,000)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="path prefix for .json and .png")
     args = ap.parse_args(argv)
     q = args.quick
@@ -554,7 +560,7 @@ def main(argv=None) -> int:
                             log(
                                 f"  {fmt(r['msgs_per_s'])} msgs/s, {fmt(r['mb_per_s'])} MB/s, p99 {fmt(r['produce_p99_ms'])} ms, "
                                 f"e2e p99 {fmt(r['e2e_p99_ms'])} ms, catch-up {fmt(r['catchup_mb_per_s'])} MB/s, "
-                                f"cpu {fmt(r['cpu_s_per_gib'])} s/GiB, PUTs {r['puts']}, RSS {fmt(r['peak_rss_mib'])} MiB"
+                                f"cpu {fmt(r['cpu_s_per_gib'])} s/GiB, PUTs {r['puts']} ({fmt(r.get('puts_per_segment'))} per segment.bytes), RSS {fmt(r['peak_rss_mib'])} MiB"
                                 + (f", {r['produce_errors']} errors ({r['first_error']})" if r["produce_errors"] else "")
                             )
                         runs.append(r)

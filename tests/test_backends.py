@@ -19,7 +19,7 @@ from kafscale.metadata.store import (
     TopicExistsError,
     TopicMeta,
 )
-from kafscale.storage.objectstore import ObjectNotFound, ObjectStoreError, open_store
+from kafscale.storage.objectstore import LocalObjectStore, ObjectNotFound, ObjectStoreError, open_store
 from kafscale.storage.s3 import S3ObjectStore
 from kafscale.storage.segment import SegmentInfo
 from tests.support.servers import free_port, start_etcd, start_moto
@@ -59,10 +59,13 @@ async def test_s3_put_get_ranges(bucket):
         assert await store.get("t/0/seg.kfs", 11, 1000) == b"world"  # end past the size
         assert await store.get("t/0/seg.kfs", 100) == b""  # start past the size
         assert await store.get("t/0/seg.kfs", 3, 3) == b""
+        assert await store.get_tail("t/0/seg.kfs", 5) == (b"world", 16)  # suffix + total size
+        assert await store.get_tail("t/0/seg.kfs", 100) == (b"hello wide world", 16)
         await store.put("t/0/seg.kfs", [b"replaced"])
         assert await store.get("t/0/seg.kfs") == b"replaced"
         await store.put("empty", [])
         assert await store.get("empty") == b""
+        assert await store.get_tail("empty", 16) == (b"", 0)
     finally:
         await store.close()
 
@@ -70,7 +73,7 @@ async def test_s3_put_get_ranges(bucket):
 async def test_s3_missing_key(bucket):
     store = open_store(f"s3://{bucket}/p")
     try:
-        for call in (store.get("nope"), store.get("nope", 5), store.get("nope", 0, 10)):
+        for call in (store.get("nope"), store.get("nope", 5), store.get("nope", 0, 10), store.get_tail("nope", 16)):
             with pytest.raises(ObjectNotFound) as info:
                 await call
             assert isinstance(info.value, ObjectStoreError) and isinstance(info.value, KeyError)
@@ -569,3 +572,14 @@ async def test_etcd_down_then_restarted():
             assert (await store.commit_segment(st, _seg(0, 0))).high_watermark == 1
         finally:
             await kv.close()
+
+
+async def test_local_store_ranges_and_tail(tmp_path):
+    store = LocalObjectStore(tmp_path)
+    await store.put("t/0/seg.kfs", [b"hello ", bytearray(b"wide "), memoryview(b"world")])
+    assert await store.get("t/0/seg.kfs", 6, 10) == b"wide"
+    assert await store.get_tail("t/0/seg.kfs", 5) == (b"world", 16)
+    assert await store.get_tail("t/0/seg.kfs", 100) == (b"hello wide world", 16)
+    for call in (store.get("nope"), store.get_tail("nope", 16)):
+        with pytest.raises(ObjectNotFound):
+            await call

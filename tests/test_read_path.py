@@ -1,5 +1,6 @@
-"""The read path in process: a cold read of one segment reads the next one ahead, and a
-segment bigger than the whole-read limit is served by index-guided ranged reads."""
+"""The read path in process: a cold read of one segment reads the next one ahead, a
+segment bigger than the whole-read limit is served by index-guided ranged reads, and one
+without a usable index is read whole."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import logs as logs_mod
+from kafscale.storage import segment
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import LocalObjectStore
 
 
-def _manager(tmp_path) -> LogManager:
-    cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0)
+def _manager(tmp_path, **settings) -> LogManager:
+    cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0, **settings)
     meta = MetadataStore(SqliteKV(tmp_path / "meta.sqlite"))
     return LogManager(meta, LocalObjectStore(tmp_path / "objects"), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
 
@@ -52,7 +54,7 @@ async def test_cold_read_reads_the_next_segment_ahead(tmp_path):
 
 
 async def test_large_segment_is_read_by_ranges(tmp_path, monkeypatch):
-    writer = _manager(tmp_path)
+    writer = _manager(tmp_path, index_min_bytes=0)  # index every segment
     await _write_segments(writer, "big", 1, 2000)
     await writer.stop()
     monkeypatch.setattr(logs_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # every segment is "large"
@@ -64,4 +66,38 @@ async def test_large_segment_is_read_by_ranges(tmp_path, monkeypatch):
     assert recs[0].offset == 0 and recs[-1].offset == 1999  # the one batch, whole
     assert [r.value for r in recs if r.offset >= 1500][:2] == [b"0-1500", b"0-1501"]
     assert not reader.cache.contains(("big", 0, 0))  # ranged reads are not cached whole
+    await reader.stop()
+
+
+async def test_segments_below_index_min_bytes_get_no_index(tmp_path):
+    mgr = _manager(tmp_path, index_min_bytes=2000)
+    await mgr.metadata.create_topic(TopicMeta("idx", 1))
+    lg = await mgr.get_log("idx", 0)
+    now = int(time.time() * 1000)
+    for value in (b"small", b"x" * 3000):  # one segment under the limit, one over it
+        data = memoryview(bytearray(records.build_batch([(None, value)], timestamp=now)))
+        await lg.append(data, records.validate_record_set(data), True)[2]
+    objects = sorted(p.name for p in (tmp_path / "objects" / "default" / "idx" / "0").iterdir())
+    assert objects == [f"segment-{0:020d}.kfs", f"segment-{1:020d}.index", f"segment-{1:020d}.kfs"]
+    assert mgr.stats["puts"] == 3
+    await mgr.stop()
+
+
+async def test_large_segment_without_usable_index_is_read_whole(tmp_path, monkeypatch):
+    writer = _manager(tmp_path)  # default index_min_bytes: this small segment gets no index
+    await _write_segments(writer, "noidx", 2, 500)
+    await writer.stop()
+    pdir = tmp_path / "objects" / "default" / "noidx" / "0"
+    assert not list(pdir.glob("*.index"))
+    # A stale index for the second segment: its one entry points at no batch of this object.
+    (pdir / f"segment-{500:020d}.index").write_bytes(segment.INDEX_HEADER.pack(segment.INDEX_MAGIC, 1, 1, 1, 0) + segment.INDEX_ENTRY.pack(777, 40))
+    monkeypatch.setattr(logs_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # both count as large
+    reader = _manager(tmp_path)
+    lg = await reader.get_log("noidx", 0)
+    reader.cache.drop_prefix(("noidx",))
+    for offset, segment_base in ((250, 0), (750, 500)):
+        recs = records.decode_records(b"".join(await lg.read(offset, 1 << 20, True)), 0)
+        assert recs[0].offset == segment_base and recs[-1].offset == segment_base + 499
+        assert [r.value for r in recs if r.offset >= offset][:2] == [b"%d-%d" % (segment_base // 500, offset - segment_base), b"%d-%d" % (segment_base // 500, offset - segment_base + 1)]
+        assert reader.cache.contains(("noidx", 0, segment_base))  # read whole, and cached
     await reader.stop()

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
+import pytest
 from confluent_kafka import Producer
 
 from kafscale.protocol.records import COMPRESSION_GZIP, COMPRESSION_ZSTD, build_batch
 from kafscale.storage import segment as project_segment
+from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code
 
 SEG_HEADER = struct.Struct(">4sHHqiqI")  # magic, version, flags, base offset, count, created ms, reserved
@@ -29,6 +31,15 @@ IDX_ENTRY = struct.Struct(">qi")  # offset, file position
 BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")  # 61 bytes, Kafka v2 record batch
 SEGMENT_NAME = re.compile(r"^segment-(\d{20})\.kfs$")
 INDEX_NAME = re.compile(r"^segment-(\d{20})\.index$")
+
+
+@pytest.fixture(scope="module")
+def broker():
+    """This module's own broker, indexing every segment (by default only segments of 16 MiB
+    and more get an index, and none of the ones here is that big)."""
+    b = BrokerProcess(extra_args=["--index-min-bytes", "0", "--merge-interval-ms", "0"]).start()
+    yield b
+    b.stop()
 
 
 @dataclass
@@ -287,7 +298,7 @@ def test_multi_partition_segments_from_client(broker, topic_name):
 
 
 def test_namespace_is_first_key_component(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--namespace", "prod-eu"])
+    b = broker_factory(extra_args=["--namespace", "prod-eu", "--index-min-bytes", "0"])
     started = int(time.time() * 1000)
     with RawClient(b.bootstrap) as c:
         c.metadata([topic_name])

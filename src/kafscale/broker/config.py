@@ -22,6 +22,7 @@ class BrokerConfig:
     flush_interval_ms: int = field(default=500, metadata={"help": "longest time a record waits in the write buffer"})
     min_flush_interval_ms: int = field(default=-1, metadata={"help": "least time between two uploads of one partition (-1: 0 for file://, the flush interval for s3://)"})
     segment_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "default segment.bytes: seal a segment at this size"})
+    index_min_bytes: int = field(default=16 * 1024 * 1024, metadata={"help": "write a segment's sparse .index only from this size on (smaller segments are read whole; 0: always)"})
     auto_create_topics: bool = field(default=True, metadata={"help": "create unknown topics on Metadata requests"})
     default_partitions: int = field(default=1, metadata={"help": "partitions of auto-created topics"})
     cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "memory for recently written and read segments"})

@@ -183,8 +183,8 @@ class BrokerMetrics:
         logs = self.broker.logs
         flushed = getattr(logs, "metrics_flushed", None)
         if flushed is not None:
-            def metrics_flushed(info, seconds, _orig=flushed):
-                _orig(info, seconds)
+            def metrics_flushed(info, seconds, puts, _orig=flushed):
+                _orig(info, seconds, puts)
                 self.flush_seconds.observe(seconds)
                 self.flush_bytes.observe(getattr(info, "size", 0))
 

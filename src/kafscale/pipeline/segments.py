@@ -8,7 +8,8 @@ This module is Spark-free (the Spark source in `source.py` is a thin layer over 
 
 * listing: `{namespace}/{topic}/{partition}/segment-{base:020d}.kfs` keys per partition;
 * metadata: per segment, the `.index` (batch positions) and the tail of the object, whose
-  footer gives the exact last offset (two small ranged GETs, no whole-object read);
+  footer gives the exact last offset (two small ranged GETs, no whole-object read); a
+  segment without an index (small ones) by its footer alone, and then read whole;
 * planning: a non-overlapping cover of an offset range by segments ordered by base offset
   (a background merger can briefly leave a merged segment *and* the small segments it
   replaced; their batches are byte-identical, so any cover is correct, but no offset may
@@ -282,8 +283,11 @@ def _checked_header(key: str, buf, pos: int, end: int, abs_start: int = 0) -> re
 async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, fail_on_corruption: bool = True) -> SegmentMeta:
     """Exact extent of one segment from its .index and the tail of the object.
 
-    Falls back to reading the whole object when there is no usable index (index not written
-    yet, or written for an earlier object under the same key).
+    A segment without an index (brokers index only segments of index_min_bytes and more)
+    is measured by its footer alone: one suffix read gives the size and the last offset,
+    and the segment is read whole, so no batch positions are needed. Falls back to reading
+    the whole object when the index or footer does not fit the object (an index written
+    for an earlier object under the same key, or a damaged one).
     """
     index_obj = key[: -len(".kfs")] + ".index"
     index = None
@@ -294,6 +298,12 @@ async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, f
     except Exception as e:  # an unusable index only costs a full read
         log.warning("ignoring unusable index %s: %s", index_obj, e)
     try:
+        if index is None:
+            tail, size = await store.get_tail(key, segment.FOOTER_SIZE)
+            if size >= segment.HEADER_SIZE + segment.FOOTER_SIZE and len(tail) == segment.FOOTER_SIZE:
+                _crc, last, magic = segment.FOOTER.unpack(tail)
+                if magic == segment.FOOTER_MAGIC and last >= base_offset - 1:
+                    return SegmentMeta(key, base_offset, last, size, (), ())
         if index is not None and index.positions:
             tail_pos = index.positions[-1]
             try:

@@ -36,7 +36,8 @@ UNKNOWN_TOPIC_OR_PARTITION = 3
 
 # Producer state is rebuilt from the batch headers of this much of the log's tail.
 PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
-# Segments up to this size are read whole into the cache; larger ones by index-guided ranges.
+# Segments up to this size are read whole into the cache; larger ones by index-guided ranges
+# (config.index_min_bytes decides which segments get an index; one without is read whole).
 WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
 
 
@@ -180,7 +181,11 @@ class PartitionLog:
                 except TimeoutError:
                     pass
                 continue
-            await self.flush_once()
+            try:
+                await self.flush_once()
+            except Exception:  # noqa: BLE001 - a bug must not stop this partition's flushes for good
+                log.exception("partition %s-%s: flush failed unexpectedly", self.topic, self.partition)
+                await asyncio.sleep(0.1)
 
     async def flush(self) -> None:
         """Flush everything buffered now, and wait for an upload already in flight
@@ -219,11 +224,10 @@ class PartitionLog:
             body = b"".join(p.data for p in taken)
             enc = segment.encode([body], base)
             mgr = self.manager
-            seg_key = segment.segment_key(mgr.namespace, self.topic, self.partition, base)
-            idx_key = segment.index_key(mgr.namespace, self.topic, self.partition, base)
             started = time.monotonic()
             try:
-                await mgr.store.put_many([(seg_key, enc.parts), (idx_key, [enc.index])])
+                objects = mgr.segment_objects(self.topic, self.partition, enc)
+                await mgr.store.put_many(objects)
                 self.state = await mgr.metadata.commit_segment(self.state, enc.info)
             except asyncio.CancelledError:
                 self._in_flight = []
@@ -235,8 +239,11 @@ class PartitionLog:
                     self._fail_unflushed(taken, e)
                     return
             self._in_flight = []
-            mgr.metrics_flushed(enc.info, time.monotonic() - started)
-            mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
+            try:
+                mgr.metrics_flushed(enc.info, time.monotonic() - started, len(objects))
+                mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
+            except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
+                log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
             for p in taken:
                 for w in p.waiters:
                     if not w.done():
@@ -474,10 +481,19 @@ class LogManager:
         self.stats["produce_bytes"] += nbytes
         self.stats["produce_records"] += nrecords
 
-    def metrics_flushed(self, info: segment.SegmentInfo, seconds: float) -> None:
+    def metrics_flushed(self, info: segment.SegmentInfo, seconds: float, puts: int) -> None:
         self.stats["flushes"] += 1
-        self.stats["puts"] += 2
+        self.stats["puts"] += puts
         self.stats["segment_bytes"] += info.size
+
+    def segment_objects(self, topic: str, partition: int, enc: segment.EncodedSegment) -> list[tuple[str, list]]:
+        """The objects to upload for one sealed segment: the .kfs, plus its .index when it
+        is big enough to be read by ranges (smaller segments are always read whole, so an
+        index would be one more PUT per flush that no reader needs)."""
+        objects = [(segment.segment_key(self.namespace, topic, partition, enc.info.base_offset), enc.parts)]
+        if enc.info.size >= self.config.index_min_bytes:
+            objects.append((segment.index_key(self.namespace, topic, partition, enc.info.base_offset), [enc.index]))
+        return objects
 
     def metrics_flush_failed(self) -> None:
         self.stats["flush_failures"] += 1
@@ -733,17 +749,37 @@ class LogManager:
         self.cache.put((topic, partition, seg.base_offset), view)
         return view
 
+    async def _segment_index(self, ikey: str) -> segment.SegmentIndex | None:
+        try:
+            raw = await self.store.get(ikey)
+        except ObjectNotFound:
+            return None
+        try:
+            index = segment.decode_index(raw)
+        except Exception as e:  # noqa: BLE001 - a damaged index only costs a whole read
+            log.warning("ignoring unusable index %s: %s", ikey, e)
+            return None
+        return index if index.offsets else None
+
     async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
         """Large segment: look the position up in the sparse index, then read a byte range."""
         skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
         ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
         try:
-            index = segment.decode_index(await self.store.get(ikey))
+            index = await self._segment_index(ikey)
+            if index is None:
+                # Written without an index (a larger index_min_bytes back then), or the
+                # index is unusable: the segment itself is the truth, read it whole.
+                log.warning("segment %s has no usable index: reading it whole", skey)
+                return await self._load_segment(topic, partition, seg)
             start = index.lookup(offset)
             end_limit = seg.size - segment.FOOTER_SIZE
             want = max(max_bytes, 1 << 20) + (1 << 20)
             data = await self.store.get(skey, start, min(end_limit, start + want))
             first = records.read_header(data, 0)
+            if first.base_offset not in index.offsets or first.magic != 2:
+                log.warning("index of %s does not match the segment (stale?): reading it whole", skey)
+                return await self._load_segment(topic, partition, seg)
             if first.size > len(data):  # one batch bigger than the range: read it whole
                 data = await self.store.get(skey, start, min(end_limit, start + first.size))
             self.stats["gets"] += 2

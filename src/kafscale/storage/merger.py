@@ -94,12 +94,9 @@ class SegmentMerger:
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
         ns = mgr.namespace
-        await mgr.store.put_many(
-            [
-                (segment.segment_key(ns, lg.topic, lg.partition, base), enc.parts),
-                (segment.index_key(ns, lg.topic, lg.partition, base), [enc.index]),
-            ]
-        )
+        objects = mgr.segment_objects(lg.topic, lg.partition, enc)
+        await mgr.store.put_many(objects)
+        mgr.stats["puts"] += len(objects)
         async with lg._flush_lock:
             current = {s.base_offset: s for s in lg.state.segments}
             if any(current.get(s.base_offset) != s for s in run):

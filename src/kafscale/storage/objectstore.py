@@ -35,6 +35,11 @@ class ObjectStore(abc.ABC):
         """Bytes [start, end) of the object (end None: to the end). Raises ObjectNotFound."""
 
     @abc.abstractmethod
+    async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        """(the last `nbytes` of the object, or all of a shorter one; its total size).
+        One request: how a reader finds a segment's footer without its index."""
+
+    @abc.abstractmethod
     async def delete(self, keys: list[str]) -> None:
         """Delete objects; missing ones are ignored."""
 
@@ -112,6 +117,23 @@ class LocalObjectStore(ObjectStore):
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         try:
             return await asyncio.to_thread(self._get_sync, key, start, end)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _get_tail_sync(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        try:
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - nbytes))
+                return f.read(), size
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+
+    async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        try:
+            return await asyncio.to_thread(self._get_tail_sync, key, nbytes)
         except ObjectNotFound:
             raise
         except OSError as e:

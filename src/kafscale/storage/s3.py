@@ -244,6 +244,25 @@ class S3ObjectStore(ObjectStore):
                 return b""  # range starts past the end: like reading past EOF
             raise ObjectStoreError(f"s3 get {key}: {e}") from e
 
+    async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        async def go(client):
+            # A suffix range: S3 answers the last bytes and, in Content-Range, the size.
+            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes=-{nbytes}")
+            async with resp["Body"] as body:
+                data = await body.read()
+            total = resp.get("ContentRange", "").rpartition("/")[2]
+            return data, int(total) if total.isdigit() else len(data)
+
+        try:
+            return await self._call(f"get tail of {key}", go)
+        except bce.ClientError as e:
+            code, status = _error_code(e)
+            if code in _NOT_FOUND or status == 404:
+                raise ObjectNotFound(key) from None
+            if code == "InvalidRange" or status == 416:
+                return b"", 0  # an empty object has no suffix to give
+            raise ObjectStoreError(f"s3 get {key}: {e}") from e
+
     async def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), self.delete_batch):
             batch = [{"Key": self._key(k)} for k in keys[i : i + self.delete_batch]]
