@@ -246,6 +246,10 @@ class BenchBroker:
         """Bytes of segment (.kfs) objects in the store now (ours only)."""
         return None
 
+    def decompressions(self) -> int | None:
+        """Record batches the broker decompressed so far (ours only: /metrics)."""
+        return None
+
     def cleanup(self) -> None:
         try:
             self.stop()
@@ -290,6 +294,8 @@ class KafscaleBroker(BenchBroker):
             objects = self.workdir / "objects"
             objects.mkdir(parents=True, exist_ok=True)
             self.counter = InotifyPutCounter(objects)
+        self.http_port = free_port()
+        extra += ["--http", f"127.0.0.1:{self.http_port}"]  # for kafscale_decompressions_total
         self.bp = BrokerProcess(data_dir=str(self.workdir), extra_args=extra, env=env)
         self.bp.start()
 
@@ -310,6 +316,15 @@ class KafscaleBroker(BenchBroker):
 
     def log_tail(self, n: int = 3000) -> str:
         return self.bp.log_text()[-n:] if self.bp else ""
+
+    def decompressions(self) -> int | None:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("kafscale_decompressions_total "):
+                    return int(float(line.split()[1]))
+        return None
 
     def stored_segment_bytes(self) -> int | None:
         if not self.s3:

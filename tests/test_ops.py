@@ -8,6 +8,7 @@ Kafka clients run in threads (`asyncio.to_thread`) while the loop serves them.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import shutil
@@ -229,6 +230,44 @@ async def test_metrics_after_real_traffic(running):
     assert ("kafscale_process_cpu_seconds_total", ()) in after
     assert value(after, "kafscale_broker_info", broker_id="0", storage="file", metadata="embedded") == 1
     assert ("kafscale_connections", ()) in after
+
+
+def _produce_and_read_compressed(bootstrap: str, topic: str) -> None:
+    """Produce with every codec, then read everything back: values must round-trip."""
+    sent = []
+    for codec in ("gzip", "snappy", "lz4", "zstd"):
+        p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5, "acks": "all"})
+        for i in range(50):
+            value = b"%s-%03d-" % (codec.encode(), i) + b"compressible " * 20
+            p.produce(topic, value=value, partition=0)
+            sent.append(value)
+        assert p.flush(15) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < len(sent) and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m.value())
+    c.close()
+    assert got == sent
+
+
+async def test_produce_and_fetch_never_decompress(running):
+    """The issue's "zero decompressions on the produce path", counted: compressed batches of
+    every codec go in and come out without the broker decompressing one of them."""
+    from kafscale.protocol import records
+
+    r = running
+    before = value(await scrape(r), "kafscale_decompressions_total")
+    await asyncio.to_thread(_produce_and_read_compressed, r.bootstrap, "ops-codecs")
+    after = await scrape(r)
+    assert value(after, "kafscale_produce_records_total") >= 200
+    assert value(after, "kafscale_decompressions_total") == before
+    # ... and the metric does count: one decompression in this process shows up.
+    records.decompress(records.COMPRESSION_GZIP, gzip.compress(b"x"))
+    assert value(await scrape(r), "kafscale_decompressions_total") == before + 1
 
 
 async def test_connections_gauge(running):

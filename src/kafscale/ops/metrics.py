@@ -284,6 +284,7 @@ class _LiveCollector(Collector):
             if key in stats:
                 ops.add_metric([op], stats[key])
         yield ops
+        yield CounterMetricFamily("kafscale_decompressions", "Record batches decompressed by this broker process (stays 0: batches are stored and served as the client compressed them)", value=records.decompressions)
 
         cache = getattr(logs, "cache", None)
         if cache is not None:

@@ -227,11 +227,19 @@ def _xerial_snappy_decompress(data: bytes) -> bytes:
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
+# Record-set decompressions in this process. The broker never decompresses (produce keeps
+# the client's bytes, fetch returns them as stored); /metrics exports this count
+# (kafscale_decompressions_total) so that staying at zero is checked, not assumed.
+decompressions = 0
+
+
 def decompress(codec: int, data) -> bytes:
     import cramjam
 
+    global decompressions
     if codec == COMPRESSION_NONE:
         return bytes(data)
+    decompressions += 1
     if codec == COMPRESSION_GZIP:
         return bytes(cramjam.gzip.decompress(bytes(data)))
     if codec == COMPRESSION_SNAPPY:
