@@ -101,3 +101,24 @@ async def test_large_segment_without_usable_index_is_read_whole(tmp_path, monkey
         assert [r.value for r in recs if r.offset >= offset][:2] == [b"%d-%d" % (segment_base // 500, offset - segment_base), b"%d-%d" % (segment_base // 500, offset - segment_base + 1)]
         assert reader.cache.contains(("noidx", 0, segment_base))  # read whole, and cached
     await reader.stop()
+
+
+async def test_start_load_warms_a_cold_segment_once(tmp_path):
+    writer = _manager(tmp_path)
+    await _write_segments(writer, "warm", 3, 10)
+    await writer.stop()
+    reader = _manager(tmp_path)
+    lg = await reader.get_log("warm", 0)
+    reader.cache.drop_prefix(("warm",))
+    first = lg.start_load(15)  # segment [10, 19]
+    assert first is not None and lg.start_load(15) is first  # one load, shared
+    await first
+    assert reader.cache.contains(("warm", 0, 10))
+    assert lg.start_load(12) is None  # cached now
+    assert lg.start_load(30) is None  # past the last stored offset
+    for _ in range(100):  # the next segment was read ahead
+        if reader.cache.contains(("warm", 0, 20)):
+            break
+        await asyncio.sleep(0.01)
+    assert reader.cache.contains(("warm", 0, 20)) and not reader.cache.contains(("warm", 0, 0))
+    await reader.stop()

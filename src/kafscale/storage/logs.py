@@ -323,6 +323,10 @@ class PartitionLog:
             raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", OFFSET_OUT_OF_RANGE)
         return await self.manager.read_segments(self.topic, self.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
 
+    def start_load(self, offset: int) -> asyncio.Future | None:
+        """Begin loading the stored segment holding `offset` if it is not cached (None: nothing to wait for)."""
+        return self.manager.start_segment_load(self.topic, self.partition, self.state.segments, offset)
+
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1).
 
@@ -708,13 +712,42 @@ class LogManager:
             i += 1
         return out
 
+    def start_segment_load(self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int) -> asyncio.Future | None:
+        """Start loading the segment holding `offset` unless it is cached (or read by ranges):
+        a fetch warms all its partitions at once, then reads them in order from the cache."""
+        i = bisect.bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
+        if i < 0 or segments[i].last_offset < offset:
+            return None
+        seg = segments[i]
+        key = (topic, partition, seg.base_offset)
+        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key):
+            return None
+        if key not in self._segment_loads and i + 1 < len(segments):
+            self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
+        return self._whole_segment_load(topic, partition, seg)
+
+    def _whole_segment_load(self, topic: str, partition: int, seg: segment.SegmentInfo) -> asyncio.Future:
+        """The one load of a whole segment into the cache, started if not running yet."""
+        key = (topic, partition, seg.base_offset)
+        fut = self._segment_loads.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_task(self._load_segment(topic, partition, seg))
+            self._segment_loads[key] = fut
+
+            def done(f: asyncio.Future) -> None:
+                self._segment_loads.pop(key, None)
+                if not f.cancelled():
+                    f.exception()  # retrieved: whoever awaits the load reports it
+
+            fut.add_done_callback(done)
+        return fut
+
     def _read_ahead(self, topic: str, partition: int, seg: segment.SegmentInfo) -> None:
         """Load the next segment in the background, so a sequential reader finds it cached."""
         key = (topic, partition, seg.base_offset)
         if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key) or key in self._segment_loads:
             return
-        task = asyncio.get_running_loop().create_task(self._segment_view(topic, partition, seg, seg.base_offset, seg.size))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # a failed read-ahead is harmless
+        self._whole_segment_load(topic, partition, seg)  # a failed read-ahead is harmless
         self.stats["read_aheads"] = self.stats.get("read_aheads", 0) + 1
 
     async def _segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
@@ -724,12 +757,7 @@ class LogManager:
             return view
         if seg.size > WHOLE_SEGMENT_READ_BYTES:
             return await self._ranged_view(topic, partition, seg, offset, max_bytes)
-        fut = self._segment_loads.get(key)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_task(self._load_segment(topic, partition, seg))
-            self._segment_loads[key] = fut
-            fut.add_done_callback(lambda _f: self._segment_loads.pop(key, None))
-        return await asyncio.shield(fut)
+        return await asyncio.shield(self._whole_segment_load(topic, partition, seg))
 
     async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
         key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
