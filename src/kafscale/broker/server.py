@@ -134,19 +134,26 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def _on_done(self, _task: asyncio.Task) -> None:
         # Write finished responses in request order; stop at the first one still running.
+        # Responses finished together (a group commit acknowledges many Produce requests at
+        # once) go out in one writelines: one send syscall instead of one each.
+        ready: list = []
         while self._pending and self._pending[0].done():
             task = self._pending.popleft()
             if task.cancelled():
                 continue
             exc = task.exception()
             if exc is not None:
+                if ready and not self.closing:
+                    self.transport.writelines(ready)  # the answers before the failed one
                 self._close(str(exc) if isinstance(exc, CloseConnection) else f"internal error: {exc!r}")
                 if not isinstance(exc, CloseConnection):
                     log.error("request from %s failed", self.peer, exc_info=exc)
                 return
             out = task.result()
-            if out and not self.closing:
-                self.transport.writelines(out)
+            if out:
+                ready.extend(out)
+        if ready and not self.closing:
+            self.transport.writelines(ready)
         if self._paused and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2 and not self.closing:
             self._paused = False
             self.transport.resume_reading()

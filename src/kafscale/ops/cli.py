@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -30,6 +31,10 @@ def _run_broker(args: argparse.Namespace) -> int:
     async def run() -> None:
         broker = Broker(cfg)
         await broker.start()
+        # Everything loaded so far (kio schemas, modules, config) lives as long as the
+        # process: keep it out of the cyclic GC's full collections.
+        gc.collect()
+        gc.freeze()
         host, port = broker.listen_address
         print(f"KafScale broker {cfg.broker_id} listening on {host}:{port} (advertised as {cfg.advertise}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
         stop = asyncio.Event()

@@ -41,6 +41,10 @@ PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
 WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
 
 
+def _base_offset(seg: segment.SegmentInfo) -> int:
+    return seg.base_offset
+
+
 class StorageError(Exception):
     def __init__(self, message: str, error_code: int = KAFKA_STORAGE_ERROR):
         super().__init__(message)
@@ -688,8 +692,7 @@ class LogManager:
         out: list[memoryview] = []
         if offset >= high_watermark or not segments:
             return out
-        bases = [s.base_offset for s in segments]
-        i = max(bisect.bisect_right(bases, offset) - 1, 0)
+        i = max(bisect.bisect_right(segments, offset, key=_base_offset) - 1, 0)
         remaining = max_bytes
         while i < len(segments) and offset < high_watermark:
             seg = segments[i]
@@ -715,7 +718,7 @@ class LogManager:
     def start_segment_load(self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int) -> asyncio.Future | None:
         """Start loading the segment holding `offset` unless it is cached (or read by ranges):
         a fetch warms all its partitions at once, then reads them in order from the cache."""
-        i = bisect.bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
+        i = bisect.bisect_right(segments, offset, key=_base_offset) - 1
         if i < 0 or segments[i].last_offset < offset:
             return None
         seg = segments[i]
