@@ -86,14 +86,17 @@ class Log:
         self.next_offset[(topic, part)] = base + R.read_header(buf).record_count
         return buf
 
-    def put(self, topic, part, batches, *, index_interval=S.DEFAULT_INDEX_INTERVAL, base=None):
+    def put(self, topic, part, batches, *, index_interval=S.DEFAULT_INDEX_INTERVAL, base=None, index=True):
+        """Store a segment, with its .index unless index=False (as brokers write segments under
+        --index-min-bytes: the reader then measures them by their footer)."""
         base = R.read_header(batches[0]).base_offset if base is None else base
         enc = S.encode(batches, base, index_interval=index_interval)
         key = S.segment_key(NS, topic, part, base)
 
         async def go(store):
             await store.put(key, enc.parts)
-            await store.put(S.index_key(NS, topic, part, base), [enc.index])
+            if index:
+                await store.put(S.index_key(NS, topic, part, base), [enc.index])
 
         seg.run_with_store(self.url, go)
         return key
@@ -139,13 +142,14 @@ def data(tmp_path_factory):
         log.batch(t, 0, simple_records(2, 18), kind="log_append"),
     ]
     log.put(t, 0, b, index_interval=3)
-    # partition 1: three segments of two batches each, timestamps a day apart per segment
+    # partition 1: three segments of two batches each, timestamps a day apart per segment,
+    # without .index objects (as a broker writes small segments)
     for s in range(3):
         day = BASE_TS + s * DAY_MS
         b = [log.batch(t, 1, simple_records(3, 100 * s), ts=day, codec=s + 1), log.batch(t, 1, simple_records(2, 100 * s + 3, headers=True), ts=day + 60_000)]
-        log.put(t, 1, b)
-    # partition 2: one batch, tombstones
-    log.put(t, 2, [log.batch(t, 2, [(b"gone", None), (b"kept", b"v"), (None, None)])])
+        log.put(t, 1, b, index=False)
+    # partition 2: one batch, tombstones, no index
+    log.put(t, 2, [log.batch(t, 2, [(b"gone", None), (b"kept", b"v"), (None, None)])], index=False)
 
     # big: one segment of 40 batches x 25 records, indexed every batch, split by bytes
     big = [log.batch("big", 0, simple_records(25, 25 * i), codec=R.COMPRESSION_NONE) for i in range(40)]
@@ -167,7 +171,7 @@ def data(tmp_path_factory):
     # truncated: an intact first segment, then one cut in the middle of its second batch
     log.put("truncated", 0, [log.batch("truncated", 0, simple_records(4))])
     cut = [log.batch("truncated", 0, simple_records(4, 4 + 4 * i)) for i in range(2)]
-    key = log.put("truncated", 0, cut)
+    key = log.put("truncated", 0, cut, index=False)  # no footer to measure it by: read whole, fails
     cut_at = S.HEADER_SIZE + len(cut[0]) + 20
     corrupt_object(log.url, key, lambda d: d[:cut_at])
     return log
@@ -202,6 +206,37 @@ def error_text(excinfo) -> str:
 
 def _meta(key, base, last, corrupt=None):
     return seg.SegmentMeta(key, base, last, 1000, (base,), (S.HEADER_SIZE,), corrupt)
+
+
+def test_segment_without_index_is_measured_by_its_footer(tmp_path):
+    url = f"file://{tmp_path}"
+    batches = [R.build_batch([(None, b"v%d" % i) for i in range(5)], timestamp=BASE_TS) for _ in range(3)]
+    pos = 0
+    for i, b in enumerate(batches):  # offsets 0-4, 5-9, 10-14 from base 20
+        b = bytearray(b)
+        R.patch_batch(b, 0, 20 + 5 * i, 0)
+        batches[i] = bytes(b)
+    enc = S.encode(batches, 20)
+    key = S.segment_key(NS, "t", 0, 20)
+    calls = []
+
+    async def go(store):
+        await store.put(key, enc.parts)
+        real_get = store.get
+
+        async def counting_get(k, start=0, end=None):
+            calls.append((k, start, end))
+            return await real_get(k, start, end)
+
+        store.get = counting_get
+        return await seg.read_segment_meta(store, key, 20)
+
+    meta = seg.run_with_store(url, go)
+    assert (meta.base_offset, meta.last_offset, meta.size) == (20, 34, enc.info.size)
+    assert meta.index_offsets == () and meta.corrupt is None
+    # one miss for the index, no read of the segment's body (the footer came from get_tail)
+    assert calls == [(S.index_key(NS, "t", 0, 20), 0, None)]
+    assert seg.split_piece(("t", 0), meta, 22, 30, 10) == [seg.SegmentSlice("t", 0, key, 22, 30, None, enc.info.size)]
 
 
 def test_cover_drops_segments_a_merge_made_redundant():
