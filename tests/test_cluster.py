@@ -419,6 +419,26 @@ def raw_produce(b: BrokerProcess, topic: str, partition: int, value: bytes, time
         return c.produce(topic, partition, batch, timeout_ms=int(timeout * 1000) - 2000)
 
 
+def raw_fetch_partitions(b: BrokerProcess, topic: str, partitions: int, version: int = 12) -> dict[int, tuple[int, list[bytes]]]:
+    """One Fetch for every partition of `topic` from offset 0: {partition: (error, values)}."""
+    fps = tuple(
+        req(1, version, "FetchPartition", partition=p, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+            log_start_offset=-1, partition_max_bytes=1 << 20)
+        for p in range(partitions)
+    )  # fmt: skip
+    body = req(1, version, replica_id=-1, max_wait=datetime.timedelta(milliseconds=100), min_bytes=1, max_bytes=50 << 20,
+               isolation_level=0, session_id=0, session_epoch=-1, topics=(req(1, version, "FetchTopic", topic=topic, partitions=fps),),
+               forgotten_topics_data=(), rack_id="")  # fmt: skip
+    with RawClient(b.bootstrap, timeout=10) as c:
+        resp = c.request(1, version, body)
+    out = {}
+    for pd in resp.responses[0].partitions:
+        data = bytes(pd.records or b"")
+        values = [r.value for pos, _h in records.iter_batches(data) for r in records.decode_records(data, pos)]
+        out[pd.partition_index] = (error_code(pd.error_code), values)
+    return out
+
+
 def find_coordinator(b: BrokerProcess, group: str) -> int:
     with RawClient(b.bootstrap, timeout=5) as c:
         resp = c.request(FIND_COORDINATOR, 2, req(FIND_COORDINATOR, 2, key=group, key_type=0))
@@ -702,6 +722,11 @@ def test_metadata_names_owner_and_non_owner_rejects_produce(cluster_factory):
                 assert error_code(r.error_code) == NOT_LEADER_OR_FOLLOWER, f"produce to non-owner {i} of partition {p}: error {error_code(r.error_code)}"
     got = read_all(cl.bootstrap, topic, parts)
     assert sorted(v for _, _, v in got) == sorted(b"to-%d-via-%d" % (p, n) for p, (n, _) in owners.items())
+    # Reads need no owner: every broker serves every partition's flushed segments, all
+    # partitions in one Fetch (the non-owned ones from the object store, loaded together).
+    for i, b in cl.brokers.items():
+        fetched = raw_fetch_partitions(b, topic, parts)
+        assert fetched == {p: (0, [b"to-%d-via-%d" % (p, n)]) for p, (n, _) in owners.items()}, f"Fetch from broker {i}: {fetched}"
 
 
 def test_failover_bumps_leader_epoch(cluster_factory):

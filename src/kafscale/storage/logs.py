@@ -446,6 +446,7 @@ class FlushedPartition:
     high_watermark = PartitionLog.high_watermark
     log_start_offset = PartitionLog.log_start_offset
     leader_epoch = PartitionLog.leader_epoch
+    start_load = PartitionLog.start_load
 
     async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
         if self.stale():
