@@ -234,15 +234,8 @@ class S3ObjectStore(ObjectStore):
             async with resp["Body"] as body:
                 return await body.read()
 
-        try:
-            return await self._call(f"get {key}", go)
-        except bce.ClientError as e:
-            code, status = _error_code(e)
-            if code in _NOT_FOUND or status == 404:
-                raise ObjectNotFound(key) from None
-            if code == "InvalidRange" or status == 416:
-                return b""  # range starts past the end: like reading past EOF
-            raise ObjectStoreError(f"s3 get {key}: {e}") from e
+        # A range that starts past the end reads like past EOF.
+        return await self._read(key, f"get {key}", go, past_end=b"")
 
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         async def go(client):
@@ -253,14 +246,20 @@ class S3ObjectStore(ObjectStore):
             total = resp.get("ContentRange", "").rpartition("/")[2]
             return data, int(total) if total.isdigit() else len(data)
 
+        # An empty object has no suffix to give.
+        return await self._read(key, f"get tail of {key}", go, past_end=(b"", 0))
+
+    async def _read(self, key: str, what: str, go, past_end):
+        """Run a GetObject call: a missing key is ObjectNotFound, an unsatisfiable range
+        (416) answers `past_end`, any other failure is an ObjectStoreError."""
         try:
-            return await self._call(f"get tail of {key}", go)
+            return await self._call(what, go)
         except bce.ClientError as e:
             code, status = _error_code(e)
             if code in _NOT_FOUND or status == 404:
                 raise ObjectNotFound(key) from None
             if code == "InvalidRange" or status == 416:
-                return b"", 0  # an empty object has no suffix to give
+                return past_end
             raise ObjectStoreError(f"s3 get {key}: {e}") from e
 
     async def delete(self, keys: list[str]) -> None:

@@ -54,7 +54,8 @@ async def _read(parts: list[_Part], max_bytes: int) -> int:
     """Read every partition that has data; returns the bytes gathered."""
     # Segments not in the cache are loaded for all partitions at once (a consumer catching
     # up on several partitions); the reads below then go in order, as the byte budget needs.
-    loads = [f for p in parts if not p.error and p.log is not None for f in (p.log.start_load(p.offset),) if f is not None]
+    loads = [p.log.start_load(p.offset) for p in parts if not p.error and p.log is not None]
+    loads = [f for f in loads if f is not None]
     if len(loads) > 1:
         await asyncio.wait(loads)
     total = 0
