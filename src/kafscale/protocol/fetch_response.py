@@ -13,6 +13,8 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
+from kafscale.protocol.records import uvarint
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error, high watermark, last stable, log start
@@ -80,7 +82,7 @@ class FetchResponse:
                 if v >= 11:
                     head += _I32.pack(-1)  # preferred_read_replica
                 size = sum(len(c) for c in p.records)
-                head += _uvarint(size + 1) if flexible else _I32.pack(size)
+                head += uvarint(size + 1) if flexible else _I32.pack(size)
                 if size:
                     out.append(bytes(head))
                     out.extend(c for c in p.records if len(c))
@@ -97,19 +99,12 @@ class FetchResponse:
         return out
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _array_len(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _I32.pack(n)
+    return uvarint(n + 1) if flexible else _I32.pack(n)
 
 
 def _string(s: str, flexible: bool) -> bytes:
     b = s.encode()
-    return (_uvarint(len(b) + 1) if flexible else _I16.pack(len(b))) + b
+    return (uvarint(len(b) + 1) if flexible else _I16.pack(len(b))) + b

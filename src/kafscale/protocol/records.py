@@ -289,14 +289,19 @@ def decode_records(buf, pos: int = 0, header: BatchHeader | None = None, verify_
 # Building batches (tests, CLI produce, benchmarks).
 
 
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
+def uvarint(n: int) -> bytes:
+    """Unsigned LEB128 varint (Kafka's compact lengths and tagged fields)."""
     out = bytearray()
     while n & ~0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def _varint(n: int) -> bytes:
+    """Zigzag varint (record fields)."""
+    return uvarint((n << 1) ^ (n >> 63))
 
 
 def _varbytes(b: bytes | None) -> bytes:
