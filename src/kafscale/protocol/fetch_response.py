@@ -99,8 +99,6 @@ class FetchResponse:
         return out
 
 
-
-
 def _array_len(n: int, flexible: bool) -> bytes:
     return uvarint(n + 1) if flexible else _I32.pack(n)
 
