@@ -181,17 +181,21 @@ def tansu_binary() -> str | None:
     return shutil.which("tansu")
 
 
-def create_bucket(endpoint: str, bucket: str) -> None:
+def moto_client(endpoint: str):
+    """A boto3 S3 client for a bench moto_server."""
     import boto3
 
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         aws_access_key_id=MOTO_ENV["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=MOTO_ENV["AWS_SECRET_ACCESS_KEY"],
         region_name=MOTO_ENV["AWS_DEFAULT_REGION"],
     )
-    s3.create_bucket(Bucket=bucket)
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    moto_client(endpoint).create_bucket(Bucket=bucket)
 
 
 class Shared:
@@ -329,15 +333,7 @@ class KafscaleBroker(BenchBroker):
     def stored_segment_bytes(self) -> int | None:
         if not self.s3:
             return sum(f.stat().st_size for f in (self.workdir / "objects").rglob("*.kfs"))
-        import boto3
-
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=self.moto.endpoint,
-            aws_access_key_id=MOTO_ENV["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=MOTO_ENV["AWS_SECRET_ACCESS_KEY"],
-            region_name=MOTO_ENV["AWS_DEFAULT_REGION"],
-        )
+        s3 = moto_client(self.moto.endpoint)
         total = 0
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix=f"{self.case_id}/"):
             total += sum(o["Size"] for o in page.get("Contents", []) if o["Key"].endswith(".kfs"))
