@@ -292,10 +292,8 @@ async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, f
     index_obj = key[: -len(".kfs")] + ".index"
     index = None
     try:
-        index = segment.decode_index(await store.get(index_obj))
-    except ObjectNotFound:
-        pass
-    except Exception as e:  # an unusable index only costs a full read
+        index = await segment.read_index(store, index_obj)  # None: missing or undecodable
+    except Exception as e:  # the store failing on the index only costs a full read
         log.warning("ignoring unusable index %s: %s", index_obj, e)
     try:
         if index is None:

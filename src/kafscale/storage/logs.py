@@ -781,25 +781,13 @@ class LogManager:
         self.cache.put((topic, partition, seg.base_offset), view)
         return view
 
-    async def _segment_index(self, ikey: str) -> segment.SegmentIndex | None:
-        try:
-            raw = await self.store.get(ikey)
-        except ObjectNotFound:
-            return None
-        try:
-            index = segment.decode_index(raw)
-        except Exception as e:  # noqa: BLE001 - a damaged index only costs a whole read
-            log.warning("ignoring unusable index %s: %s", ikey, e)
-            return None
-        return index if index.offsets else None
-
     async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
         """Large segment: look the position up in the sparse index, then read a byte range."""
         skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
         ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
         try:
-            index = await self._segment_index(ikey)
-            if index is None:
+            index = await segment.read_index(self.store, ikey)
+            if index is None or not index.offsets:
                 # Written without an index (a larger index_min_bytes back then), or the
                 # index is unusable: the segment itself is the truth, read it whole.
                 log.warning("segment %s has no usable index: reading it whole", skey)

@@ -9,11 +9,15 @@ Shared by the broker (write and read paths) and the Spark reader, so there is on
 from __future__ import annotations
 
 import bisect
+import logging
 import struct
 import time
 from dataclasses import dataclass
 
 from kafscale.protocol import records
+from kafscale.storage.objectstore import ObjectNotFound
+
+log = logging.getLogger("kafscale.storage")
 
 SEGMENT_MAGIC = 0x4B414653  # "KAFS"
 FOOTER_MAGIC = 0x454E4421  # "END!"
@@ -161,6 +165,21 @@ class SegmentIndex:
         """File position of the last indexed batch starting at or before `offset`."""
         i = bisect.bisect_right(self.offsets, offset) - 1
         return self.positions[i] if i >= 0 else HEADER_SIZE
+
+
+async def read_index(store, key: str) -> SegmentIndex | None:
+    """The sparse index stored at `key` in an ObjectStore: None when there is none or when it
+    does not decode (logged; an unusable index only costs reading the segment whole).
+    Other store errors propagate."""
+    try:
+        raw = await store.get(key)
+    except ObjectNotFound:
+        return None
+    try:
+        return decode_index(raw)
+    except Exception as e:  # noqa: BLE001 - damaged or foreign bytes under the index key
+        log.warning("ignoring unusable index %s: %s", key, e)
+        return None
 
 
 def decode_index(data) -> SegmentIndex:
