@@ -81,6 +81,16 @@ def produce_proc(idx: int, cfg: dict, out_q) -> None:
     out_q.put({"delivered": delivered[0], "elapsed": time.perf_counter() - t0})
 
 
+def tail_proc(cfg: dict) -> None:
+    """A consumer tailing the topic as it is produced (what bench/run.py's saturated phase runs)."""
+    c = loadgen._consumer(cfg["bootstrap"], cfg["topic"])
+    loadgen._assign_all(c, cfg["topic"], cfg["partitions"])
+    deadline = time.perf_counter() + cfg["seconds"] + 5
+    while time.perf_counter() < deadline:
+        c.consume(10_000, 0.1)
+    c.close()
+
+
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -158,6 +168,7 @@ def main(argv=None) -> int:
     ap.add_argument("--producers", type=int, default=1)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--storage", choices=["file", "s3"], default="file")
+    ap.add_argument("--tail", action="store_true", help="also run a consumer tailing the topic (as bench/run.py does)")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--out", default=str(HERE / "results" / "profile-produce"), help="prefix for .txt and .{cpu,wall}.collapsed")
@@ -186,15 +197,19 @@ def main(argv=None) -> int:
         create_topic(broker.bootstrap, topic, args.partitions)
         warmup = 3.0
         cfg = {"bootstrap": broker.bootstrap, "topic": topic, "size": args.size, "compression": args.compression,
-               "seconds": warmup + 2 * (args.seconds + 2)}  # fmt: skip
+               "seconds": warmup + 2 * (args.seconds + 2), "partitions": args.partitions}  # fmt: skip
         q = ctx.Queue()
         for i in range(args.producers):
             p = ctx.Process(target=produce_proc, args=(i, cfg, q), daemon=True)
             p.start()
             procs.append(p)
+        if args.tail:
+            procs.append(ctx.Process(target=tail_proc, args=(cfg,), daemon=True))
+            procs[-1].start()
         time.sleep(warmup + 1.0)  # spawn + connect + warm-up
         say(f"kafscale broker ({args.storage} store), {args.producers} producer(s), {args.size} B records, "
-            f"compression {args.compression}, acks=all, {args.partitions} partitions, linger.ms=5")  # fmt: skip
+            f"compression {args.compression}, acks=all, {args.partitions} partitions, linger.ms=5"
+            + (", one consumer tailing the topic" if args.tail else ""))  # fmt: skip
         tmp = Path(tempfile.mkdtemp(prefix="kafscale-pyspy-"))
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -235,7 +250,7 @@ def main(argv=None) -> int:
             say("self samples by module:")
             for mod, n in by_module.most_common(12):
                 say(f"  {100 * n / total:5.1f}%  {mod}")
-        results = [q.get(timeout=120) for _ in procs]
+        results = [q.get(timeout=120) for _ in range(args.producers)]
         delivered = sum(r["delivered"] for r in results)
         elapsed = max(r["elapsed"] for r in results)
         say()

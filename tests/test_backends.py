@@ -70,6 +70,23 @@ async def test_s3_put_get_ranges(bucket):
         await store.close()
 
 
+async def test_s3_put_carries_crc32c_instead_of_payload_hash(bucket):
+    """Each PUT sends the CRC32C of its body (the server rejects a body that does not
+    match) and no SHA-256 of the body (UNSIGNED-PAYLOAD), over plain HTTP too."""
+    store = open_store(f"s3://{bucket}/c")
+    sent = []
+    try:
+        client = await store._get_client()
+        client.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers)))
+        await store.put("check.kfs", [b"1234", memoryview(b"56789")])
+        assert await store.get("check.kfs") == b"123456789"
+        # CRC-32C check value of "123456789" is 0xE3069283 (RFC 3720, B.4).
+        assert sent[-1]["x-amz-checksum-crc32c"] in (b"4waSgw==", "4waSgw==")
+        assert sent[-1]["X-Amz-Content-SHA256"] in (b"UNSIGNED-PAYLOAD", "UNSIGNED-PAYLOAD")
+    finally:
+        await store.close()
+
+
 async def test_s3_missing_key(bucket):
     store = open_store(f"s3://{bucket}/p")
     try:
