@@ -76,7 +76,7 @@ def producer_proc(idx: int, cfg: dict, start_evts, out_q) -> None:
             "compression.type": cfg["compression"],
             "linger.ms": cfg.get("linger_ms", 5),
             "queue.buffering.max.kbytes": cfg.get("queue_kbytes", 16384),
-            "queue.buffering.max.messages": 100_000,
+            "queue.buffering.max.messages": cfg.get("queue_messages", 100_000),
             "message.timeout.ms": 60_000,
             "client.id": f"bench-producer-{idx}",
             "log_level": 3,

@@ -59,7 +59,7 @@ def produce_proc(idx: int, cfg: dict, out_q) -> None:
             "acks": "all",
             "compression.type": cfg["compression"],
             "linger.ms": 5,
-            "queue.buffering.max.kbytes": 16384,
+            "queue.buffering.max.kbytes": cfg.get("queue_kbytes", 16384),
             "log_level": 3,
         }
     )
@@ -67,7 +67,11 @@ def produce_proc(idx: int, cfg: dict, out_q) -> None:
     t0 = time.perf_counter()
     deadline = t0 + cfg["seconds"]
     i = 0
+    rate = cfg.get("rate")  # records/s for this producer, None: as fast as it goes
     while time.perf_counter() < deadline:
+        if rate and i >= (time.perf_counter() - t0) * rate:
+            p.poll(0.001)
+            continue
         off = (i * 7919) % span
         try:
             p.produce(cfg["topic"], loadgen.TS.pack(time.time_ns()) + pool[off : off + body_len], on_delivery=cb)
@@ -168,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--producers", type=int, default=1)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--storage", choices=["file", "s3"], default="file")
+    ap.add_argument("--mb-per-s", type=float, default=0, help="pace the producers at this many MB/s in total (0: as fast as they go)")
     ap.add_argument("--tail", action="store_true", help="also run a consumer tailing the topic (as bench/run.py does)")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=25)
@@ -197,7 +202,8 @@ def main(argv=None) -> int:
         create_topic(broker.bootstrap, topic, args.partitions)
         warmup = 3.0
         cfg = {"bootstrap": broker.bootstrap, "topic": topic, "size": args.size, "compression": args.compression,
-               "seconds": warmup + 2 * (args.seconds + 2), "partitions": args.partitions}  # fmt: skip
+               "seconds": warmup + 2 * (args.seconds + 2), "partitions": args.partitions,
+               "rate": args.mb_per_s * 1e6 / args.size / args.producers if args.mb_per_s else None}  # fmt: skip
         q = ctx.Queue()
         for i in range(args.producers):
             p = ctx.Process(target=produce_proc, args=(i, cfg, q), daemon=True)
@@ -209,6 +215,7 @@ def main(argv=None) -> int:
         time.sleep(warmup + 1.0)  # spawn + connect + warm-up
         say(f"kafscale broker ({args.storage} store), {args.producers} producer(s), {args.size} B records, "
             f"compression {args.compression}, acks=all, {args.partitions} partitions, linger.ms=5"
+            + (f", paced at {args.mb_per_s:g} MB/s" if args.mb_per_s else "")
             + (", one consumer tailing the topic" if args.tail else ""))  # fmt: skip
         tmp = Path(tempfile.mkdtemp(prefix="kafscale-pyspy-"))
         out = Path(args.out)

@@ -184,6 +184,7 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
             "drain_seconds": 30,
             "catchup_seconds": args.catchup_seconds,
             "queue_kbytes": int(args.queue_mib * 1024),
+            "queue_messages": args.queue_messages,
         }
         q = ctx.Queue()
         ready, done = ctx.Event(), ctx.Event()
@@ -518,7 +519,8 @@ def parse_args(argv=None):
     ap.add_argument("--catchup-seconds", type=float, help="cap on the catch-up read (default 20; quick 6)")
     ap.add_argument("--producers", type=int, default=0, help="producer processes (default: 2 up to 1 KiB records, else 1)")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--queue-mib", type=float, default=1024, help="librdkafka queue.buffering.max.kbytes per producer, in MiB (default: librdkafka's own, 1 GiB; queue.buffering.max.messages stays at its default, 100,000)")
+    ap.add_argument("--queue-mib", type=float, default=1024, help="librdkafka queue.buffering.max.kbytes per producer, in MiB (default: librdkafka's own, 1 GiB)")
+    ap.add_argument("--queue-messages", type=int, default=100_000, help="librdkafka queue.buffering.max.messages per producer (default: librdkafka's own, 100,000)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="path prefix for .json and .png")
     args = ap.parse_args(argv)
     q = args.quick
@@ -603,6 +605,7 @@ def main(argv=None) -> int:
             "acks": "all",
             "linger_ms": 5,
             "queue_mib_per_producer": args.queue_mib,
+            "queue_messages_per_producer": args.queue_messages,
         },
         "figures": [{"key": k_, "label": l_, "unit": u_, "higher_is_better": h_} for k_, l_, u_, h_ in FIGURES],
         "notes": run_notes,
