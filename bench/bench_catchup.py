@@ -54,7 +54,7 @@ def read_all(bootstrap: str, topic: str, partitions: int, records: int, pid: int
     cpu0 = B.cpu_seconds(pid)
     t0 = time.perf_counter()
     while got < records and time.perf_counter() - t0 < 120:
-        for m in c.consume(10_000, 0.5):
+        for m in c.consume(min(10_000, records - got), 0.5):  # at most what is left (see loadgen.py)
             if not m.error():
                 got += 1
                 nbytes += len(m)

@@ -136,7 +136,8 @@ def time_consumer(bootstrap: str, topic: str, records: int, partitions: int) -> 
     got = 0
     start = time.perf_counter()
     while got < records:
-        msgs = consumer.consume(10_000, 1.0)
+        # At most what is left: consume(n, timeout) waits for n messages or the whole timeout.
+        msgs = consumer.consume(min(10_000, records - got), 1.0)
         got += sum(1 for m in msgs if not m.error())
         if time.perf_counter() - start > 300:
             break
