@@ -1,7 +1,7 @@
 """KafScale vs Tansu: the same librdkafka load against each broker, one table of ratios.
 
     .venv/bin/python bench/run.py --quick      # < 2 minutes: 1 KiB records, none + lz4
-    .venv/bin/python bench/run.py              # ~10 minutes: 100 B, 1 KiB, 16 KiB x none, lz4
+    .venv/bin/python bench/run.py              # ~20 minutes: 100 B, 1 KiB, 16 KiB x none, lz4, 3 rounds
 
 Every case (record size x compression) runs against each broker in a fresh process, ours and
 the peer alternately (the order flips from case to case), in two pairs:
@@ -24,7 +24,10 @@ A case has three phases against one fresh broker process:
 3. catch-up: a fresh consumer reads the whole topic from offset 0.
 
 Peak RSS is VmHWM over the three phases (reset through /proc/PID/clear_refs first).
-Results: bench/results/latest.json and bench/results/latest.png.
+The whole set of cases runs `--repeat` times (3 by default; the order of ours and the peer
+flips every round too): the table shows the median of each figure and the lowest and highest
+ratio of one round, because a single run on a shared 2-core machine moves by 20-50 %.
+Results: bench/results/latest.json (every run, the medians, the table) and latest.png (medians).
 """
 
 from __future__ import annotations
@@ -352,10 +355,40 @@ def size_label(size: int) -> str:
     return f"{size // 1024} KiB" if size >= 1024 and size % 1024 == 0 else f"{size} B"
 
 
-def compare(runs: list[dict]) -> list[dict]:
+def medians(runs: list[dict]) -> list[dict]:
+    """One entry per (broker, size, compression): the median of each figure over the rounds
+    that completed (with one round, that round's figures)."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["broker"], r["size"], r["compression"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            out.append(rs[-1])
+            continue
+        m = dict(ok[-1])
+        m["rounds"] = len(ok)
+        for key, _label, _unit, _hib in FIGURES:
+            vals = [r[key] for r in ok if r.get(key) is not None]
+            if key == "decompressions":  # a check, not a figure: any round that decompressed shows
+                m[key] = max(vals) if vals else None
+            else:
+                m[key] = statistics.median(vals) if vals else None
+        out.append(m)
+    return out
+
+
+def compare(summary: list[dict], runs: list[dict] = ()) -> list[dict]:
+    """Ours/peer per case from the medians; with several rounds also the lowest and highest
+    ratio of one round (ours and peer of the same round, run back to back)."""
     import brokers as B
 
-    by = {(r["broker"], r["size"], r["compression"]): r for r in runs}
+    by = {(r["broker"], r["size"], r["compression"]): r for r in summary}
+    per_round = {(r["broker"], r["size"], r["compression"], r.get("round", 0)): r for r in runs if "error" not in r}
+    rounds = sorted({r.get("round", 0) for r in runs})
     rows = []
     seen = []
     for r in runs:
@@ -373,6 +406,14 @@ def compare(runs: list[dict]) -> list[dict]:
                 vb = b.get(key) if b and "error" not in b else None
                 ratio = va / vb if va is not None and vb not in (None, 0) else None
                 figs[key] = {"ours": va, "peer": vb, "ratio": ratio}
+                if len(rounds) > 1:
+                    each = []
+                    for rnd in rounds:
+                        ra, rb = per_round.get((ours, size, comp, rnd)), per_round.get((peer, size, comp, rnd))
+                        if ra and rb and ra.get(key) is not None and rb.get(key) not in (None, 0):
+                            each.append(ra[key] / rb[key])
+                    if each:
+                        figs[key]["round_ratios"] = each
             rows.append({"pair": pair, "ours": ours, "peer": peer, "size": size, "compression": comp, "figures": figs})
     return rows
 
@@ -401,7 +442,8 @@ def notes(runs: list[dict], args) -> list[str]:
 
 
 def print_table(rows: list[dict]) -> str:
-    head = ["pair", "size", "comp", "figure", "unit", "ours", "peer", "ours/peer", ""]
+    spread = any("round_ratios" in f for row in rows for f in row["figures"].values())
+    head = ["pair", "size", "comp", "figure", "unit", "ours", "peer", "ours/peer", *(["rounds"] if spread else []), ""]
     lines = []
     for row in rows:
         for key, label, unit, hib in FIGURES:
@@ -412,11 +454,13 @@ def print_table(rows: list[dict]) -> str:
                 verdict = "~same" if abs(f["ratio"] - 1) < 0.03 else "better" if better else "worse"
             lines.append(
                 [row["pair"], size_label(row["size"]), row["compression"], label, unit, fmt(f["ours"]), fmt(f["peer"]),
-                 f"{f['ratio']:.2f}" if f["ratio"] is not None else "-", verdict]
+                 f"{f['ratio']:.2f}" if f["ratio"] is not None else "-",
+                 *([f"{min(f['round_ratios']):.2f}-{max(f['round_ratios']):.2f}" if f.get("round_ratios") else "-"] if spread else []),
+                 verdict]
             )  # fmt: skip
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
     out = []
-    rjust = {5, 6, 7}
+    rjust = {5, 6, 7, 8} if spread else {5, 6, 7}
     def render(cells):
         return "  ".join(str(c).rjust(w) if i in rjust else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
     out.append(render(head))
@@ -521,6 +565,7 @@ def parse_args(argv=None):
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--queue-mib", type=float, default=1024, help="librdkafka queue.buffering.max.kbytes per producer, in MiB (default: librdkafka's own, 1 GiB)")
     ap.add_argument("--queue-messages", type=int, default=100_000, help="librdkafka queue.buffering.max.messages per producer (default: librdkafka's own, 100,000)")
+    ap.add_argument("--repeat", type=int, help="rounds over all cases; the table shows medians and the spread of per-round ratios (default 3; quick 1)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="path prefix for .json and .png")
     args = ap.parse_args(argv)
     q = args.quick
@@ -535,6 +580,7 @@ def parse_args(argv=None):
     args.max_records = args.max_records or (300_000 if q else 1_500_000)
     args.paced_seconds = args.paced_seconds or (2.5 if q else 6.0)
     args.catchup_seconds = args.catchup_seconds or (6.0 if q else 20.0)
+    args.repeat = max(1, args.repeat or (1 if q else 3))
     return args
 
 
@@ -552,27 +598,30 @@ def main(argv=None) -> int:
     started = time.time()
     k = 0
     try:
-        for size in args.sizes:
-            for comp in args.compression:
-                for _pair, ours, peer in B.PAIRS:
-                    order = [ours, peer] if k % 2 == 0 else [peer, ours]
-                    k += 1
-                    for name in order:
-                        if name not in args.brokers:
-                            continue
-                        log(f"{name}: {size_label(size)} records, compression {comp}")
-                        r = run_case(ctx, shared, name, size, comp, args, len(runs))
-                        if "error" not in r:
-                            log(
-                                f"  {fmt(r['msgs_per_s'])} msgs/s, {fmt(r['mb_per_s'])} MB/s, p99 {fmt(r['produce_p99_ms'])} ms, "
-                                f"e2e p99 {fmt(r['e2e_p99_ms'])} ms, catch-up {fmt(r['catchup_mb_per_s'])} MB/s, "
-                                f"cpu {fmt(r['cpu_s_per_gib'])} s/GiB, PUTs {r['puts']} ({fmt(r.get('puts_per_segment'))} per segment.bytes), RSS {fmt(r['peak_rss_mib'])} MiB"
-                                + (f", {r['produce_errors']} errors ({r['first_error']})" if r["produce_errors"] else "")
-                            )
-                        runs.append(r)
+        for rnd in range(args.repeat):
+            for size in args.sizes:
+                for comp in args.compression:
+                    for _pair, ours, peer in B.PAIRS:
+                        order = [ours, peer] if (k + rnd) % 2 == 0 else [peer, ours]  # who goes first flips per case and per round
+                        k += 1
+                        for name in order:
+                            if name not in args.brokers:
+                                continue
+                            log(f"{name}: {size_label(size)} records, compression {comp}" + (f" (round {rnd + 1} of {args.repeat})" if args.repeat > 1 else ""))
+                            r = run_case(ctx, shared, name, size, comp, args, len(runs))
+                            r["round"] = rnd
+                            if "error" not in r:
+                                log(
+                                    f"  {fmt(r['msgs_per_s'])} msgs/s, {fmt(r['mb_per_s'])} MB/s, p99 {fmt(r['produce_p99_ms'])} ms, "
+                                    f"e2e p99 {fmt(r['e2e_p99_ms'])} ms, catch-up {fmt(r['catchup_mb_per_s'])} MB/s, "
+                                    f"cpu {fmt(r['cpu_s_per_gib'])} s/GiB, PUTs {r['puts']} ({fmt(r.get('puts_per_segment'))} per segment.bytes), RSS {fmt(r['peak_rss_mib'])} MiB"
+                                    + (f", {r['produce_errors']} errors ({r['first_error']})" if r["produce_errors"] else "")
+                                )
+                            runs.append(r)
     finally:
         shared.close()
-    rows = compare(runs)
+    summary = medians(runs)
+    rows = compare(summary, runs)
     print()
     table = print_table(rows)
     run_notes = notes(runs, args)
@@ -606,16 +655,18 @@ def main(argv=None) -> int:
             "linger_ms": 5,
             "queue_mib_per_producer": args.queue_mib,
             "queue_messages_per_producer": args.queue_messages,
+            "repeat": args.repeat,
         },
         "figures": [{"key": k_, "label": l_, "unit": u_, "higher_is_better": h_} for k_, l_, u_, h_ in FIGURES],
         "notes": run_notes,
         "runs": runs,
+        "medians": summary,
         "comparisons": rows,
         "table": table,
     }
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     try:
-        chart(runs, out.with_suffix(".png"), machine, args)
+        chart(summary, out.with_suffix(".png"), machine, args)
     except Exception as e:  # noqa: BLE001
         log(f"chart failed: {e}")
     log(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')} in {time.time() - started:.0f}s")
