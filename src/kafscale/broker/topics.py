@@ -115,15 +115,12 @@ async def alter_configs(broker: "Broker", name: str, change, validate_only: bool
 
 class TopicIdResolver:
     """Names for requests that name topics by id (Produce v13+, Fetch v13+, DeleteTopics
-    v6+, Metadata v10+): the id table is read once per request, and only if needed."""
+    v6+, Metadata v10+), from the log manager's id table (LogManager.topic_name)."""
 
     def __init__(self, broker: "Broker"):
         self.broker = broker
-        self._names = None
 
     async def name(self, name: str | None, topic_id) -> str | None:
         if name is not None or topic_id is None:
             return name
-        if self._names is None:
-            self._names = {m.uuid: m.name for m in await self.broker.metadata.list_topics()}
-        return self._names.get(topic_id)
+        return await self.broker.logs.topic_name(topic_id)

@@ -463,6 +463,12 @@ class FlushedPartition:
         pass
 
 
+# How long a broker trusts its table of topic ids (another broker may delete a topic), and
+# how soon after reading it a miss may read it again (a topic created elsewhere meanwhile).
+TOPIC_IDS_TTL_S = 2.0
+TOPIC_IDS_MISS_REREAD_S = 0.1
+
+
 class LogManager:
     """The partition logs this broker owns, plus the shared read path and retention."""
 
@@ -476,6 +482,9 @@ class LogManager:
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         self._topics: dict[str, TopicMeta] = {}
+        self._topic_ids: dict = {}  # uuid -> topic name
+        self._topic_ids_at = float("-inf")
+        self._topic_ids_lock = asyncio.Lock()
         self._segment_loads: dict[tuple, asyncio.Future] = {}
         self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
@@ -535,8 +544,24 @@ class LogManager:
             self._topics[name] = meta
         return meta
 
+    async def topic_name(self, topic_id) -> str | None:
+        """Name of the topic with this id (Fetch v13+, Produce v13+, ... name topics by id).
+
+        The id table is kept for TOPIC_IDS_TTL_S and read again on a miss, so a request by
+        id costs no listing of every topic in the metadata store (milliseconds per request
+        with hundreds of topics, an etcd range on etcd)."""
+        stale = time.monotonic() - self._topic_ids_at
+        if stale > TOPIC_IDS_TTL_S or (topic_id not in self._topic_ids and stale > TOPIC_IDS_MISS_REREAD_S):
+            async with self._topic_ids_lock:
+                if self._topic_ids_at == float("-inf") or time.monotonic() - self._topic_ids_at > TOPIC_IDS_MISS_REREAD_S:
+                    read_at = time.monotonic()
+                    self._topic_ids = {m.uuid: m.name for m in await self.metadata.list_topics()}
+                    self._topic_ids_at = read_at
+        return self._topic_ids.get(topic_id)
+
     def topic_changed(self, meta: TopicMeta) -> None:
         self._topics[meta.name] = meta
+        self._topic_ids[meta.uuid] = meta.name
         for (t, _p), lg in self.logs.items():
             if t == meta.name:
                 lg.apply_configs(meta)
@@ -544,6 +569,7 @@ class LogManager:
     async def drop_topic(self, name: str) -> None:
         """Forget a deleted topic's logs and cache, and delete its objects."""
         self._topics.pop(name, None)
+        self._topic_ids = {i: n for i, n in self._topic_ids.items() if n != name}
         for key in [k for k in self.logs if k[0] == name]:
             lg = self.logs.pop(key)
             await lg.close(flush=False)
