@@ -735,12 +735,17 @@ async def test_driver_delete_non_empty_and_offset_delete(store):
 
 
 class _FakeBroker:
-    def __init__(self, store):
+    def __init__(self, store, data_dir):
+        from kafscale.broker.config import BrokerConfig
         from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
+        from kafscale.storage.logs import LogManager
+        from kafscale.storage.objectstore import LocalObjectStore
 
         self.metadata = store
         self.cluster = SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092))
         self.groups = make_coordinator(store)
+        # the real log manager (never started): requests by topic id resolve through it
+        self.logs = LogManager(store, LocalObjectStore(data_dir), BrokerConfig(data_dir=str(data_dir), http=""), self.cluster)
 
 
 def _ctx(broker, api_key, version):
@@ -767,13 +772,13 @@ async def _call(broker, api_key, version, **fields):
 
 
 @pytest.mark.parametrize("api_key", [8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47])
-async def test_handlers_answer_every_version(store, api_key):
+async def test_handlers_answer_every_version(store, api_key, tmp_path):
     from kafscale.metadata.store import CommittedOffset, TopicMeta
     from kafscale.protocol.codec import kio_versions
 
     await store.create_topic(TopicMeta("t", 2))
     topic_id = (await store.get_topic("t")).uuid
-    broker = _FakeBroker(store)
+    broker = _FakeBroker(store, tmp_path)
     await broker.groups.start()
     lo, hi = kio_versions(api_key)
     for v in range(lo, hi + 1):

@@ -318,10 +318,10 @@ async def leave_group(ctx, req):
 class _TopicCatalog:
     """Topic lookups for one request: by name, and by id for v10 of the offset APIs."""
 
-    def __init__(self, metadata):
-        self.metadata = metadata
+    def __init__(self, broker):
+        self.broker = broker
+        self.metadata = broker.metadata
         self._by_name: dict[str, object] = {}
-        self._by_id: dict[uuid.UUID, object] | None = None
 
     async def by_name(self, name: str):
         if name not in self._by_name:
@@ -329,9 +329,9 @@ class _TopicCatalog:
         return self._by_name[name]
 
     async def by_id(self, topic_id: uuid.UUID | None):
-        if self._by_id is None:
-            self._by_id = {meta.uuid: meta for meta in await self.metadata.list_topics()}
-        return self._by_id.get(topic_id)
+        name = await self.broker.logs.topic_name(topic_id) if topic_id is not None else None
+        meta = await self.by_name(name) if name is not None else None
+        return meta if meta is not None and meta.uuid == topic_id else None
 
     async def id_of(self, name: str) -> uuid.UUID | None:
         meta = await self.by_name(name)
@@ -342,7 +342,7 @@ async def offset_commit(ctx, req):
     cls = _response(OFFSET_COMMIT, ctx)
     groups = _coordinator(ctx)
     by_id = ctx.version >= 10
-    catalog = _TopicCatalog(ctx.broker.metadata)
+    catalog = _TopicCatalog(ctx.broker)
     group_id = req.group_id
 
     # Per partition: (topic key for the response, partition, error or None when committable).
@@ -449,7 +449,7 @@ async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_i
 async def offset_fetch(ctx, req):
     cls = _response(OFFSET_FETCH, ctx)
     groups = _coordinator(ctx)
-    catalog = _TopicCatalog(ctx.broker.metadata)
+    catalog = _TopicCatalog(ctx.broker)
     by_id = ctx.version >= 10
     with_epoch = ctx.version >= 5
     if _has(req, "groups"):  # v8+: several groups per request
@@ -483,7 +483,7 @@ async def offset_delete(ctx, req):
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
         return build(cls, throttle_time=0, error_code=error)
-    catalog = _TopicCatalog(ctx.broker.metadata)
+    catalog = _TopicCatalog(ctx.broker)
     try:
         known: list[tuple[str, int]] = []
         unknown: set[tuple[str, int]] = set()
