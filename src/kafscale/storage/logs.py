@@ -552,8 +552,8 @@ class LogManager:
         with hundreds of topics, an etcd range on etcd)."""
         stale = time.monotonic() - self._topic_ids_at
         if stale > TOPIC_IDS_TTL_S or (topic_id not in self._topic_ids and stale > TOPIC_IDS_MISS_REREAD_S):
-            async with self._topic_ids_lock:
-                if self._topic_ids_at == float("-inf") or time.monotonic() - self._topic_ids_at > TOPIC_IDS_MISS_REREAD_S:
+            async with self._topic_ids_lock:  # concurrent misses: one read
+                if time.monotonic() - self._topic_ids_at > TOPIC_IDS_MISS_REREAD_S:
                     read_at = time.monotonic()
                     self._topic_ids = {m.uuid: m.name for m in await self.metadata.list_topics()}
                     self._topic_ids_at = read_at
