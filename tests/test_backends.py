@@ -87,6 +87,29 @@ async def test_s3_put_carries_crc32c_instead_of_payload_hash(bucket):
         await store.close()
 
 
+async def test_s3_sha256_checksum_for_stores_without_checksum_headers(bucket, monkeypatch):
+    """KAFSCALE_S3_CHECKSUM=sha256: no x-amz-checksum-* header (some stores refuse them);
+    the body's SHA-256 is signed into the request instead."""
+    import hashlib
+
+    monkeypatch.setenv("KAFSCALE_S3_CHECKSUM", "sha256")
+    store = open_store(f"s3://{bucket}/s")
+    sent = []
+    try:
+        client = await store._get_client()
+        client.meta.events.register("before-send.s3.PutObject", lambda request, **_: sent.append(dict(request.headers)))
+        await store.put("check.kfs", [b"1234", b"56789"])
+        assert await store.get("check.kfs") == b"123456789"
+        assert not any(k.lower().startswith("x-amz-checksum") for k in sent[-1])
+        signed = sent[-1]["X-Amz-Content-SHA256"]
+        assert (signed.decode() if isinstance(signed, bytes) else signed) == hashlib.sha256(b"123456789").hexdigest()
+    finally:
+        await store.close()
+    monkeypatch.setenv("KAFSCALE_S3_CHECKSUM", "md5")
+    with pytest.raises(ValueError, match="checksum"):
+        open_store(f"s3://{bucket}/s")
+
+
 async def test_s3_missing_key(bucket):
     store = open_store(f"s3://{bucket}/p")
     try:

@@ -7,6 +7,10 @@ Configuration comes from the URL (`s3://bucket/prefix`) and the environment:
     KAFSCALE_S3_PATH_STYLE     path-style addressing (default: true with a custom endpoint)
     KAFSCALE_S3_MAX_ATTEMPTS   attempts per request for retriable failures (default 5)
     KAFSCALE_S3_CREATE_BUCKET  create the bucket on first use when true
+    KAFSCALE_S3_CHECKSUM       how the store checks each PUT body: crc32c (default: an
+                               x-amz-checksum-crc32c header, unsigned payload) or sha256 (the
+                               body's SHA-256 signed into the request, for stores that refuse
+                               x-amz-checksum-* headers, such as Backblaze B2)
 
 Credentials come from the standard AWS chain (env vars, config files, instance role).
 
@@ -49,6 +53,7 @@ _RETRY_CODES = {
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _DELETE_BATCH = 1000  # DeleteObjects limit
+_CHECKSUMS = ("crc32c", "sha256")
 
 # Transport failures worth another attempt (connection refused/reset, timeouts).
 _TRANSPORT_ERRORS = (
@@ -86,9 +91,12 @@ class S3ObjectStore(ObjectStore):
         connect_timeout: float = 2.0,
         read_timeout: float = 5.0,
         create_bucket: bool = False,
+        checksum: str = "crc32c",
     ):
         if not bucket:
             raise ValueError("S3 bucket name is empty")
+        if checksum not in _CHECKSUMS:
+            raise ValueError(f"S3 checksum {checksum!r} is not one of {', '.join(_CHECKSUMS)}")
         self.bucket = bucket
         prefix = prefix.strip("/")
         self.prefix = prefix + "/" if prefix else ""
@@ -103,6 +111,7 @@ class S3ObjectStore(ObjectStore):
         self.read_timeout = read_timeout
         self.attempt_timeout = connect_timeout + read_timeout
         self._create_bucket_on_start = create_bucket
+        self.checksum = checksum
         self.delete_batch = _DELETE_BATCH
         self.list_page_size: int | None = None  # None: the server's default (1000)
         self._client = None
@@ -123,6 +132,8 @@ class S3ObjectStore(ObjectStore):
             path_style=None if path_style in (None, "") else _truthy(path_style),
             create_bucket=_truthy(env.get("KAFSCALE_S3_CREATE_BUCKET")),
         )
+        if env.get("KAFSCALE_S3_CHECKSUM"):
+            opts["checksum"] = env["KAFSCALE_S3_CHECKSUM"].strip().lower()
         if env.get("KAFSCALE_S3_MAX_ATTEMPTS"):
             opts["max_attempts"] = int(env["KAFSCALE_S3_MAX_ATTEMPTS"])
         opts.update(kwargs)
@@ -149,11 +160,11 @@ class S3ObjectStore(ObjectStore):
                     connect_timeout=self.connect_timeout,
                     read_timeout=self.read_timeout,
                     retries={"total_max_attempts": 1},
-                    # No SHA-256 of every body in the event loop (botocore signs payloads
-                    # over plain HTTP, and over HTTPS unless a checksum header is set):
-                    # each PUT carries a CRC32C of its body instead (see put), which the
-                    # server checks, computed by the C library in a fraction of the time.
-                    s3={"addressing_style": "path" if self.path_style else "auto", "payload_signing_enabled": False},
+                    # crc32c: no SHA-256 of every body on the event loop (botocore signs
+                    # payloads over plain HTTP, and over HTTPS unless a checksum header is
+                    # set); each PUT carries a CRC32C of its body instead (see put), which
+                    # the store checks, computed by the C library in a fraction of the time.
+                    s3={"addressing_style": "path" if self.path_style else "auto", "payload_signing_enabled": self.checksum == "sha256"},
                     # Plain payloads: S3-compatible stores don't all accept the
                     # aws-chunked trailing checksums newer botocore sends by default.
                     request_checksum_calculation="when_required",
@@ -219,10 +230,12 @@ class S3ObjectStore(ObjectStore):
 
     async def put(self, key: str, parts: list) -> None:
         body = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
-        checksum = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode("ascii")
+        extra = {}
+        if self.checksum == "crc32c":
+            extra["ChecksumCRC32C"] = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode("ascii")
 
         async def go(client):
-            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, ChecksumCRC32C=checksum)
+            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
 
         try:
             await self._call(f"put {key}", go)
