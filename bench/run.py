@@ -369,8 +369,10 @@ def medians(runs: list[dict]) -> list[dict]:
         if not ok:
             out.append(rs[-1])
             continue
-        m = dict(ok[-1])
+        # identity and medians only: the per-round details stay in "runs"
+        m = {k: ok[-1][k] for k in ("broker", "side", "storage", "size", "compression")}
         m["rounds"] = len(ok)
+        m["paced_overloaded"] = any(r.get("paced_overloaded") for r in ok)
         for key, _label, _unit, _hib in FIGURES:
             vals = [r[key] for r in ok if r.get(key) is not None]
             if key == "decompressions":  # a check, not a figure: any round that decompressed shows
@@ -391,7 +393,7 @@ def compare(summary: list[dict], runs: list[dict] = ()) -> list[dict]:
     rounds = sorted({r.get("round", 0) for r in runs})
     rows = []
     seen = []
-    for r in runs:
+    for r in summary:
         key = (r["size"], r["compression"])
         if key not in seen:
             seen.append(key)
