@@ -107,10 +107,7 @@ class PartitionLog:
         """
         if self.closed:
             raise StorageError(f"{self.topic}-{self.partition} is not served here", NOT_LEADER_OR_FOLLOWER)
-        duplicate = None
-        if headers[0].producer_id >= 0:
-            for h in headers:
-                duplicate = self.producers.check(h) or duplicate  # raises InvalidRecordError
+        duplicate = self.producers.check_record_set(headers)  # raises InvalidRecordError
         if duplicate is not None:
             return self._answer_duplicate(duplicate.base_offset, want_ack)
         base = self.next_offset

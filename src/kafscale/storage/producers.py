@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kio.schema.errors import ErrorCode
+
 from kafscale.protocol.records import BatchHeader, InvalidRecordError
 
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
-UNKNOWN_PRODUCER_ID = 59
+OUT_OF_ORDER_SEQUENCE_NUMBER = ErrorCode.out_of_order_sequence_number.value
+INVALID_PRODUCER_EPOCH = ErrorCode.invalid_producer_epoch.value
+UNKNOWN_PRODUCER_ID = ErrorCode.unknown_producer_id.value
 BATCHES_KEPT = 5  # Kafka keeps the last five batches per producer (max.in.flight <= 5)
 INT32_MAX = 2**31 - 1
 
@@ -47,6 +49,19 @@ def _next_seq(seq: int) -> int:
 
 def _last_seq(h: BatchHeader) -> int:
     return (h.base_sequence + h.last_offset_delta) % (INT32_MAX + 1)
+
+
+def _check_follows(before: BatchHeader, h: BatchHeader) -> None:
+    """`h` comes right after the new batch `before` of the same producer in one record set."""
+    if h.producer_epoch < before.producer_epoch:
+        raise InvalidRecordError(
+            f"producer {h.producer_id} epoch {h.producer_epoch} follows its own epoch {before.producer_epoch}", INVALID_PRODUCER_EPOCH
+        )
+    expected = 0 if h.producer_epoch > before.producer_epoch else _next_seq(_last_seq(before))
+    if h.base_sequence != expected:
+        raise InvalidRecordError(
+            f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {expected}", OUT_OF_ORDER_SEQUENCE_NUMBER
+        )
 
 
 class ProducerStateTable:
@@ -83,6 +98,37 @@ class ProducerStateTable:
                 f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {_next_seq(entry.last_seq)}", OUT_OF_ORDER_SEQUENCE_NUMBER
             )
         return None
+
+    def check_record_set(self, headers: list[BatchHeader]) -> BatchRecord | None:
+        """Validate the batches of one record set, each idempotent batch against the
+        producer's batch before it (in this set or retained here). Returns the original of
+        the first batch when every batch is a retry of a retained one (the set was appended
+        before), None when the set may be appended; raises InvalidRecordError otherwise.
+        A set that mixes retried and new batches is refused: answering it as a duplicate
+        would drop the new ones without a word."""
+        previous: dict[int, BatchHeader] = {}  # producer id -> its new batch just before, in this set
+        duplicates: list[BatchRecord] = []
+        new_batches = 0
+        for h in headers:
+            if h.producer_id < 0:
+                new_batches += 1
+                continue
+            before = previous.get(h.producer_id)
+            if before is None:
+                original = self.check(h)
+            else:
+                _check_follows(before, h)
+                original = None
+            if original is None:
+                new_batches += 1
+                previous[h.producer_id] = h
+            else:
+                duplicates.append(original)
+        if duplicates and new_batches:
+            raise InvalidRecordError(
+                f"record set mixes {len(duplicates)} retried batches with {new_batches} new ones", OUT_OF_ORDER_SEQUENCE_NUMBER
+            )
+        return duplicates[0] if duplicates else None
 
     def record(self, h: BatchHeader, base_offset: int, now_ms: int, durable_below: int) -> None:
         """Remember an appended batch. Records of batches not yet durable (offset >=

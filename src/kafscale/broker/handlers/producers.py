@@ -1,8 +1,11 @@
 """InitProducerId (22) for idempotent producers and DescribeProducers (61).
 
 Producer ids come in blocks from the MetadataStore, so they are unique across brokers.
-Transactions are not supported: a transactional id is refused, and the transaction APIs
-are not advertised, so transactional clients fail at start with their own clear error.
+Without a transactional id, every InitProducerId gets a fresh producer id with epoch 0,
+as in Kafka: the producer id/epoch a client sends (KIP-360) are ignored, because they
+only identify a transactional id's current producer. Transactions are not supported: a
+transactional id is refused, and the transaction APIs are not advertised, so
+transactional clients fail at start with their own clear error.
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kio.schema.errors import ErrorCode
+
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
-NONE, COORDINATOR_NOT_AVAILABLE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 0, 15, 53
-MAX_EPOCH = 32767
+NONE = ErrorCode.none.value
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization_failed.value
 BLOCK_SIZE = 1000
 log = logging.getLogger("kafscale.producers")
 
@@ -52,12 +58,10 @@ async def init_producer_id(ctx, req):
     if req.transactional_id is not None:
         log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
-    pid = getattr(req, "producer_id", -1)
-    epoch = getattr(req, "producer_epoch", -1)
+    # An idempotent producer: always a new id, whatever producer_id/producer_epoch say.
+    # Handing the sent id back (with a bumped epoch) would let two producers that both
+    # send (0, 0) share one id, and the second one's batches would pass as duplicates.
     try:
-        if pid >= 0 and 0 <= epoch < MAX_EPOCH - 1:
-            # KIP-360: a producer that lost track of its sequences keeps its id, new epoch.
-            return make(cls, throttle_time=0, error_code=NONE, producer_id=pid, producer_epoch=epoch + 1)
         new_id = await _allocator(ctx.broker).allocate()
     except MetadataUnavailable as e:
         log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e, extra=ctx.log_fields())
