@@ -18,6 +18,8 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
+from kafscale.protocol import validate
+
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _I16I16I32 = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
@@ -119,6 +121,11 @@ def is_flexible(api_key: int, version: int) -> bool:
 
 def decode_body(api_key: int, version: int, payload: memoryview, offset: int) -> Any:
     cls = schema(api_key, version, "request")
+    try:
+        # Bounds first: kio's native decoder aborts the process on a huge array count.
+        validate.check(cls, payload, offset)
+    except validate.InvalidRequestBody as e:
+        raise MalformedRequest(f"{cls.__name__} v{version}: {e}") from None
     try:
         value, size = _reader(cls)(payload.toreadonly(), offset)
     except Exception as e:  # kio raises various errors on short/garbled input

@@ -1,0 +1,219 @@
+"""A bounds pre-pass over a request body, run before kio's native decoder sees it.
+
+kio's Rust decoder reserves an array's capacity from its declared count before reading
+any element: a compact array length of 2^32-1 in a 24-byte frame asks for 32 GiB and the
+allocation failure aborts the whole process (SIGABRT, no Python exception). So every
+request body is walked here first, against the same schema, without allocating anything:
+
+- every array count must fit in the bytes left (count x the element's minimum size);
+- every string / bytes length must fit in the bytes left;
+- varints are at most 5 bytes (kio's uvarint is 32 bits);
+- tagged fields: each tag's size fits, and a known tag's value stays inside it;
+- null where the schema says non-nullable (arrays, strings, structs) is malformed, as in
+  Apache Kafka's generated readers ("non-nullable field ... was serialized as null");
+  kio would hand such a null array to the handler as None (a TypeError later).
+
+After the walk kio's own allocations are bounded by the frame: no element count exceeds
+the bytes that encode the elements. Invalid UTF-8 is left to kio, which raises for it (a
+MalformedRequest like any other decode error).
+
+Plans are compiled once per kio entity class into nested tuples of small integer opcodes,
+so the walk is a few comparisons per field. Cost, measured on this machine (2 cores,
+Python 3.11): Metadata v12 with one topic 1.3 us, Fetch v12 with one partition 2.6 us,
+Fetch v15 with 10 topics x 10 partitions 79 us (kio's own decode of it: 46 us).
+Produce, the hot path, has its own bounds-checking decoder and does not come here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    PrimitiveField,
+    PrimitiveTupleField,
+    classify_field,
+    get_field_tag,
+    is_optional,
+)
+
+
+class InvalidRequestBody(ValueError):
+    """The body does not fit its schema (bounds, nulls, varints); the message says where."""
+
+
+# opcodes: (FIXED, size) | (STRING, length width, nullable) | (ENTITY, plan, nullable)
+#          | (ARRAY, element op, flexible, nullable, element minimum size)
+FIXED, STRING, ENTITY, ARRAY = 0, 1, 2, 3
+# a STRING's length: compact uvarint (length + 1), or legacy int16 (string) / int32 (bytes)
+COMPACT, INT16, INT32 = 0, 2, 4
+
+_FIXED_SIZES = {
+    "int8": 1, "uint8": 1, "bool": 1,
+    "int16": 2, "uint16": 2, "error_code": 2,
+    "int32": 4, "uint32": 4, "timedelta_i32": 4,
+    "int64": 8, "uint64": 8, "float64": 8, "timedelta_i64": 8, "datetime_i64": 8,
+    "uuid": 16,
+}
+_VARIABLE = ("string", "bytes", "records")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    name: str
+    fields: tuple  # (field name, op) in wire order
+    tagged: dict | None  # tag -> (field name, op); None for non-flexible entities
+    min_size: int
+
+
+_plans: dict[type, Plan] = {}
+
+
+def plan_for(cls: type) -> Plan:
+    plan = _plans.get(cls)
+    if plan is None:
+        plan = _plans[cls] = _compile(cls)
+    return plan
+
+
+def _min_size(op: tuple) -> int:
+    kind = op[0]
+    if kind == FIXED:
+        return op[1]
+    if kind == STRING:
+        return op[1] or 1
+    if kind == ENTITY:
+        return op[1].min_size + (1 if op[2] else 0)
+    return 1 if op[2] else 4  # ARRAY: its length
+
+
+def _compile(cls: type) -> Plan:
+    flexible = bool(cls.__flexible__)
+    ordered, tagged = [], {}
+    for field in dataclasses.fields(cls):
+        tag = get_field_tag(field)
+        nullable = is_optional(field)
+        fc = classify_field(field)
+        if isinstance(fc, (EntityField, EntityTupleField)):
+            element = (ENTITY, plan_for(fc.type_), nullable and isinstance(fc, EntityField))
+        else:
+            kafka_type = field.metadata["kafka_type"]
+            if kafka_type in _VARIABLE:
+                width = COMPACT if flexible else INT16 if kafka_type == "string" else INT32
+                element = (STRING, width, nullable and isinstance(fc, PrimitiveField))
+            else:
+                element = (FIXED, _FIXED_SIZES[kafka_type])
+        if isinstance(fc, (PrimitiveTupleField, EntityTupleField)):
+            if element[0] == STRING:
+                element = (STRING, element[1], False)  # array elements are never null
+            elif element[0] == ENTITY:
+                element = (ENTITY, element[1], False)
+            op = (ARRAY, element, flexible, nullable, _min_size(element))
+        else:
+            op = element
+        if tag is not None:
+            tagged[int(tag)] = (field.name, op)
+        else:
+            ordered.append((field.name, op))
+    min_size = sum(_min_size(op) for _, op in ordered) + (1 if flexible else 0)
+    return Plan(cls.__name__, tuple(ordered), tagged if flexible else None, min_size)
+
+
+def check(cls: type, buf, pos: int) -> int:
+    """Walk `buf[pos:]` as a `cls` entity; returns the end position or raises
+    InvalidRequestBody."""
+    return _entity(plan_for(cls), buf, pos, len(buf), cls.__name__)
+
+
+def _uvarint(buf, pos: int, end: int, where: str) -> tuple[int, int]:
+    result = shift = 0
+    while shift < 35:
+        if pos >= end:
+            raise InvalidRequestBody(f"{where}: truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if result > 0xFFFFFFFF:
+                raise InvalidRequestBody(f"{where}: varint over 32 bits")
+            return result, pos
+        shift += 7
+    raise InvalidRequestBody(f"{where}: varint longer than 5 bytes")
+
+
+def _entity(plan: Plan, buf, pos: int, end: int, where: str) -> int:
+    for name, op in plan.fields:
+        pos = _value(op, buf, pos, end, name)
+    if plan.tagged is not None:
+        count, pos = _uvarint(buf, pos, end, f"{plan.name} tagged fields")
+        if count * 2 > end - pos:
+            raise InvalidRequestBody(f"{plan.name}: {count} tagged fields cannot fit in {end - pos} bytes")
+        for _ in range(count):
+            tag, pos = _uvarint(buf, pos, end, f"{plan.name} tag")
+            size, pos = _uvarint(buf, pos, end, f"{plan.name} tag {tag} size")
+            if size > end - pos:
+                raise InvalidRequestBody(f"{plan.name}: tag {tag} of {size} bytes runs past the end of the frame")
+            known = plan.tagged.get(tag)
+            if known is not None:
+                _value(known[1], buf, pos, pos + size, known[0])
+            pos += size
+    return pos
+
+
+def _value(op: tuple, buf, pos: int, end: int, where: str) -> int:
+    kind = op[0]
+    if kind == FIXED:
+        pos += op[1]
+        if pos > end:
+            raise InvalidRequestBody(f"{where}: truncated")
+        return pos
+    if kind == STRING:
+        width = op[1]
+        if width == COMPACT:  # uvarint length + 1, 0 is null
+            n, pos = _uvarint(buf, pos, end, where)
+            n -= 1
+        else:
+            if pos + width > end:
+                raise InvalidRequestBody(f"{where}: truncated")
+            n = int.from_bytes(buf[pos : pos + width], "big", signed=True)
+            pos += width
+        if n < 0:
+            if n == -1 and op[2]:
+                return pos
+            raise InvalidRequestBody(f"{where}: null or negative length {n} in a non-nullable field")
+        if n > end - pos:
+            raise InvalidRequestBody(f"{where}: length {n} runs past the end of the frame")
+        return pos + n
+    if kind == ENTITY:
+        if op[2]:  # nullable struct (KIP-893): an int8 marker, -1 null, 1 present
+            if pos >= end:
+                raise InvalidRequestBody(f"{where}: truncated")
+            marker = buf[pos]
+            pos += 1
+            if marker == 0xFF:
+                return pos
+            if marker != 1:
+                raise InvalidRequestBody(f"{where}: invalid struct marker {marker}")
+        return _entity(op[1], buf, pos, end, where)
+    # ARRAY
+    if op[2]:
+        n, pos = _uvarint(buf, pos, end, where)
+        n -= 1
+    else:
+        if pos + 4 > end:
+            raise InvalidRequestBody(f"{where}: truncated")
+        n = int.from_bytes(buf[pos : pos + 4], "big", signed=True)
+        pos += 4
+    if n < 0:
+        if n == -1 and op[3]:
+            return pos
+        raise InvalidRequestBody(f"{where}: null or negative array length {n} in a non-nullable field")
+    if n * max(op[4], 1) > end - pos:
+        raise InvalidRequestBody(f"{where}: {n} elements cannot fit in the {end - pos} bytes left")
+    element = op[1]
+    if element[0] == FIXED:
+        return pos + n * element[1]
+    for _ in range(n):
+        pos = _value(element, buf, pos, end, where)
+    return pos
