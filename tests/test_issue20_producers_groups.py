@@ -4,11 +4,15 @@ and a group member that joins with rebalance timeout 0 must not be evicted befor
 
 from __future__ import annotations
 
+import struct
+import threading
 import time
+import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode
 
+from kafscale.groups.state import Group, GroupConfig, GroupState
 from kafscale.protocol import records
 from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage.producers import ProducerStateTable
@@ -129,3 +133,123 @@ def test_record_set_checks_each_batch_against_the_one_before_it():
 def test_retry_of_a_whole_record_set_is_a_duplicate_of_its_first_batch():
     table = _table_with((7, 0, 0, 2), (7, 0, 2, 1))
     assert table.check_record_set([_header(7, 0, 0, 2), _header(7, 0, 2)]).base_offset == 0
+
+
+# -- part 5: rebalance timeout 0 and the session timeout range -------------------------------
+
+JOIN_GROUP, HEARTBEAT, SYNC_GROUP, DESCRIBE_GROUPS = 11, 12, 14, 15
+
+
+def consumer_subscription(*topics: str) -> bytes:
+    """ConsumerProtocolSubscription v0 with null user data."""
+    out = struct.pack(">hi", 0, len(topics))
+    for t in topics:
+        out += struct.pack(">h", len(t)) + t.encode()
+    return out + struct.pack(">i", -1)
+
+
+def raw_join_v5(client: RawClient, group: str, member_id: str, session_ms: int, rebalance_ms: int):
+    protocol = req(JOIN_GROUP, 5, "JoinGroupRequestProtocol", name="range", metadata=consumer_subscription("t"))
+    body = req(JOIN_GROUP, 5, group_id=group, session_timeout=session_ms, rebalance_timeout=rebalance_ms, member_id=member_id,
+               group_instance_id=None, protocol_type="consumer", protocols=(protocol,))
+    return client.request(JOIN_GROUP, 5, body)
+
+
+def test_group_state_pending_sync_waits_at_least_a_session_timeout():
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0), now=0.0, new_member_id=lambda client, instance: f"{client}-1")
+    join = dict(group_instance_id=None, client_id="c", client_host="/127.0.0.1", session_timeout_ms=10_000,
+                protocol_type="consumer", protocols=[("range", consumer_subscription("t"))], require_known_member_id=False)
+    # Explicit rebalance timeout shorter than the session timeout: the pending-sync wait is not.
+    out = group.join(0.0, member_id="", rebalance_timeout_ms=1, **join)
+    group.tick(0.0)  # the initial rebalance delay (0) completes the join phase
+    assert group.state is GroupState.COMPLETING_REBALANCE
+    assert group.sync_deadline == 10_000
+    group.tick(9_999.0)
+    member_id = next(iter(group.members))
+    synced = group.sync(9_999.0, member_id=member_id, group_instance_id=None, generation_id=1, protocol_type=None,
+                        protocol_name=None, assignments={member_id: b"a"})
+    assert synced.waiter is not None and group.state is GroupState.STABLE
+    assert out.waiter is not None
+
+
+def test_join_group_v5_with_rebalance_timeout_0_then_sync_and_heartbeat_succeed(broker):
+    group = f"rebalance-0-{uuid.uuid4().hex[:8]}"
+    with RawClient(broker.bootstrap) as c:
+        first = raw_join_v5(c, group, "", 6000, 0)
+        assert error_code(first.error_code) == ErrorCode.member_id_required.value
+        joined = raw_join_v5(c, group, first.member_id, 6000, 0)
+        assert error_code(joined.error_code) == NONE and joined.leader == joined.member_id
+        # A real client takes a moment to compute the assignment before SyncGroup.
+        time.sleep(0.3)
+        assignment = req(SYNC_GROUP, 3, "SyncGroupRequestAssignment", member_id=joined.member_id, assignment=b"everything")
+        synced = c.request(SYNC_GROUP, 3, req(SYNC_GROUP, 3, group_id=group, generation_id=joined.generation_id,
+                                              member_id=joined.member_id, group_instance_id=None, assignments=(assignment,)))
+        assert (error_code(synced.error_code), synced.assignment) == (NONE, b"everything")
+        beat = c.request(HEARTBEAT, 3, req(HEARTBEAT, 3, group_id=group, generation_id=joined.generation_id,
+                                           member_id=joined.member_id, group_instance_id=None))
+        assert error_code(beat.error_code) == NONE
+        described = c.request(DESCRIBE_GROUPS, 5, req(DESCRIBE_GROUPS, 5, groups=(group,), include_authorized_operations=False))
+        assert described.groups[0].group_state == "Stable"
+
+
+def test_session_timeout_range_is_a_broker_setting(broker_factory):
+    b = broker_factory(extra_args=["--group-min-session-timeout-ms", "1000", "--group-max-session-timeout-ms", "20000", "--group-initial-rebalance-delay-ms", "0"])
+    with RawClient(b.bootstrap) as c:
+        for session_ms in (999, 20_001):
+            refused = raw_join_v5(c, "range-check", "", session_ms, 10_000)
+            assert error_code(refused.error_code) == ErrorCode.invalid_session_timeout.value, session_ms
+        accepted = raw_join_v5(c, "range-check", "", 1000, 10_000)
+        assert error_code(accepted.error_code) == ErrorCode.member_id_required.value
+
+
+def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(broker_factory):
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka import KafkaConsumer
+
+    b = broker_factory(extra_args=["--group-min-session-timeout-ms", "1000", "--group-initial-rebalance-delay-ms", "0"])
+    topic, group, partitions = f"stab-{uuid.uuid4().hex[:8]}", f"stab-g-{uuid.uuid4().hex[:8]}", 8
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        f.result(15)
+    stop = threading.Event()
+    assigned: dict[int, frozenset[int]] = {}
+    errors: list[str] = []
+
+    def consume(i: int) -> None:
+        try:
+            c = KafkaConsumer(topic, bootstrap_servers=b.bootstrap, group_id=group, client_id=f"kp-{i}",
+                              session_timeout_ms=3000, heartbeat_interval_ms=1000, enable_auto_commit=False)
+            try:
+                while not stop.is_set():
+                    c.poll(timeout_ms=100)
+                    assigned[i] = frozenset(tp.partition for tp in c.assignment())
+            finally:
+                c.close()
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(4)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+
+    def stable() -> bool:
+        shares = [assigned.get(i, frozenset()) for i in range(4)]
+        if not all(shares) or sum(map(len, shares)) != partitions or set().union(*shares) != set(range(partitions)):
+            return False
+        d = admin.describe_consumer_groups([group])[group].result(10)
+        return d.state == ConsumerGroupState.STABLE and len(d.members) == 4
+
+    try:
+        settled = False
+        while not settled and time.monotonic() - start < 15 and not errors:
+            settled = stable()
+            if not settled:
+                time.sleep(0.2)
+        assert not errors, errors
+        assert settled, f"group not stable after 15 s: {assigned}"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)

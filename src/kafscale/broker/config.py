@@ -30,6 +30,8 @@ class BrokerConfig:
     merge_grace_ms: int = field(default=60_000, metadata={"help": "how long merged-away objects stay for in-flight readers"})
     retention_check_interval_ms: int = field(default=30_000, metadata={"help": "how often retention runs"})
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
+    group_min_session_timeout_ms: int = field(default=6000, metadata={"help": "least session timeout a group member may ask for (Kafka's group.min.session.timeout.ms)"})
+    group_max_session_timeout_ms: int = field(default=1_800_000, metadata={"help": "greatest session timeout a group member may ask for (Kafka's group.max.session.timeout.ms)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     lease_ttl_s: int = field(default=10, metadata={"help": "etcd lease TTL for broker liveness and ownership"})

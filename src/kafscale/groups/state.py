@@ -193,7 +193,8 @@ class Group:
         protocols = [(name, bytes(meta)) for name, meta in protocols]
         req = _JoinRequest(
             member_id, group_instance_id, client_id, client_host, session_timeout_ms,
-            rebalance_timeout_ms if rebalance_timeout_ms >= 0 else session_timeout_ms,
+            # 0 or less means "not given" (kafkajs sends 0): like JoinGroup v0, use the session timeout.
+            rebalance_timeout_ms if rebalance_timeout_ms > 0 else session_timeout_ms,
             protocol_type, protocols, require_known_member_id, supports_skip_assignment,
         )
         cfg = self.config
@@ -611,7 +612,7 @@ class Group:
             self._reschedule_heartbeat(m)
             m.is_new = False
             self.pending_sync.add(m.member_id)
-        self.sync_deadline = self.now + self._rebalance_timeout_ms()
+        self.sync_deadline = self.now + self._pending_sync_timeout_ms()
 
     def _elect_joined_leader(self) -> bool:
         if self.leader_id is None:
@@ -696,6 +697,12 @@ class Group:
 
     def _rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def _pending_sync_timeout_ms(self) -> int:
+        """Kafka waits a rebalance timeout for SyncGroup; never less than a session timeout
+        here, which is what clients assume: a shorter wait evicts members still on their
+        way from JoinGroup to SyncGroup."""
+        return max((max(m.rebalance_timeout_ms, m.session_timeout_ms) for m in self.members.values()), default=0)
 
     def _is_leader(self, member_id: str) -> bool:
         return self.leader_id == member_id

@@ -32,6 +32,8 @@ def _broker_configs(broker) -> dict[str, tuple[str, int, str]]:
         "kafscale.storage": (c.storage, topic_config.STRING, "Object store URL"),
         "kafscale.namespace": (c.namespace, topic_config.STRING, "Object key namespace"),
         "group.initial.rebalance.delay.ms": (str(c.group_initial_rebalance_delay_ms), topic_config.INT, "Delay before the first rebalance of a new group"),
+        "group.min.session.timeout.ms": (str(c.group_min_session_timeout_ms), topic_config.INT, "Least session timeout of a group member"),
+        "group.max.session.timeout.ms": (str(c.group_max_session_timeout_ms), topic_config.INT, "Greatest session timeout of a group member"),
         "offsets.retention.minutes": (str(c.offsets_retention_minutes), topic_config.INT, "Expiry of committed offsets of empty groups"),
         "socket.request.max.bytes": (str(c.max_frame_bytes), topic_config.INT, "Largest request frame"),
     }
