@@ -172,6 +172,23 @@ def test_group_state_pending_sync_waits_at_least_a_session_timeout():
     assert out.waiter is not None
 
 
+def test_group_state_rebalance_timeout_0_gives_members_a_session_timeout_to_rejoin():
+    ids = iter(["a", "b", "c"])
+    group = Group("g", GroupConfig(initial_rebalance_delay_ms=0), now=0.0, new_member_id=lambda client, instance: next(ids))
+    join = dict(group_instance_id=None, client_id="c", client_host="/127.0.0.1", session_timeout_ms=10_000, rebalance_timeout_ms=0,
+                protocol_type="consumer", protocols=[("range", consumer_subscription("t"))], require_known_member_id=False)
+    group.join(0.0, member_id="", **join)
+    group.join(0.0, member_id="", **join)
+    group.tick(0.0)
+    for member_id in ("a", "b"):
+        group.sync(1.0, member_id=member_id, group_instance_id=None, generation_id=1, protocol_type=None, protocol_name=None, assignments={})
+    assert group.state is GroupState.STABLE
+    group.join(2.0, member_id="", **join)  # "c" arrives: a and b learn of the rebalance by heartbeat
+    group.tick(1_000.0)
+    assert set(group.members) == {"a", "b", "c"}, "members evicted before they could rejoin"
+    assert group.heartbeat(1_000.0, member_id="a", group_instance_id=None, generation_id=1).result is ErrorCode.rebalance_in_progress
+
+
 def test_join_group_v5_with_rebalance_timeout_0_then_sync_and_heartbeat_succeed(broker):
     group = f"rebalance-0-{uuid.uuid4().hex[:8]}"
     with RawClient(broker.bootstrap) as c:
@@ -200,6 +217,12 @@ def test_session_timeout_range_is_a_broker_setting(broker_factory):
             assert error_code(refused.error_code) == ErrorCode.invalid_session_timeout.value, session_ms
         accepted = raw_join_v5(c, "range-check", "", 1000, 10_000)
         assert error_code(accepted.error_code) == ErrorCode.member_id_required.value
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    configs = admin.describe_configs([resource])[resource].result(15)
+    assert (configs["group.min.session.timeout.ms"].value, configs["group.max.session.timeout.ms"].value) == ("1000", "20000")
 
 
 def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(broker_factory):
