@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kio.schema.index import api_key_map
 
 from kafscale.broker.router import RequestContext
-from kafscale.protocol import codec
+from kafscale.protocol import codec, error_response
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
@@ -213,7 +213,10 @@ class KafkaServer:
                 request = api.decoder(version, payload, header.body_offset)
             else:
                 request = codec.decode_body(api_key, version, payload, header.body_offset)
-        except codec.MalformedRequest as e:
+        except Exception as e:  # noqa: BLE001 - any decode failure is malformed input
+            # Apache Kafka parses the body in RequestChannel.Request's constructor; a failure
+            # there closes the connection without an answer (SocketServer
+            # processChannelException), for every API. So do we: one log line, no traceback.
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
         ctx = RequestContext(self.broker, header, conn.peer)
         if api_key == PRODUCE:
@@ -225,12 +228,7 @@ class KafkaServer:
             response = await api.handler(ctx, request)
         except Exception as e:
             error = e
-            log.error(
-                "request failed: api=%s v%d client_id=%s peer=%s: %r",
-                api_key_map.get(api_key, api_key), version, header.client_id, conn.peer, e, exc_info=e,
-                extra=ctx.log_fields(),
-            )
-            raise CloseConnection(f"internal error in api {api_key}: {e!r}") from e
+            response = self._error_response(ctx, conn, request, e)
         finally:
             ctx.end_turn()
             for hook in self.request_hooks:
@@ -240,7 +238,33 @@ class KafkaServer:
         encode_frame = getattr(response, "encode_frame", None)
         if encode_frame is not None:  # encoded by hand for the hot path (Fetch)
             return encode_frame(correlation_id)
-        return codec.encode_response(api_key, version, correlation_id, response)
+        try:
+            return codec.encode_response(api_key, version, correlation_id, response)
+        except Exception as e:  # noqa: BLE001 - a handler's response kio cannot encode
+            return codec.encode_response(api_key, version, correlation_id, self._error_response(ctx, conn, request, e))
+
+    def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception):
+        """What Kafka's KafkaApis.handleError does: answer the request with the error code
+        the exception stands for (its own `error_code`, else UNKNOWN_SERVER_ERROR) in every
+        topic / partition / group it named, instead of dropping the connection. A traceback
+        is logged only for exceptions without a Kafka error code (bugs)."""
+        header = ctx.header
+        code = error_response.error_code_for(exc)
+        log.error(
+            "request failed: api=%s v%d client_id=%s peer=%s, answered with error %d: %r",
+            api_key_map.get(header.api_key, header.api_key), header.api_version, header.client_id, conn.peer, code, exc,
+            exc_info=exc if getattr(exc, "error_code", None) is None else None,
+            extra=ctx.log_fields(),
+        )
+        try:
+            response = error_response.build(header.api_key, header.api_version, request, code)
+        except Exception as e:  # noqa: BLE001 - the last resort must not fail the connection's others
+            raise CloseConnection(f"internal error in api {header.api_key}: {exc!r}; no error response: {e!r}") from None
+        if response is None:
+            # Produce with acks=0 has no response: Kafka closes the connection so the
+            # producer learns of the failure (KafkaApis.handleProduceRequest).
+            raise CloseConnection(f"internal error in api {header.api_key} (acks=0): {exc!r}")
+        return response
 
     def _unsupported_api_versions(self, correlation_id: int) -> bytes:
         body = bytearray(struct.pack(">hi", UNSUPPORTED_VERSION, len(self.broker.router.apis)))

@@ -82,11 +82,15 @@ class _Reader:
         self.pos += n
         return out
 
-    def string(self, flexible: bool) -> str | None:
+    def string(self, flexible: bool, nullable: bool) -> str | None:
         n = self.uvarint() - 1 if flexible else self.int16()
         if n < 0:
-            return None
-        return str(self.take(n), "utf-8")
+            if n == -1 and nullable:
+                return None
+            raise MalformedRequest(f"null or negative string length {n} in Produce request")
+        # Invalid UTF-8 is replaced, as Apache Kafka's `new String(bytes, UTF_8)` does: the
+        # topic name is then answered with INVALID_TOPIC_EXCEPTION, not a decode error.
+        return str(self.take(n), "utf-8", "replace")
 
     def array_len(self, flexible: bool) -> int:
         n = self.uvarint() - 1 if flexible else self.int32()
@@ -103,7 +107,7 @@ class _Reader:
 def decode(version: int, payload: memoryview, offset: int) -> ProduceRequest:
     flexible = version >= 9
     r = _Reader(payload, offset)
-    transactional_id = r.string(flexible)
+    transactional_id = r.string(flexible, nullable=True)
     r.need(6)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(payload, r.pos)
     r.pos += 6
@@ -112,7 +116,7 @@ def decode(version: int, payload: memoryview, offset: int) -> ProduceRequest:
         if version >= 13:
             name, topic_id = None, uuid.UUID(bytes=bytes(r.take(16)))
         else:
-            name, topic_id = r.string(flexible), None
+            name, topic_id = r.string(flexible, nullable=False), None
         parts = []
         for _ in range(r.array_len(flexible)):
             index = r.int32()
