@@ -41,6 +41,8 @@ class Broker:
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
+        # Before anything reads groups: stores written before keys were escaped.
+        await self.metadata.migrate_legacy_keys()
         await self.cluster.start()
         await self.logs.start()
         await self.groups.start()

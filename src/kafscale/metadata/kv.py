@@ -1,8 +1,9 @@
 """The transactional key-value contract under the MetadataStore.
 
 Backends implement five calls with etcd's semantics (a key's `version` is 0 when absent
-and grows by one on each write); the typed MetadataStore above builds every multi-key
-change as one `txn` with compare conditions, so embedded (SQLite) and etcd behave alike.
+and grows by one on each write); the typed MetadataStore above builds every change as one
+`txn` (with compare conditions where it writes back what it read), so embedded (SQLite)
+and etcd behave alike.
 """
 
 from __future__ import annotations

@@ -1,29 +1,46 @@
 """MetadataStore: topics, configs, partition state, segment lists, groups and offsets.
 
 Typed records over the transactional KV (`kv.py`). Key layout (relative to the backend's
-prefix, `/kafscale` on etcd):
+prefix, `/kafscale` on etcd; every key is built in `keys.py`, which escapes each name so
+that no name's keys can be covered by another's, e.g. group `orders` vs `orders/eu`):
 
-    /topics/{topic}                      TopicMeta (JSON)
-    /partitions/{topic}/{p}              PartitionState (JSON): log start, high watermark, epoch, owner
-    /segments/{topic}/{p}/{base:020d}    SegmentInfo (JSON)
-    /groups/{group}                      group state (JSON, owned by the coordinator)
-    /offsets/{group}/{topic}/{p}         CommittedOffset (JSON)
-    /producer-ids                        next free producer id block
-    /brokers/{id}                        live broker registration (etcd lease)
-    /owners/{topic}/{p}                  current owner and leader epoch (owner's lease)
+    /topics/{topic}                           TopicMeta (JSON)
+    /partitions/{topic}/{p}                   PartitionState (JSON): log start, high watermark, epoch, owner
+    /segments/{topic}/{p}/{base:020d}         SegmentInfo (JSON)
+    /consumer-groups/{group}                  group state (JSON, owned by the coordinator)
+    /committed-offsets/{group}/{topic}/{p}    CommittedOffset (JSON)
+    /producer-ids                             next free producer id block
+    /brokers/{id}                             live broker registration (etcd lease)
+    /owners/{topic}/{p}                       current owner and leader epoch (owner's lease)
 
-Every change that touches several keys is one transaction guarded by compare conditions.
+Older stores kept groups under /groups/{raw id} and /offsets/{raw id}/{topic}/{p};
+`migrate_legacy_keys` (run at broker start) moves them.
+
+Every change is one KV transaction. Changes that read state and write it back (topic
+create/delete/configs/partitions, segment commits and partition state, producer-id blocks,
+ownership in cluster/etcd_cluster.py) are guarded by compare conditions on the versions
+they read. Group and offset writes (put_group, delete_group, commit_offsets,
+delete_offsets) have no compare: each writes whole values without reading them first
+(last writer wins per key, as Kafka's offset commits do), and a group's keys are written
+only by its coordinator under the group's lock (groups/coordinator.py). They are not
+fenced: while a group's coordinator moves between brokers, both may write its keys for a
+moment and the later write wins. On etcd such a write larger than --max-txn-ops is
+applied in chunks (etcd.py), each key still atomically.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
+from kafscale.metadata import keys
 from kafscale.metadata.kv import KV, KeyValue, Txn
 from kafscale.storage.segment import SegmentInfo
+
+log = logging.getLogger("kafscale.metadata")
 
 
 class ConflictError(RuntimeError):
@@ -80,6 +97,14 @@ def _segment_from(kv: KeyValue) -> SegmentInfo:
     return SegmentInfo(**json.loads(kv.value))
 
 
+def _later_commit(old_value: bytes, new_value: bytes) -> bool:
+    """Whether the old-layout offset was committed after the one already migrated."""
+    try:
+        return json.loads(old_value).get("commit_ms", 0) > json.loads(new_value).get("commit_ms", 0)
+    except (ValueError, AttributeError):
+        return False
+
+
 class MetadataStore:
     def __init__(self, kv: KV):
         self.kv = kv
@@ -95,26 +120,27 @@ class MetadataStore:
     async def create_topic(self, meta: TopicMeta) -> TopicMeta:
         # Partition keys are written on their first commit (an absent key is an empty
         # partition), so creating a topic of any size is a one-key transaction.
-        txn = Txn(compares=[(f"/topics/{meta.name}", 0)], puts=[(f"/topics/{meta.name}", _dump(asdict(meta)))])
+        key = keys.topic(meta.name)
+        txn = Txn(compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))])
         if not await self.kv.commit(txn):
             raise TopicExistsError(meta.name)
         return meta
 
     async def get_topic(self, name: str) -> TopicMeta | None:
-        kv = await self.kv.get(f"/topics/{name}")
+        kv = await self.kv.get(keys.topic(name))
         return TopicMeta(**json.loads(kv.value)) if kv else None
 
     async def list_topics(self) -> list[TopicMeta]:
-        return [TopicMeta(**json.loads(kv.value)) for kv in await self.kv.range("/topics/")]
+        return [TopicMeta(**json.loads(kv.value)) for kv in await self.kv.range(keys.TOPICS)]
 
     async def delete_topic(self, name: str) -> TopicMeta:
-        kv = await self.kv.get(f"/topics/{name}")
+        kv = await self.kv.get(keys.topic(name))
         if kv is None:
             raise UnknownTopicError(name)
         txn = Txn(
             compares=[(kv.key, kv.version)],
             deletes=[kv.key],
-            delete_prefixes=[f"/partitions/{name}/", f"/segments/{name}/"],
+            delete_prefixes=[keys.topic_partitions_prefix(name), keys.topic_segments_prefix(name)],
         )
         if not await self.kv.commit(txn):
             raise ConflictError(f"topic {name} changed concurrently")
@@ -122,7 +148,7 @@ class MetadataStore:
 
     async def _update_topic(self, name: str, change) -> TopicMeta:
         for _ in range(10):
-            kv = await self.kv.get(f"/topics/{name}")
+            kv = await self.kv.get(keys.topic(name))
             if kv is None:
                 raise UnknownTopicError(name)
             meta = TopicMeta(**json.loads(kv.value))
@@ -160,7 +186,7 @@ class MetadataStore:
 
     async def get_partition(self, topic: str, partition: int, with_segments: bool = True) -> PartitionState | None:
         """The partition's state, or None if the topic or partition does not exist."""
-        kv = await self.kv.get(f"/partitions/{topic}/{partition}")
+        kv = await self.kv.get(keys.partition(topic, partition))
         if kv is None:
             meta = await self.get_topic(topic)
             if meta is None or not 0 <= partition < meta.partitions:
@@ -169,7 +195,7 @@ class MetadataStore:
         doc = json.loads(kv.value)
         st = PartitionState(topic, partition, version=kv.version, **doc)
         if with_segments:
-            st.segments = [_segment_from(s) for s in await self.kv.range(f"/segments/{topic}/{partition}/")]
+            st.segments = [_segment_from(s) for s in await self.kv.range(keys.segments_prefix(topic, partition))]
         return st
 
     async def commit_segment(self, st: PartitionState, seg: SegmentInfo) -> PartitionState:
@@ -180,12 +206,12 @@ class MetadataStore:
         if seg.base_offset != st.high_watermark:
             raise ConflictError(f"segment base {seg.base_offset} != high watermark {st.high_watermark}")
         new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
-        key = f"/partitions/{st.topic}/{st.partition}"
+        key = keys.partition(st.topic, st.partition)
         txn = Txn(
             compares=[(key, st.version)],
             puts=[
                 (key, _dump(self._state_doc(new))),
-                (f"/segments/{st.topic}/{st.partition}/{seg.base_offset:020d}", _dump(asdict(seg))),
+                (keys.segment(st.topic, st.partition, seg.base_offset), _dump(asdict(seg))),
             ],
         )
         if not await self.kv.commit(txn):
@@ -218,12 +244,11 @@ class MetadataStore:
             st.owner if owner is None else owner,
             st.epoch_start_offset if leader_epoch is None or leader_epoch == st.leader_epoch else st.high_watermark,
         )
-        key = f"/partitions/{st.topic}/{st.partition}"
-        seg_prefix = f"/segments/{st.topic}/{st.partition}/"
+        key = keys.partition(st.topic, st.partition)
         txn = Txn(compares=[(key, st.version)], puts=[(key, _dump(self._state_doc(new)))])
         removed = set(remove_segments)
-        txn.deletes = [f"{seg_prefix}{b:020d}" for b in removed]
-        txn.puts += [(f"{seg_prefix}{s.base_offset:020d}", _dump(asdict(s))) for s in add_segments]
+        txn.deletes = [keys.segment(st.topic, st.partition, b) for b in removed]
+        txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), _dump(asdict(s))) for s in add_segments]
         if not await self.kv.commit(txn):
             raise ConflictError(f"partition {st.topic}-{st.partition} changed concurrently")
         new.version = st.version + 1
@@ -236,38 +261,96 @@ class MetadataStore:
     # -- consumer groups and offsets --------------------------------------------------
 
     async def get_group(self, group_id: str) -> dict | None:
-        kv = await self.kv.get(f"/groups/{group_id}")
+        kv = await self.kv.get(keys.group(group_id))
         return json.loads(kv.value) if kv else None
 
     async def put_group(self, group_id: str, doc: dict) -> None:
-        await self.kv.commit(Txn(puts=[(f"/groups/{group_id}", _dump(doc))]))
+        await self.kv.commit(Txn(puts=[(keys.group(group_id), _dump(doc))]))
 
     async def list_groups(self) -> dict[str, dict]:
-        return {kv.key[len("/groups/") :]: json.loads(kv.value) for kv in await self.kv.range("/groups/")}
+        out = {}
+        for kv in await self.kv.range(keys.GROUPS):
+            try:
+                out[keys.group_id_of(kv.key)] = json.loads(kv.value)
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
+        return out
 
     async def delete_group(self, group_id: str) -> None:
-        await self.kv.commit(Txn(deletes=[f"/groups/{group_id}"], delete_prefixes=[f"/offsets/{group_id}/"]))
+        await self.kv.commit(Txn(deletes=[keys.group(group_id)], delete_prefixes=[keys.group_offsets_prefix(group_id)]))
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
-        txn = Txn(puts=[(f"/offsets/{group_id}/{t}/{p}", _dump(asdict(o))) for (t, p), o in offsets.items()])
+        txn = Txn(puts=[(keys.offset(group_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
         await self.kv.commit(txn)
 
     async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
-        prefix = f"/offsets/{group_id}/"
         out = {}
-        for kv in await self.kv.range(prefix):
-            topic, p = kv.key[len(prefix) :].rsplit("/", 1)
-            out[(topic, int(p))] = CommittedOffset(**json.loads(kv.value))
+        for kv in await self.kv.range(keys.group_offsets_prefix(group_id)):
+            try:
+                out[keys.offset_partition_of(kv.key)] = CommittedOffset(**json.loads(kv.value))
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
         return out
 
     async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
-        await self.kv.commit(Txn(deletes=[f"/offsets/{group_id}/{t}/{p}" for t, p in partitions]))
+        await self.kv.commit(Txn(deletes=[keys.offset(group_id, t, p) for t, p in partitions]))
+
+    # -- the layout before names were escaped ---------------------------------------------
+
+    async def migrate_legacy_keys(self) -> int:
+        """Move group and offset keys of the old layout (raw group ids under /groups/ and
+        /offsets/) to their escaped keys; returns how many old keys this call removed.
+
+        One guarded transaction per old key (old key unchanged, new key as read), so it is
+        idempotent and brokers starting together cannot lose or double-apply a move. Where
+        both layouts hold a value, the new layout's group doc wins and, for offsets, the
+        later commit does (a not-yet-upgraded broker may still have written the old key).
+        """
+        moved = 0
+        for old in await self.kv.range(keys.LEGACY_GROUPS):
+            try:
+                new_key = keys.group(keys.legacy_group_id_of(old.key))
+            except keys.MalformedKey as e:
+                log.warning("not migrating %s: %s", old.key, e)
+                continue
+            moved += await self._move_legacy(old, new_key, newer=lambda old_value, new_value: False)
+        for old in await self.kv.range(keys.LEGACY_OFFSETS):
+            try:
+                group_id, topic, partition = keys.legacy_offset_of(old.key)
+            except keys.MalformedKey as e:
+                log.warning("not migrating %s: %s", old.key, e)
+                continue
+            moved += await self._move_legacy(old, keys.offset(group_id, topic, partition), newer=_later_commit)
+        if moved:
+            log.info("moved %d group and offset keys to the escaped key layout", moved)
+        return moved
+
+    async def _move_legacy(self, old: KeyValue, new_key: str, newer) -> int:
+        """Move one old key to new_key; `newer(old_value, new_value)` says whether the old
+        value replaces one already under new_key."""
+        for _ in range(20):
+            current = await self.kv.get(new_key)
+            if current is None or newer(old.value, current.value):
+                txn = Txn(
+                    compares=[(old.key, old.version), (new_key, current.version if current else 0)],
+                    puts=[(new_key, old.value)],
+                    deletes=[old.key],
+                )
+            else:
+                txn = Txn(compares=[(old.key, old.version), (new_key, current.version)], deletes=[old.key])
+            if await self.kv.commit(txn):
+                return 1
+            # Someone changed either key meanwhile (another broker migrating, or writing).
+            old = await self.kv.get(old.key)
+            if old is None:
+                return 0
+        raise ConflictError(f"could not migrate {old.key}: it keeps changing")
 
     # -- producer ids -------------------------------------------------------------------
 
     async def allocate_producer_ids(self, count: int = 1000) -> int:
         """Reserve a block of `count` producer ids unique across brokers; returns the first."""
-        key = "/producer-ids"
+        key = keys.PRODUCER_IDS
         for _ in range(50):
             kv = await self.kv.get(key)
             start = int(kv.value) if kv else 0
