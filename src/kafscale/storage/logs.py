@@ -72,13 +72,14 @@ class PartitionLog:
         self._buffer_bytes = 0
         self._buffer_since = 0.0
         self._waiting_acks = 0
-        self._last_flush = 0.0
+        self._last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
         self._wake = asyncio.Event()
         self._data_waiters: set[asyncio.Future] = set()
         self._flusher: asyncio.Task | None = None
         self._flush_lock = asyncio.Lock()
         self._in_flight: list[_Pending] = []
-        self.closed = False
+        self.closed = False  # no more appends: the log is stopping or stopped
+        self.stopped_by: StorageError | None = None  # why: what every waiter left is answered with
 
     # -- state ----------------------------------------------------------------------------
 
@@ -106,7 +107,7 @@ class PartitionLog:
         Runs without awaiting, so offsets are assigned in arrival order.
         """
         if self.closed:
-            raise StorageError(f"{self.topic}-{self.partition} is not served here", NOT_LEADER_OR_FOLLOWER)
+            raise self.refusal()
         duplicate = self.producers.check_record_set(headers)  # raises InvalidRecordError
         if duplicate is not None:
             return self._answer_duplicate(duplicate.base_offset, want_ack)
@@ -245,10 +246,7 @@ class PartitionLog:
                 mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
             except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
                 log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
-            for p in taken:
-                for w in p.waiters:
-                    if not w.done():
-                        w.set_result(None)
+            self._answer(taken, None)
             self._notify_data()
 
     async def _committed_despite(self, error: Exception, info: segment.SegmentInfo) -> bool:
@@ -267,15 +265,8 @@ class PartitionLog:
         return False
 
     def fail_pending(self, error: StorageError) -> None:
-        """Reject everything buffered (not durable); the log stops accepting appends."""
-        dropped, self._buffer = self._buffer, []
-        self._buffer_bytes = 0
-        self._waiting_acks = 0
-        self.closed = True
-        for p in dropped:
-            for w in p.waiters:
-                if not w.done():
-                    w.set_exception(error)
+        """Ownership lost: stop now (see halt)."""
+        self.halt(error)
 
     def _fail_unflushed(self, taken: list[_Pending], error: Exception) -> None:
         """Drop everything not durable: its offsets will be handed out again."""
@@ -295,12 +286,75 @@ class PartitionLog:
             extra={"topic": self.topic, "partition": self.partition},
         )
         self.manager.metrics_flush_failed()
-        for p in dropped:
-            for w in p.waiters:
-                if not w.done():
-                    w.set_exception(StorageError(what, code))
+        self._answer(dropped, StorageError(what, code))
         if code == NOT_LEADER_OR_FOLLOWER:
             self.manager.forget(self.topic, self.partition)
+
+    # -- stopping -------------------------------------------------------------------------
+    # Every way a log stops (topic deleted, ownership lost or moved, fenced, shutdown) goes
+    # through halt(), which stop() wraps with the final flush, and every waiter is answered:
+    #   buffered batches         -> the stop reason (this log never uploads them);
+    #   the upload in flight     -> its outcome: acknowledged if it committed, else the reason;
+    #   retried duplicates       -> with the batch they wait on (they share its waiters);
+    #   long-poll fetches        -> woken; their next look finds the log gone.
+    # Reasons: UNKNOWN_TOPIC_OR_PARTITION for a deleted topic, NOT_LEADER_OR_FOLLOWER for lost
+    # ownership and for whatever a shutdown or hand-over could not flush (both retriable).
+
+    def _answer(self, batches: list[_Pending], error: Exception | None) -> None:
+        """The one place producers waiting on batches get their answer: None acknowledges
+        (durable); an error rejects, and once the log is stopping its stop reason wins,
+        since that tells the client where to go next."""
+        if error is not None and self.stopped_by is not None:
+            error = self.stopped_by
+        for p in batches:
+            for w in p.waiters:
+                if w.done():
+                    continue
+                if error is None:
+                    w.set_result(None)
+                else:
+                    w.set_exception(error)
+
+    def refusal(self) -> StorageError:
+        """The error for a request reaching this log after it stopped."""
+        reason = self.stopped_by
+        code = reason.error_code if reason is not None else NOT_LEADER_OR_FOLLOWER
+        return StorageError(f"{self.topic}-{self.partition} is not served here: {reason or 'stopped'}", code)
+
+    def halt(self, reason: StorageError) -> None:
+        """Stop at once, without I/O: no more appends, every buffered batch rejected with
+        `reason`; an upload in flight is answered by its own outcome when it ends."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
+        self.closed = True
+        dropped, self._buffer = self._buffer, []
+        self._buffer_bytes = 0
+        self._waiting_acks = 0
+        self._answer(dropped, reason)
+        self._wake.set()  # the flusher sees `closed` and ends after any upload in flight
+        self._notify_data()
+
+    async def stop(self, reason: StorageError, flush: bool) -> None:
+        """The one way to stop a log. With flush (shutdown, graceful hand-over) everything
+        buffered is made durable and acknowledged first; what cannot be is rejected with
+        `reason`. Without (deleted, fenced) this is halt()."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
+        if flush and not self.closed:
+            self.closed = True  # new appends go elsewhere while the last flush runs
+            try:
+                await self.flush()
+            except Exception as e:  # noqa: BLE001 - whatever is left is rejected below
+                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
+        self.halt(reason)
+        if flush and self._flusher is not None:
+            await asyncio.wait([self._flusher], timeout=30)
+
+    async def upload_finished(self) -> None:
+        """Wait for an upload in flight to end (before deleting a topic's objects, so no
+        late segment lands under a name a re-created topic would adopt)."""
+        async with self._flush_lock:
+            pass
 
     # -- read path ------------------------------------------------------------------------
 
@@ -311,7 +365,12 @@ class PartitionLog:
                 f.set_result(None)
 
     def add_data_waiter(self, fut: asyncio.Future) -> None:
+        if self.closed:  # nothing will be appended here any more: look again now
+            if not fut.done():
+                fut.set_result(None)
+            return
         self._data_waiters.add(fut)
+
 
     def discard_data_waiter(self, fut: asyncio.Future) -> None:
         self._data_waiters.discard(fut)
@@ -408,21 +467,6 @@ class PartitionLog:
         if keys:
             await mgr.store.delete(keys)
             log.info("partition %s-%s: deleted %d segments, log start offset now %d", self.topic, self.partition, len(doomed), new_start)
-
-    async def close(self, flush: bool = True) -> None:
-        """Stop the log. With flush, everything buffered or in flight is made durable and
-        acknowledged first; without (fenced), buffered batches are rejected and an upload in
-        flight finishes on its own (its commit fails if another owner took over)."""
-        if flush:
-            try:
-                await self.flush()
-            except Exception as e:  # noqa: BLE001
-                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
-        self.closed = True
-        self._wake.set()  # the flusher sees `closed` and ends after any upload in flight
-        if flush and self._flusher is not None:
-            await asyncio.wait([self._flusher], timeout=30)
-        self._notify_data()
 
 
 class FlushedPartition:
@@ -526,8 +570,19 @@ class LogManager:
         for task in (self._retention_task, self._merge_task):
             if task:
                 task.cancel()
-        await asyncio.gather(*(lg.close() for lg in list(self.logs.values())), return_exceptions=True)
+        reason = StorageError("the broker is shutting down", NOT_LEADER_OR_FOLLOWER)
+        await asyncio.gather(*(self._stop_log(lg, reason, flush=True) for lg in list(self.logs.values())), return_exceptions=True)
         self.logs.clear()
+
+    async def _stop_log(self, lg: PartitionLog, reason: StorageError, flush: bool) -> None:
+        """Stop a log and then forget it; until then get_log refuses with its reason (no
+        second log of the partition while the first one flushes)."""
+        try:
+            await lg.stop(reason, flush)
+        finally:
+            if self.logs.get((lg.topic, lg.partition)) is lg:
+                del self.logs[(lg.topic, lg.partition)]
+
 
     # -- topics -------------------------------------------------------------------------
 
@@ -567,9 +622,17 @@ class LogManager:
         """Forget a deleted topic's logs and cache, and delete its objects."""
         self._topics.pop(name, None)
         self._topic_ids = {i: n for i, n in self._topic_ids.items() if n != name}
-        for key in [k for k in self.logs if k[0] == name]:
-            lg = self.logs.pop(key)
-            await lg.close(flush=False)
+        reason = StorageError(f"topic {name!r} was deleted", UNKNOWN_TOPIC_OR_PARTITION)
+        doomed = [lg for (t, _p), lg in self.logs.items() if t == name]
+        for lg in doomed:  # without flush: every waiting produce is answered before any I/O
+            await self._stop_log(lg, reason, flush=False)
+        for lg in doomed:
+            try:
+                await asyncio.wait_for(lg.upload_finished(), 30)
+            except TimeoutError:
+                log.warning("topic %s deleted while an upload of partition %d hangs: its object may be left behind", name, lg.partition)
+        for key in [k for k in self._readers if k[0] == name]:
+            del self._readers[key]
         self.cache.drop_prefix((name,))
         keys = await self.store.list(f"{self.namespace}/{name}/")
         await self.store.delete(keys)
@@ -578,17 +641,16 @@ class LogManager:
 
     async def release(self, topic: str, partition: int, flush: bool) -> None:
         """Ownership is moving away: flush (graceful hand-over) or drop (fenced), then forget."""
-        lg = self.logs.pop((topic, partition), None)
+        lg = self.logs.get((topic, partition))
         if lg is not None:
-            if not flush:
-                lg.fail_pending(StorageError(f"{topic}-{partition} moved to another broker", NOT_LEADER_OR_FOLLOWER))
-            await lg.close(flush=flush)
+            await self._stop_log(lg, StorageError(f"{topic}-{partition} moved to another broker", NOT_LEADER_OR_FOLLOWER), flush)
         self.cache.drop_prefix((topic, partition))
 
     def forget(self, topic: str, partition: int) -> None:
+        """Ownership lost or fenced, seen by the log itself: stop it now (no flush)."""
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
-            lg.closed = True
+            lg.halt(StorageError(f"{topic}-{partition} is no longer owned here", NOT_LEADER_OR_FOLLOWER))
 
     async def _partition_state(self, topic: str, partition: int) -> PartitionState:
         try:
@@ -619,7 +681,9 @@ class LogManager:
         Raises StorageError(UNKNOWN_TOPIC_OR_PARTITION / NOT_LEADER_OR_FOLLOWER)."""
         key = (topic, partition)
         lg = self.logs.get(key)
-        if lg is not None and not lg.closed:
+        if lg is not None:
+            if lg.closed:  # stopping: its reason says whether to retry elsewhere or give up
+                raise lg.refusal()
             return lg
         if self.stopping or not self.cluster.owns(topic, partition):
             raise StorageError(f"{topic}-{partition} is not served by this broker", NOT_LEADER_OR_FOLLOWER)
@@ -852,6 +916,8 @@ class LogManager:
         except Exception as e:  # noqa: BLE001 - stores unavailable: retry next round
             log.warning("retention: cannot load partitions: %s", e)
         for lg in list(self.logs.values()):
+            if lg.closed:
+                continue
             lg.producers.expire(now_ms, self.config.producer_id_expiration_ms)
             try:
                 deleted += await lg.enforce_retention(now_ms)

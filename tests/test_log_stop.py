@@ -1,0 +1,290 @@
+"""Every way a partition log stops answers every waiter (issue #20, defect 3), and the
+merger keeps the number of merged-away objects bounded (issue #20, defect 8).
+
+A produce waiting for its upload when its topic is deleted, its ownership moves, or the
+broker stops gets an answer: acknowledged if the batch became durable, else a retriable
+error (UNKNOWN_TOPIC_OR_PARTITION for a deleted topic, NOT_LEADER_OR_FOLLOWER otherwise).
+Responses go out in request order, so an unanswered produce would stall its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.errors import ErrorCode
+
+from kafscale.broker.app import Broker
+from kafscale.broker.config import BrokerConfig
+from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.metadata.store import TopicMeta
+from kafscale.protocol import records
+from kafscale.storage.logs import StorageError
+from tests.support.broker import free_port
+from tests.support.raw import RawClient, decode_response, error_code, req
+
+NONE = ErrorCode.none.value
+UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
+NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
+
+# Uploads happen only when due: a produce after the first flush waits this long for its ack.
+SLOW_FLUSH_ARGS = ["--flush-interval-ms", "600000", "--min-flush-interval-ms", "600000", "--merge-interval-ms", "0"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def _metric(http: str, name: str) -> float:
+    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def _produced_records(http: str) -> float:
+    return _metric(http, "kafscale_produce_records_total")
+
+
+@pytest.fixture
+def slow_flush_broker(broker_factory):
+    http = f"127.0.0.1:{free_port()}"
+    b = broker_factory(extra_args=[*SLOW_FLUSH_ARGS, "--http", http])
+    b.http = http
+    return b
+
+
+# -- the regression: DeleteTopics while a produce waits ----------------------------------
+
+
+def test_delete_topic_answers_waiting_produce_and_its_connection_keeps_working(slow_flush_broker, topic_name):
+    b = slow_flush_broker
+    with RawClient(b.bootstrap) as producer, RawClient(b.bootstrap) as admin:
+        producer.metadata([topic_name])  # auto-creates the topic
+        first = producer.produce(topic_name, 0, records.build_batch([(None, b"durable")], timestamp=_now_ms()))
+        assert error_code(first.error_code) == NONE and first.base_offset == 0  # the first upload is due at once
+
+        # The second waits for an upload ten minutes away.
+        p = req(0, 9, "PartitionProduceData", index=0, records=records.build_batch([(None, b"waiting")], timestamp=_now_ms()))
+        t = req(0, 9, "TopicProduceData", name=topic_name, partition_data=(p,))
+        body = req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(t,))
+        waiting = producer.send_request(0, 9, body)
+        _wait_until(lambda: _produced_records(b.http) >= 2, 10, "the second produce to be buffered")
+
+        dt = req(20, 6, "DeleteTopicState", name=topic_name, topic_id=None)
+        deleted = admin.request(20, 6, req(20, 6, topics=(dt,), timeout=datetime.timedelta(seconds=10)))
+        assert error_code(deleted.responses[0].error_code) == NONE
+        deleted_at = time.monotonic()
+
+        producer.sock.settimeout(1.0)  # answered within a second, not after the flush interval
+        corr, resp = decode_response(0, 9, producer.recv_frame())
+        assert time.monotonic() - deleted_at < 1.0
+        assert corr == waiting
+        answer = resp.responses[0].partition_responses[0]
+        assert error_code(answer.error_code) == UNKNOWN_TOPIC_OR_PARTITION
+
+        # The same connection keeps being answered.
+        producer.sock.settimeout(10)
+        md = producer.metadata([topic_name], allow_auto=False)
+        assert error_code(md.topics[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+        producer.metadata([topic_name + "-next"])
+        nxt = producer.produce(topic_name + "-next", 0, records.build_batch([(None, b"after")], timestamp=_now_ms()))
+        assert error_code(nxt.error_code) == NONE and nxt.base_offset == 0
+
+
+def test_delete_topic_fails_a_waiting_confluent_kafka_delivery_within_a_second(slow_flush_broker, topic_name):
+    b = slow_flush_broker
+    reports: list[tuple[float, KafkaError | None, int]] = []
+
+    def report(err, msg):
+        reports.append((time.monotonic(), err, msg.offset()))
+
+    # retries=0 and no topic auto-creation: the delivery report carries the broker's answer
+    # instead of a retry into a re-created topic.
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "enable.idempotence": False, "retries": 0, "linger.ms": 0,
+                  "allow.auto.create.topics": False, "topic.metadata.propagation.max.ms": 100})
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1)])[topic_name].result(10)
+    p.produce(topic_name, value=b"durable", on_delivery=report)
+    assert p.flush(15) == 0
+    assert reports[0][1] is None and reports[0][2] == 0
+
+    p.produce(topic_name, value=b"waiting", on_delivery=report)
+    _wait_until(lambda: p.poll(0) >= 0 and _produced_records(b.http) >= 2, 10, "the produce to be buffered")
+    admin.delete_topics([topic_name], operation_timeout=10)[topic_name].result(10)
+    deleted_at = time.monotonic()
+    while len(reports) < 2 and time.monotonic() - deleted_at < 5:
+        p.poll(0.05)
+    assert len(reports) == 2, "the waiting produce was never answered"
+    at, err, _ = reports[1]
+    # librdkafka reports the broker's UNKNOWN_TOPIC_OR_PARTITION as such or, having
+    # refreshed its metadata first, as its local "unknown partition/topic".
+    assert err is not None and err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC)
+    assert at - deleted_at < 1.0
+
+    # The producer's connection still works: a produce to another topic is acknowledged.
+    other = topic_name + "-other"
+    admin.create_topics([NewTopic(other, 1)])[other].result(10)
+    p.produce(other, value=b"after", on_delivery=report)
+    assert p.flush(15) == 0
+    assert reports[2][1] is None and reports[2][2] == 0
+
+
+# -- the stop transition, path by path, on a real in-process broker ----------------------
+
+
+@pytest.fixture
+async def local_broker(tmp_path):
+    broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", flush_interval_ms=600_000,
+                                 min_flush_interval_ms=600_000, merge_interval_ms=0))
+    await broker.start()
+    yield broker
+    await broker.stop()
+
+
+async def _log_with_first_segment(broker: Broker, topic: str):
+    """A log whose first upload is done, so the next appends wait for a far-away flush."""
+    await broker.metadata.create_topic(TopicMeta(topic, 1))
+    lg = await broker.logs.get_log(topic, 0)
+    _, _, first = _append(lg, b"first", producer_id=-1)
+    await asyncio.wait_for(first, 10)
+    assert lg.high_watermark == 1
+    return lg
+
+
+def _append(lg, value: bytes, producer_id: int = 7, sequence: int = 0):
+    buf = memoryview(bytearray(records.build_batch([(None, value)], timestamp=_now_ms(), producer_id=producer_id,
+                                                   producer_epoch=0 if producer_id >= 0 else -1,
+                                                   base_sequence=sequence if producer_id >= 0 else -1)))
+    return lg.append(buf, records.validate_record_set(buf), True)
+
+
+def _waiters(lg):
+    """A buffered idempotent batch, its retried duplicate, and a long-poll fetch waiter."""
+    _, _, acked = _append(lg, b"buffered")
+    _, _, duplicate = _append(lg, b"buffered")  # the producer retried: same pid/epoch/sequence
+    fetch_waiter = asyncio.get_running_loop().create_future()
+    lg.add_data_waiter(fetch_waiter)
+    return acked, duplicate, fetch_waiter
+
+
+async def _outcome(fut) -> int:
+    await asyncio.wait_for(asyncio.gather(fut, return_exceptions=True), 5)
+    exc = fut.exception()
+    if exc is None:
+        return NONE
+    assert isinstance(exc, StorageError), exc
+    return exc.error_code
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("drop_topic", UNKNOWN_TOPIC_OR_PARTITION),
+        ("release_fenced", NOT_LEADER_OR_FOLLOWER),
+        ("forget", NOT_LEADER_OR_FOLLOWER),
+        ("release_graceful", NONE),
+        ("shutdown", NONE),
+    ],
+)
+async def test_every_stop_path_answers_every_waiter(local_broker, how, expected):
+    logs = local_broker.logs
+    topic = f"stop-{how.replace('_', '-')}"
+    lg = await _log_with_first_segment(local_broker, topic)
+    acked, duplicate, fetch_waiter = _waiters(lg)
+    assert not acked.done() and not duplicate.done()
+
+    if how == "drop_topic":
+        await local_broker.metadata.delete_topic(topic)
+        await logs.drop_topic(topic)
+    elif how == "release_fenced":
+        await logs.release(topic, 0, flush=False)
+    elif how == "forget":
+        logs.forget(topic, 0)
+    elif how == "release_graceful":
+        await logs.release(topic, 0, flush=True)
+    else:
+        await logs.stop()
+
+    assert await _outcome(acked) == expected
+    assert await _outcome(duplicate) == expected
+    assert fetch_waiter.done()  # the long poll looks again at once
+    assert (topic, 0) not in logs.logs
+    with pytest.raises(StorageError) as refused:
+        _append(lg, b"too late")
+    assert refused.value.error_code in (expected, NOT_LEADER_OR_FOLLOWER) and refused.value.error_code != NONE
+    if expected == NONE:  # flushed on the way out: durable under the offsets it was given
+        st = await local_broker.metadata.get_partition(topic, 0)
+        assert st.high_watermark == 2
+
+
+async def test_a_log_being_stopped_refuses_new_work_with_its_reason(local_broker):
+    """While a graceful stop flushes, no second log of the partition is opened here and
+    appends are refused (the client retries at the next owner)."""
+    logs = local_broker.logs
+    lg = await _log_with_first_segment(local_broker, "stopping")
+    _append(lg, b"buffered")
+    stopping = asyncio.ensure_future(lg.stop(StorageError("moving", NOT_LEADER_OR_FOLLOWER), flush=True))
+    await asyncio.sleep(0)  # the stop has begun: appends are closed
+    with pytest.raises(StorageError) as refused:
+        await logs.get_log("stopping", 0)
+    assert refused.value.error_code == NOT_LEADER_OR_FOLLOWER
+    await stopping
+
+
+async def test_failed_final_flush_answers_with_the_stop_reason(local_broker, monkeypatch):
+    """Shutdown flushes first; what cannot be made durable is answered NOT_LEADER_OR_FOLLOWER
+    (retriable at the next owner), not the flush's own error."""
+    logs = local_broker.logs
+    lg = await _log_with_first_segment(local_broker, "flush-fails")
+    _, _, waiter = _append(lg, b"buffered", producer_id=-1)
+
+    async def metadata_down(*args, **kwargs):
+        raise MetadataUnavailable("metadata store unavailable")
+
+    monkeypatch.setattr(logs.metadata, "commit_segment", metadata_down)
+    monkeypatch.setattr(logs.metadata, "get_partition", metadata_down)  # the re-check after a failure
+    await logs.stop()
+    assert await _outcome(waiter) == NOT_LEADER_OR_FOLLOWER
+
+
+# -- defect 8: merged-away objects stay bounded ------------------------------------------
+
+
+def _objects_on_disk(data_dir: str, topic: str) -> int:
+    return len(list((Path(data_dir) / "objects" / "default" / topic / "0").glob("segment-*.kfs")))
+
+
+def test_merged_away_objects_stay_bounded_under_a_long_grace(broker_factory, topic_name):
+    """Many tiny flushes with a 10-minute grace: the objects waiting for deletion are capped
+    (--merge-max-pending-objects), not flush rate x grace."""
+    cap = 20
+    b = broker_factory(extra_args=["--merge-interval-ms", "100", "--merge-grace-ms", "600000",
+                                   "--merge-max-pending-objects", str(cap), "--merge-min-grace-ms", "200"])
+    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
+    total = 600
+    for i in range(total):
+        p.produce(topic_name, value=b"m-%05d" % i)
+        if i % 3 == 0:
+            assert p.flush(10) == 0  # one tiny segment per flush: ~200 objects in all
+    assert p.flush(10) == 0
+    # Merges leave few live segments; of the merged-away ones at most `cap` may wait.
+    _wait_until(lambda: _objects_on_disk(b.data_dir, topic_name) <= cap + 5, 30, "merged-away objects to be deleted")
+    from tests.test_merger import _consume
+
+    assert _consume(b.bootstrap, topic_name, total) == [(i, b"m-%05d" % i) for i in range(total)]
