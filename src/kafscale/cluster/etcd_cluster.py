@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.cluster.membership import BrokerNode, Cluster
+from kafscale.metadata import keys
 from kafscale.metadata.kv import MetadataUnavailable, Txn
 from kafscale.metadata.store import MetadataStore
 
@@ -136,7 +137,7 @@ class EtcdCluster(Cluster):
         self.lease = await self.kv.grant_lease(self.ttl)
         self._write_deadline = started + self.ttl / 2
         doc = json.dumps({"host": self.local.host, "port": self.local.port, "rack": self.local.rack}).encode()
-        key = f"/brokers/{self.local.node_id}"
+        key = keys.broker(self.local.node_id)
         # The same id must not run twice: the key is free, or left by our own earlier life.
         await self.kv.commit(Txn(leased_puts=[(key, doc)], lease=self.lease))
         log.info("broker %d registered with lease %x (ttl %ds)", self.local.node_id, self.lease, self.ttl)
@@ -195,19 +196,18 @@ class EtcdCluster(Cluster):
 
     async def refresh(self) -> None:
         live = {}
-        for kv in await self.kv.range("/brokers/"):
+        for kv in await self.kv.range(keys.BROKERS):
             doc = json.loads(kv.value)
-            node_id = int(kv.key.rsplit("/", 1)[1])
+            node_id = keys.broker_id_of(kv.key)
             live[node_id] = BrokerNode(node_id, doc["host"], doc["port"], doc.get("rack"))
         if self.lease_alive() and not self._stopping:
             live.setdefault(self.local.node_id, self.local)
         changed = set(live) != set(self._live)
         self._live = live
         owners = {}
-        for kv in await self.kv.range("/owners/"):
-            topic, p = kv.key[len("/owners/") :].rsplit("/", 1)
+        for kv in await self.kv.range(keys.OWNERS):
             doc = json.loads(kv.value)
-            owners[(topic, int(p))] = (doc["node"], doc["epoch"])
+            owners[keys.owner_partition_of(kv.key)] = (doc["node"], doc["epoch"])
         self._owners = owners
         for key, (_node, epoch) in owners.items():
             if epoch > self._epochs.get(key, -1):
@@ -256,7 +256,7 @@ class EtcdCluster(Cluster):
         if st is None:
             return
         epoch = st.leader_epoch + 1
-        okey, pkey = f"/owners/{topic}/{partition}", f"/partitions/{topic}/{partition}"
+        okey, pkey = keys.owner(topic, partition), keys.partition(topic, partition)
         state_doc = MetadataStore._state_doc(st)
         state_doc.update(leader_epoch=epoch, owner=self.local.node_id, epoch_start_offset=st.high_watermark)
         held = await self.kv.get(okey)
@@ -278,7 +278,7 @@ class EtcdCluster(Cluster):
         if self.logs is not None:
             await self.logs.release(topic, partition, flush=flush)
         self._owned.discard((topic, partition))
-        okey = f"/owners/{topic}/{partition}"
+        okey = keys.owner(topic, partition)
         kv = await self.kv.get(okey)
         if kv is not None and json.loads(kv.value).get("node") == self.local.node_id:
             await self.kv.commit(Txn(compares=[(okey, kv.version)], deletes=[okey]))
