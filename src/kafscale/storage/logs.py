@@ -23,7 +23,7 @@ from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentCache, SegmentView
 from kafscale.storage.merger import SegmentMerger
-from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.producers import ProducerStateTable
 
 log = logging.getLogger("kafscale.storage")
@@ -229,7 +229,7 @@ class PartitionLog:
             started = time.monotonic()
             try:
                 objects = mgr.segment_objects(self.topic, self.partition, enc)
-                await mgr.store.put_many(objects)
+                await mgr.store.create_many(objects)  # never replaces another writer's segment
                 self.state = await mgr.metadata.commit_segment(self.state, enc.info)
             except asyncio.CancelledError:
                 self._in_flight = []
@@ -256,7 +256,7 @@ class PartitionLog:
         except Exception:  # noqa: BLE001
             return False
         if st is not None and st.leader_epoch == self.state.leader_epoch and st.high_watermark == info.last_offset + 1 and any(
-            s.base_offset == info.base_offset for s in st.segments
+            s == info for s in st.segments  # this very segment, not another writer's at its offset
         ):
             self.state = st
             return True
@@ -272,6 +272,11 @@ class PartitionLog:
         """Drop everything not durable: its offsets will be handed out again."""
         if isinstance(error, ConflictError):
             code, what = NOT_LEADER_OR_FOLLOWER, "partition state changed under us (fenced)"
+        elif isinstance(error, ObjectExistsError):
+            # Another writer's segment holds this base offset. Forgetting the log makes the
+            # next produce re-read ownership and the partition state (recovery adopts that
+            # segment if nobody committed it): clients retry on the owner's new offsets.
+            code, what = NOT_LEADER_OR_FOLLOWER, f"lost the race for segment {self.state.high_watermark} to another writer"
         else:
             code, what = KAFKA_STORAGE_ERROR, f"flush failed: {error}"
         dropped = taken + self._buffer
@@ -766,7 +771,13 @@ class LogManager:
                     if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
                         raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
             except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
-                log.warning("recovery: ignoring uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
+                log.warning("recovery: deleting unusable uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
+                # Never acknowledged, and segments are created only where no object is:
+                # left in place it would refuse every flush at the high watermark.
+                try:
+                    await self.store.delete([key, segment.index_key(self.namespace, st.topic, st.partition, base)])
+                except ObjectStoreError as de:
+                    raise StorageError(f"object store unavailable: {de}") from de
                 break
             st = await self.metadata.commit_segment(st, decoded.info)
             log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)

@@ -50,19 +50,42 @@ def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[l
     return runs
 
 
+# How often objects past their grace are looked for between merge rounds.
+DELETE_CHECK_INTERVAL_S = 1.0
+
+
 class SegmentMerger:
-    def __init__(self, manager: "LogManager", interval_s: float, grace_s: float):
+    """Merges runs of small segments, and deletes the merged-away objects later.
+
+    How long those objects stay is bounded two ways, so their number is too: each one at
+    most `grace_s`; and while more than `max_pending` segments wait, the oldest go as soon
+    as they are `min_grace_s` old. The short grace is enough for every reader that holds a
+    segment list: this broker's reads use a list at most one fetch old, other brokers'
+    views are refreshed every FlushedPartition.MAX_AGE_S (0.5 s), and the pipeline reader
+    re-lists a partition when a planned object is gone. So the store holds about
+    (merged-away segments per second) x min_grace_s, or max_pending if more, beyond the
+    live segments (a partition's flushes since its last merge)."""
+
+    def __init__(self, manager: "LogManager", interval_s: float, grace_s: float, max_pending: int = 1000, min_grace_s: float = 5.0):
         self.manager = manager
         self.interval_s = interval_s
         self.grace_s = grace_s
-        self._doomed: list[tuple[float, list[str]]] = []  # (delete after, keys)
+        self.max_pending = max_pending
+        self.min_grace_s = min(min_grace_s, grace_s)
+        self._doomed: list[tuple[float, list[str]]] = []  # (scheduled at, keys), oldest first
+        self.pending_segments = 0  # merged-away segment objects waiting in _doomed
         self.merged_segments = 0
         self.merges = 0
 
     async def run_forever(self) -> None:
+        next_merge = time.monotonic() + self.interval_s
         while True:
-            await asyncio.sleep(self.interval_s)
-            await self.run_once()
+            await asyncio.sleep(max(0.0, min(next_merge - time.monotonic(), DELETE_CHECK_INTERVAL_S)))
+            if time.monotonic() >= next_merge:
+                next_merge = time.monotonic() + self.interval_s
+                await self.run_once()
+            else:
+                await self.delete_expired()
 
     async def run_once(self) -> int:
         """Merge every owned partition once and delete objects past their grace period."""
@@ -95,6 +118,12 @@ class SegmentMerger:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
         ns = mgr.namespace
         objects = mgr.segment_objects(lg.topic, lg.partition, enc)
+        # A plain overwrite, on purpose: the spec keys a segment by its base offset, so the
+        # merged segment can only live under run[0]'s key. Flushes create segments only
+        # where no object is (a late writer never replaces acknowledged bytes); a merge
+        # replaces run[0]'s object with byte-identical committed batches at the same
+        # offsets plus the run's later ones, which readers bound by offset, so every
+        # version of the key serves the same records.
         await mgr.store.put_many(objects)
         mgr.stats["puts"] += len(objects)
         async with lg._flush_lock:
@@ -118,14 +147,34 @@ class SegmentMerger:
 
     def schedule_delete(self, keys: list[str]) -> None:
         if keys:
-            self._doomed.append((time.monotonic() + self.grace_s, keys))
+            self._doomed.append((time.monotonic(), keys))
+            self.pending_segments += _segments_in(keys)
+
+    def _due(self, now: float, force: bool) -> list[list[str]]:
+        """Take the key lists to delete now: past the grace period, or, while more than
+        max_pending segments wait, the oldest ones past the short grace."""
+        excess = self.pending_segments - self.max_pending
+        due, kept = [], []
+        for scheduled, keys in self._doomed:
+            age = now - scheduled
+            if force or age >= self.grace_s or (excess > 0 and age >= self.min_grace_s):
+                due.append(keys)
+                excess -= _segments_in(keys)
+                self.pending_segments -= _segments_in(keys)
+            else:
+                kept.append((scheduled, keys))
+        self._doomed = kept
+        return due
 
     async def delete_expired(self, force: bool = False) -> None:
-        now = time.monotonic()
-        due = [keys for t, keys in self._doomed if force or t <= now]
-        self._doomed = [(t, keys) for t, keys in self._doomed if not (force or t <= now)]
-        for keys in due:
+        for keys in self._due(time.monotonic(), force):
             try:
                 await self.manager.store.delete(keys)
-            except Exception as e:  # noqa: BLE001 - swept again after a restart
-                log.warning("deleting merged-away objects failed: %s", e)
+            except Exception as e:  # noqa: BLE001 - tried again next round
+                log.warning("deleting merged-away objects failed (will retry): %s", e)
+                self._doomed.insert(0, (time.monotonic() - self.grace_s, keys))  # due at the next look
+                self.pending_segments += _segments_in(keys)
+
+
+def _segments_in(keys: list[str]) -> int:
+    return sum(1 for k in keys if segment.parse_segment_key(k) is not None)

@@ -21,6 +21,11 @@ class ObjectNotFound(ObjectStoreError, KeyError):
     pass
 
 
+class ObjectExistsError(ObjectStoreError):
+    """A conditional create found the key already holding other bytes: another writer
+    (an old or a new owner of the partition) got there first, and its object stands."""
+
+
 class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def put(self, key: str, parts: list) -> None:
@@ -29,6 +34,23 @@ class ObjectStore(abc.ABC):
     async def put_many(self, objects: list[tuple[str, list]]) -> None:
         """Store several objects (a segment and its index); each one atomically."""
         await asyncio.gather(*(self.put(key, parts) for key, parts in objects))
+
+    @abc.abstractmethod
+    async def create(self, key: str, parts: list) -> None:
+        """Store `parts` at `key` only if no object is there yet, atomically.
+
+        Raises ObjectExistsError when the key already holds different bytes, however late
+        this writer's request arrives. The key holding these very bytes already counts as
+        success: the retry of an upload whose first attempt landed (its answer was lost)."""
+
+    async def create_many(self, objects: list[tuple[str, list]]) -> None:
+        """Create objects[0] (a segment) with `create`, then put the others (its index).
+
+        Only the writer that created the segment writes its index, so a loser of the race
+        leaves nothing behind; the winner's own index overwrites any stale one."""
+        await self.create(*objects[0])
+        if len(objects) > 1:
+            await self.put_many(objects[1:])
 
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -105,6 +127,47 @@ class LocalObjectStore(ObjectStore):
             await asyncio.to_thread(put_all)
         except OSError as e:
             raise ObjectStoreError(f"put {objects[0][0]}: {e}") from e
+
+    def _create_sync(self, key: str, parts: list) -> None:
+        """Temp file, fsync, then link(2) into place: the link fails if the name exists,
+        so of two writers exactly one creates the object, and readers never see half."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(parts)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                with open(path, "rb") as existing, open(tmp, "rb") as ours:
+                    if existing.read() != ours.read():
+                        raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    async def create(self, key: str, parts: list) -> None:
+        await self.create_many([(key, parts)])
+
+    async def create_many(self, objects: list[tuple[str, list]]) -> None:
+        # One worker-thread hop, as put_many; the index only once the segment is ours.
+        def create_all() -> None:
+            self._create_sync(*objects[0])
+            for key, parts in objects[1:]:
+                self._put_sync(key, parts)
+
+        try:
+            await asyncio.to_thread(create_all)
+        except ObjectExistsError:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"create {objects[0][0]}: {e}") from e
 
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         try:

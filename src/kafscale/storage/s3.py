@@ -11,6 +11,17 @@ Configuration comes from the URL (`s3://bucket/prefix`) and the environment:
                                x-amz-checksum-crc32c header, unsigned payload) or sha256 (the
                                body's SHA-256 signed into the request, for stores that refuse
                                x-amz-checksum-* headers, such as Backblaze B2)
+    KAFSCALE_S3_CONDITIONAL_WRITES  how a segment is created (default true, see below)
+
+Segment keys are fixed by the spec (`segment-{base_offset}.kfs`), so an old owner whose
+upload is still in flight (S3 retries can outlast the lease margin) and the new owner write
+the same key. A segment is therefore created with `If-None-Match: *` (AWS S3 since 2024,
+MinIO, Ceph, R2, moto): of two writers exactly one succeeds, the other gets 412 and fails
+its produces with NOT_LEADER_OR_FOLLOWER; acknowledged bytes can never be replaced. Stores
+without conditional writes take KAFSCALE_S3_CONDITIONAL_WRITES=false: a HEAD before each
+PUT attempt (a key that exists is lost) and a read-back after it (other bytes: lost). That
+fallback only narrows the window to one PUT attempt overlapping the other writer's upload
+and commit; it does not close it, which only the conditional create does.
 
 Credentials come from the standard AWS chain (env vars, config files, instance role).
 
@@ -33,7 +44,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from kafscale.protocol.records import crc32c
-from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
 
 _RETRY_CODES = {
     "SlowDown",
@@ -49,9 +60,11 @@ _RETRY_CODES = {
     "500",
     "502",
     "504",
+    "ConditionalRequestConflict",  # 409: a concurrent conditional write; the retry settles it
 }
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION_FAILED = {"PreconditionFailed", "412"}
 _DELETE_BATCH = 1000  # DeleteObjects limit
 _CHECKSUMS = ("crc32c", "sha256")
 
@@ -92,6 +105,7 @@ class S3ObjectStore(ObjectStore):
         read_timeout: float = 5.0,
         create_bucket: bool = False,
         checksum: str = "crc32c",
+        conditional_writes: bool = True,
     ):
         if not bucket:
             raise ValueError("S3 bucket name is empty")
@@ -112,6 +126,7 @@ class S3ObjectStore(ObjectStore):
         self.attempt_timeout = connect_timeout + read_timeout
         self._create_bucket_on_start = create_bucket
         self.checksum = checksum
+        self.conditional_writes = conditional_writes  # False: the fallback of the module doc
         self.delete_batch = _DELETE_BATCH
         self.list_page_size: int | None = None  # None: the server's default (1000)
         self._client = None
@@ -134,6 +149,8 @@ class S3ObjectStore(ObjectStore):
         )
         if env.get("KAFSCALE_S3_CHECKSUM"):
             opts["checksum"] = env["KAFSCALE_S3_CHECKSUM"].strip().lower()
+        if env.get("KAFSCALE_S3_CONDITIONAL_WRITES"):
+            opts["conditional_writes"] = _truthy(env["KAFSCALE_S3_CONDITIONAL_WRITES"])
         if env.get("KAFSCALE_S3_MAX_ATTEMPTS"):
             opts["max_attempts"] = int(env["KAFSCALE_S3_MAX_ATTEMPTS"])
         opts.update(kwargs)
@@ -228,11 +245,16 @@ class S3ObjectStore(ObjectStore):
 
     # -- ObjectStore ------------------------------------------------------------------------
 
-    async def put(self, key: str, parts: list) -> None:
+    def _body(self, parts: list) -> tuple[bytes, dict]:
+        """The PUT body and its checksum argument."""
         body = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
         extra = {}
         if self.checksum == "crc32c":
             extra["ChecksumCRC32C"] = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode("ascii")
+        return body, extra
+
+    async def put(self, key: str, parts: list) -> None:
+        body, extra = self._body(parts)
 
         async def go(client):
             await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
@@ -241,6 +263,43 @@ class S3ObjectStore(ObjectStore):
             await self._call(f"put {key}", go)
         except bce.ClientError as e:
             raise ObjectStoreError(f"s3 put {key}: {e}") from e
+
+    async def create(self, key: str, parts: list) -> None:
+        body, extra = self._body(parts)
+        if self.conditional_writes:
+            extra["IfNoneMatch"] = "*"
+
+        async def go(client):
+            if not self.conditional_writes:
+                # Fallback: checked before every attempt, so a retry late after the
+                # lease margin still finds the new owner's object and stops.
+                try:
+                    await client.head_object(Bucket=self.bucket, Key=self._key(key))
+                    return False
+                except bce.ClientError as e:
+                    code, status = _error_code(e)
+                    if not (code in _NOT_FOUND or status == 404):
+                        raise
+            await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
+            return True
+
+        try:
+            created = await self._call(f"create {key}", go)
+        except bce.ClientError as e:
+            code, status = _error_code(e)
+            if not (code in _PRECONDITION_FAILED or status == 412):
+                raise ObjectStoreError(f"s3 create {key}: {e}") from e
+            created = False
+        if created and self.conditional_writes:
+            return
+        # The key was there (or, in the fallback, may have been overwritten since): it is
+        # ours only if it holds exactly our bytes, as after a retry whose first PUT landed.
+        try:
+            stored = await self.get(key)
+        except ObjectNotFound:
+            raise ObjectStoreError(f"s3 create {key}: the object vanished while being created") from None
+        if stored != body:
+            raise ObjectExistsError(f"s3 create {key}: the key holds another writer's object")
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         if end is not None and end <= start:
