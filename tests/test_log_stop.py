@@ -25,7 +25,9 @@ from kafscale.broker.config import BrokerConfig
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicMeta
 from kafscale.protocol import records
+from kafscale.storage import merger
 from kafscale.storage.logs import StorageError
+from kafscale.storage.objectstore import ObjectStoreError
 from tests.support.broker import free_port
 from tests.support.raw import RawClient, decode_response, error_code, req
 
@@ -288,3 +290,52 @@ def test_merged_away_objects_stay_bounded_under_a_long_grace(broker_factory, top
     from tests.test_merger import _consume
 
     assert _consume(b.bootstrap, topic_name, total) == [(i, b"m-%05d" % i) for i in range(total)]
+
+
+def _keys(i: int) -> list[str]:
+    return [f"default/t/0/segment-{i:020d}.kfs", f"default/t/0/segment-{i:020d}.index"]
+
+
+def test_merger_deletes_the_oldest_early_only_over_the_cap_and_after_the_short_grace():
+    m = merger.SegmentMerger(None, interval_s=10, grace_s=60, max_pending=20, min_grace_s=5)
+    for i in range(50):
+        m.schedule_delete(_keys(i))
+    assert m.pending_segments == 50
+    now = time.monotonic()
+    assert m._due(now + 1, force=False) == []  # younger than the short grace: kept for readers
+    due = m._due(now + 6, force=False)
+    assert due == [_keys(i) for i in range(30)]  # the 30 oldest, down to the cap
+    assert m.pending_segments == 20
+    assert m._due(now + 30, force=False) == []  # at the cap: the full grace applies
+    assert m._due(now + 61, force=False) == [_keys(i) for i in range(30, 50)]
+    assert m.pending_segments == 0
+
+
+async def test_merger_retries_a_failed_delete(tmp_path):
+    from kafscale.storage.objectstore import LocalObjectStore
+
+    class FailingOnce(LocalObjectStore):
+        failures = 1
+
+        async def delete(self, keys):
+            if self.failures:
+                self.failures -= 1
+                raise ObjectStoreError("SlowDown")
+            await super().delete(keys)
+
+    store = FailingOnce(tmp_path)
+    await store.put("default/t/0/segment-00000000000000000001.kfs", [b"x"])
+
+    class Manager:
+        pass
+
+    mgr = Manager()
+    mgr.store = store
+    m = merger.SegmentMerger(mgr, interval_s=10, grace_s=0.0, max_pending=20, min_grace_s=0.0)
+    m.schedule_delete(_keys(1))
+    await m.delete_expired()
+    assert await store.list("default/t/") == ["default/t/0/segment-00000000000000000001.kfs"]
+    assert m.pending_segments == 1  # kept, not forgotten
+    await m.delete_expired()
+    assert await store.list("default/t/") == []
+    assert m.pending_segments == 0

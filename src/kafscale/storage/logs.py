@@ -536,7 +536,9 @@ class LogManager:
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
         self.stopping = False
-        self.merger = SegmentMerger(self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000)
+        self.merger = SegmentMerger(
+            self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000, config.merge_max_pending_objects, config.merge_min_grace_ms / 1000
+        )
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
 
     # -- metrics hooks (ops/metrics reads these) -----------------------------------------
