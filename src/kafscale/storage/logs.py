@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -49,6 +50,25 @@ class StorageError(Exception):
     def __init__(self, message: str, error_code: int = KAFKA_STORAGE_ERROR):
         super().__init__(message)
         self.error_code = error_code
+
+
+# What the metadata and object stores raise when they fail or someone else changed the state
+# first; store_failure() turns each into the StorageError a client retries on.
+STORE_FAILURES = (MetadataUnavailable, ConflictError, ObjectStoreError, sqlite3.Error)
+
+
+def store_failure(error: BaseException, what: str) -> StorageError:
+    """The retriable Kafka error for a store failure while doing `what`: a concurrent change
+    of the partition (its ownership moved) is NOT_LEADER_OR_FOLLOWER, so the client asks
+    for the owner again; an unreachable or failing store is KAFKA_STORAGE_ERROR, which
+    clients retry after refreshing their metadata."""
+    if isinstance(error, StorageError):
+        return error
+    if isinstance(error, ConflictError):
+        return StorageError(f"{what}: changed concurrently (ownership moved?): {error}", NOT_LEADER_OR_FOLLOWER)
+    if isinstance(error, ObjectStoreError):
+        return StorageError(f"{what}: object store unavailable: {error}", KAFKA_STORAGE_ERROR)
+    return StorageError(f"{what}: metadata unavailable: {error}", KAFKA_STORAGE_ERROR)
 
 
 @dataclass(slots=True)
@@ -376,7 +396,6 @@ class PartitionLog:
             return
         self._data_waiters.add(fut)
 
-
     def discard_data_waiter(self, fut: asyncio.Future) -> None:
         self._data_waiters.discard(fut)
 
@@ -496,7 +515,10 @@ class FlushedPartition:
 
     async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
         if self.stale():
-            st = await self.manager.metadata.get_partition(self.topic, self.partition)
+            try:
+                st = await self.manager.metadata.get_partition(self.topic, self.partition)
+            except STORE_FAILURES as e:
+                raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
             if st is not None:
                 self.state, self.loaded = st, time.monotonic()
         return await PartitionLog.read(self, offset, max_bytes, at_least_one)
@@ -590,18 +612,34 @@ class LogManager:
             if self.logs.get((lg.topic, lg.partition)) is lg:
                 del self.logs[(lg.topic, lg.partition)]
 
-
     # -- topics -------------------------------------------------------------------------
 
     async def topic(self, name: str, refresh: bool = False) -> TopicMeta | None:
         meta = None if refresh else self._topics.get(name)
         if meta is None:
-            meta = await self.metadata.get_topic(name)
+            try:
+                meta = await self.metadata.get_topic(name)
+            except STORE_FAILURES as e:
+                raise store_failure(e, f"reading topic {name}") from e
             if meta is None:
                 self._topics.pop(name, None)
                 return None
             self._topics[name] = meta
         return meta
+
+    async def list_topics(self) -> list[TopicMeta]:
+        """Every topic (Metadata for all topics). While the metadata store cannot be read,
+        the topics this broker knows, as a Kafka broker answers from its metadata cache;
+        StorageError if it knows none."""
+        try:
+            metas = await self.metadata.list_topics()
+        except STORE_FAILURES as e:
+            if not self._topics:
+                raise store_failure(e, "listing topics") from e
+            log.warning("listing topics: metadata unavailable, answering with the %d topics known here: %s", len(self._topics), e)
+            return list(self._topics.values())
+        self._topics = {m.name: m for m in metas}
+        return metas
 
     async def topic_name(self, topic_id) -> str | None:
         """Name of the topic with this id (Fetch v13+, Produce v13+, ... name topics by id).
@@ -614,8 +652,14 @@ class LogManager:
             async with self._topic_ids_lock:  # concurrent misses: one read
                 if time.monotonic() - self._topic_ids_at > TOPIC_IDS_MISS_REREAD_S:
                     read_at = time.monotonic()
-                    self._topic_ids = {m.uuid: m.name for m in await self.metadata.list_topics()}
-                    self._topic_ids_at = read_at
+                    try:
+                        self._topic_ids = {m.uuid: m.name for m in await self.metadata.list_topics()}
+                        self._topic_ids_at = read_at
+                    except STORE_FAILURES as e:
+                        # A known id keeps its name (topic ids never change); an unknown one
+                        # cannot be told from a new topic: a retriable error, not "unknown".
+                        if topic_id not in self._topic_ids:
+                            raise store_failure(e, "looking up a topic id") from e
         return self._topic_ids.get(topic_id)
 
     def topic_changed(self, meta: TopicMeta) -> None:
@@ -662,8 +706,8 @@ class LogManager:
     async def _partition_state(self, topic: str, partition: int) -> PartitionState:
         try:
             st = await self.metadata.get_partition(topic, partition)
-        except MetadataUnavailable as e:
-            raise StorageError(f"metadata unavailable: {e}") from e
+        except STORE_FAILURES as e:
+            raise store_failure(e, f"reading {topic}-{partition}") from e
         if st is None:
             raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
         return st
@@ -712,14 +756,19 @@ class LogManager:
         return await asyncio.shield(fut)
 
     async def _load(self, topic: str, partition: int) -> PartitionLog:
-        meta = await self.topic(topic)
-        if meta is None or not 0 <= partition < meta.partitions:
-            meta = await self.topic(topic, refresh=True)
-        if meta is None or not 0 <= partition < meta.partitions:
-            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
-        st = await self._recover(await self._partition_state(topic, partition))
-        lg = PartitionLog(self, meta, st)
-        await self._rebuild_producers(lg)
+        try:
+            meta = await self.topic(topic)
+            if meta is None or not 0 <= partition < meta.partitions:
+                meta = await self.topic(topic, refresh=True)
+            if meta is None or not 0 <= partition < meta.partitions:
+                raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+            # Recovery commits adopted segments: another owner's commit in between is a
+            # ConflictError, answered as NOT_LEADER_OR_FOLLOWER like any store failure here.
+            st = await self._recover(await self._partition_state(topic, partition))
+            lg = PartitionLog(self, meta, st)
+            await self._rebuild_producers(lg)
+        except STORE_FAILURES as e:
+            raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
 
     async def _rebuild_producers(self, lg: PartitionLog) -> None:
@@ -874,6 +923,12 @@ class LogManager:
             raise StorageError(f"object store unavailable: {e}") from e
         try:
             decoded = segment.decode(data, name=key)
+            got = decoded.info
+            if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
+                # Another writer's object under the committed key (a store without
+                # conditional creates, see s3.py): refuse it rather than serve other records
+                # at acknowledged offsets. A merge keeps created_ms and only adds offsets.
+                raise segment.SegmentFormatError(f"{key}: the object is not the committed segment (created {got.created_ms}, offsets {got.base_offset}-{got.last_offset}; committed: created {seg.created_ms}, offsets {seg.base_offset}-{seg.last_offset})")
         except segment.SegmentFormatError as e:
             log.error("corrupt segment: %s", e, extra={"topic": topic, "partition": partition})
             raise StorageError(str(e)) from e

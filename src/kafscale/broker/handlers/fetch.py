@@ -32,11 +32,17 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
     out = []
     for ft in req.topics:
         topic_id = getattr(ft, "topic_id", None)
-        name = await names.name(getattr(ft, "topic", None), topic_id)
+        lookup_error = None
+        try:
+            name = await names.name(getattr(ft, "topic", None), topic_id)
+        except StorageError as e:  # the metadata store cannot say which topic the id names
+            name, lookup_error = None, e
         parts = []
         for fp in ft.partitions:
             p = _Part(name, fp.partition, fp.fetch_offset, fp.partition_max_bytes, getattr(fp, "current_leader_epoch", -1))
-            if name is None:
+            if lookup_error is not None:
+                p.error = lookup_error.error_code
+            elif name is None:
                 p.error = UNKNOWN_TOPIC_ID
             else:
                 try:

@@ -17,9 +17,9 @@ from functools import lru_cache
 from kio.schema.errors import ErrorCode
 
 from kafscale.groups.state import JoinResult
-from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.codec import schema
+from kafscale.storage.logs import STORE_FAILURES, StorageError
 
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9
@@ -32,6 +32,10 @@ DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
 OFFSET_DELETE = 47
+
+# The metadata store failing under a group API (StorageError: a topic id it could not look
+# up): COORDINATOR_NOT_AVAILABLE, on which clients find the coordinator again and retry.
+STORE_DOWN = (*STORE_FAILURES, StorageError)
 
 COORDINATOR_KEY_GROUP = 0
 COORDINATOR_KEY_TRANSACTION = 1
@@ -238,7 +242,7 @@ async def join_group(ctx, req):
             require_known_member_id=ctx.version >= 4 and instance_id is None,
             supports_skip_assignment=ctx.version >= 9,
         )
-    except MetadataUnavailable:
+    except STORE_DOWN:
         result = JoinResult(ErrorCode.coordinator_not_available, req.member_id)
     return _join_response(cls, ctx.version, result)
 
@@ -259,7 +263,7 @@ async def sync_group(ctx, req):
             protocol_name=getattr(req, "protocol_name", None),
             assignments={a.member_id: a.assignment for a in req.assignments},
         )
-    except MetadataUnavailable:
+    except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     return build(
         cls,
@@ -284,7 +288,7 @@ async def heartbeat(ctx, req):
             group_instance_id=getattr(req, "group_instance_id", None),
             generation_id=req.generation_id,
         )
-    except MetadataUnavailable:
+    except STORE_DOWN:
         error = ErrorCode.coordinator_not_available
     return build(cls, throttle_time=0, error_code=error)
 
@@ -299,7 +303,7 @@ async def leave_group(ctx, req):
         return build(cls, throttle_time=0, error_code=error)
     try:
         error, member_errors = await groups.leave(group_id, identities)
-    except MetadataUnavailable:
+    except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     if batched:
         members = [
@@ -380,8 +384,11 @@ async def offset_commit(ctx, req):
                     offsets=to_commit,
                     api_version=ctx.version,
                 )
-    except MetadataUnavailable:
+    except STORE_DOWN:
         group_error = ErrorCode.coordinator_not_available
+        # Every requested partition gets the error, also those not looked at yet.
+        rows = [(t, p.partition_index, None) for t in req.topics for p in t.partitions]
+        too_large = []
 
     too_large_rows = set(too_large)
     by_topic: dict[int, tuple[object, list]] = {}
@@ -457,13 +464,13 @@ async def offset_fetch(ctx, req):
         for g in req.groups:
             try:
                 error, topics = await _fetch_group_offsets(ctx, groups, catalog, g.group_id, g.topics, by_id, with_epoch)
-            except MetadataUnavailable:
+            except STORE_DOWN:
                 error, topics = ErrorCode.coordinator_not_available, None
             results.append(dict(group_id=g.group_id, error_code=error, topics=topics or []))
         return build(cls, throttle_time=0, groups=results)
     try:
         error, topics = await _fetch_group_offsets(ctx, groups, catalog, req.group_id, req.topics, False, with_epoch)
-    except MetadataUnavailable:
+    except STORE_DOWN:
         error, topics = ErrorCode.coordinator_not_available, None
     if topics is None:
         topics = []
@@ -496,7 +503,7 @@ async def offset_delete(ctx, req):
                 else:
                     known.append(tp)
         error, results = await groups.delete_offsets(group_id, known)
-    except MetadataUnavailable:
+    except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     if error is not ErrorCode.none:
         return build(cls, throttle_time=0, error_code=error)
@@ -527,7 +534,7 @@ async def describe_groups(ctx, req):
                 out.append(entry)
                 continue
             described = await groups.describe(group_id)
-        except MetadataUnavailable:
+        except STORE_DOWN:
             entry.update(error_code=ErrorCode.coordinator_not_available)
             out.append(entry)
             continue
@@ -555,7 +562,7 @@ async def list_groups(ctx, req):
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     try:
         listed = await groups.list_groups(ctx.broker.cluster.is_coordinator)
-    except MetadataUnavailable:
+    except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     entries = [
         dict(group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE)
@@ -575,7 +582,7 @@ async def delete_groups(ctx, req):
                 error = ErrorCode.not_coordinator
             else:
                 error = await groups.delete_group(group_id)
-        except MetadataUnavailable:
+        except STORE_DOWN:
             error = ErrorCode.coordinator_not_available
         results.append(dict(group_id=group_id, error_code=error))
     return build(cls, throttle_time=0, results=results)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 
+from kio.schema.errors import ErrorCode
+
 from kafscale.broker import topics
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
+from kafscale.storage.logs import StorageError
 
 METADATA = 3
 DESCRIBE_CLUSTER = 60
 NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE = 0, 3, 5
+UNKNOWN_TOPIC_ID = ErrorCode.unknown_topic_id.value
 log = logging.getLogger("kafscale.metadata")
 
 
@@ -43,7 +47,15 @@ async def metadata(ctx, req):
     results = []
     requested = req.topics
     if requested is None or (ctx.version == 0 and len(requested) == 0):
-        for meta in sorted(await broker.metadata.list_topics(), key=lambda m: m.name):
+        try:
+            listed = await broker.logs.list_topics()
+        except StorageError as e:
+            # The store is unreachable and this broker knows no topic yet (list_topics answers
+            # with the known ones otherwise): what it knows is nothing, as a Kafka broker with
+            # an empty metadata cache answers. The broker list still tells clients where to go.
+            log.warning("metadata for all topics from client %s: %s", ctx.client_id, e)
+            listed = []
+        for meta in sorted(listed, key=lambda m: m.name):
             results.append(_topic_entry(ctx, cls, meta))
     else:
         names = topics.TopicIdResolver(broker)
@@ -51,16 +63,28 @@ async def metadata(ctx, req):
         for t in requested:
             name = t.name
             if name is None and getattr(t, "topic_id", None) is not None:
-                name = await names.name(None, t.topic_id)
-                meta = await broker.logs.topic(name) if name is not None else None
+                try:
+                    name = await names.name(None, t.topic_id)
+                    meta = await broker.logs.topic(name) if name is not None else None
+                except StorageError as e:
+                    log.warning("metadata for topic id %s from client %s: %s", t.topic_id, ctx.client_id, e)
+                    results.append(make(topic_cls, error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=t.topic_id, partitions=()))
+                    continue
                 if meta is None:
-                    results.append(make(topic_cls, error_code=100, name=None, topic_id=t.topic_id, partitions=()))  # UNKNOWN_TOPIC_ID
+                    results.append(make(topic_cls, error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=t.topic_id, partitions=()))
                 else:
                     results.append(_topic_entry(ctx, cls, meta))
                 continue
-            meta = await broker.logs.topic(name)
-            if meta is None:
-                meta = await broker.logs.topic(name, refresh=True)
+            try:
+                meta = await broker.logs.topic(name)
+                if meta is None:
+                    meta = await broker.logs.topic(name, refresh=True)
+            except StorageError as e:
+                # The metadata store cannot say whether the topic exists: LEADER_NOT_AVAILABLE,
+                # on which clients wait and ask again (as while a topic is being created).
+                log.warning("metadata for topic %s from client %s: %s", name, ctx.client_id, e)
+                results.append(make(topic_cls, error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=ZERO_UUID, partitions=()))
+                continue
             if meta is None:
                 code = UNKNOWN_TOPIC_OR_PARTITION
                 try:
@@ -70,7 +94,12 @@ async def metadata(ctx, req):
                         log.info("auto-created topic %s with %d partitions", name, meta.partitions)
                 except topics.TopicError as e:
                     if e.code == topics.TOPIC_ALREADY_EXISTS:
-                        meta = await broker.logs.topic(name, refresh=True)
+                        try:
+                            meta = await broker.logs.topic(name, refresh=True)
+                        except StorageError:
+                            code = LEADER_NOT_AVAILABLE
+                    elif e.code == topics.REQUEST_TIMED_OUT:
+                        code = LEADER_NOT_AVAILABLE  # store unreachable: the client asks again
                     else:
                         code = e.code
                 if meta is None:

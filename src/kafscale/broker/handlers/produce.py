@@ -62,12 +62,18 @@ async def produce(ctx, req):
     await ctx.wait_turn()
     for td in req.topic_data:
         topic_id = getattr(td, "topic_id", None)
-        name = await names.name(getattr(td, "name", None), topic_id)
+        lookup_error = None
+        try:
+            name = await names.name(getattr(td, "name", None), topic_id)
+        except StorageError as e:  # the metadata store cannot say which topic the id names
+            name, lookup_error = None, e
         results = []
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)
             if req.transactional_id is not None:
                 r.error, r.message = TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
+            elif lookup_error is not None:
+                r.error, r.message = lookup_error.error_code, str(lookup_error)
             elif name is None:
                 r.error = UNKNOWN_TOPIC_ID
             else:
