@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import pytest
@@ -347,3 +348,29 @@ def test_broker_migrates_a_store_written_in_the_old_layout(broker_factory, tmp_p
     assert _committed(b.bootstrap, "orders", "t.x_y") == {0: OFFSET_NONE, 1: OFFSET_NONE}
     assert _committed(b.bootstrap, "orders/eu", "t.x_y") == {0: 7, 1: OFFSET_NONE}
     assert "moved 6 group and offset keys" in b.log_text()
+
+
+@pytest.mark.timeout(120)
+def test_old_layout_keys_written_during_a_rolling_upgrade_are_migrated(broker_factory, etcd_server):
+    """An old broker sharing etcd keeps writing the old layout after this one started: its
+    commits become visible at the next retention pass, not only at the next restart."""
+    prefix = f"/keys-{uuid.uuid4().hex[:8]}"
+    b = broker_factory(
+        extra_args=["--metadata", etcd_server.url, "--metadata-prefix", prefix, "--lease-ttl-s", "5", "--offsets-retention-check-interval-ms", "300"]
+    )
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    _create_topic(admin, "t.x_y")
+
+    async def old_broker_commits():
+        kv = EtcdKV.from_url(etcd_server.url, prefix=prefix)
+        try:
+            await _write_legacy_layout(kv)
+        finally:
+            await kv.close()
+
+    asyncio.run(old_broker_commits())
+    deadline = time.monotonic() + 30
+    while _committed(b.bootstrap, "orders/eu", "t.x_y") != {0: 7, 1: OFFSET_NONE}:
+        assert time.monotonic() < deadline, f"old-layout offsets never became visible; broker log:\n{b.log_text()[-3000:]}"
+        time.sleep(0.2)
+    assert _committed(b.bootstrap, "orders", "t.x_y") == {0: 5, 1: 6}

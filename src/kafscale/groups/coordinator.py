@@ -325,6 +325,9 @@ class GroupCoordinator:
         while True:
             await asyncio.sleep(self.retention_check_interval_ms / 1000)
             try:
+                # Old-layout keys that not-yet-upgraded brokers wrote after our start
+                # (rolling upgrade) would otherwise stay invisible until the next restart.
+                await self.metadata.migrate_legacy_keys()
                 n = await self.expire_offsets()
                 if n:
                     log.info("expired %d committed offsets", n)
