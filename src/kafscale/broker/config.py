@@ -35,6 +35,7 @@ class BrokerConfig:
     group_min_session_timeout_ms: int = field(default=6000, metadata={"help": "least session timeout a group member may ask for (Kafka's group.min.session.timeout.ms)"})
     group_max_session_timeout_ms: int = field(default=1_800_000, metadata={"help": "greatest session timeout a group member may ask for (Kafka's group.max.session.timeout.ms)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
+    offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     lease_ttl_s: int = field(default=10, metadata={"help": "etcd lease TTL for broker liveness and ownership"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
