@@ -10,6 +10,7 @@ import uuid
 import pytest
 from botocore.exceptions import ClientError
 
+from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
 from kafscale.metadata.kv import MetadataUnavailable, Txn, open_kv
 from kafscale.metadata.store import (
@@ -481,7 +482,7 @@ async def test_metadata_store_on_etcd(kv):
 
     await store.delete_topic("orders")
     assert await store.get_topic("orders") is None
-    assert await kv.range("/partitions/orders/") == [] and await kv.range("/segments/orders/") == []
+    assert await kv.range(keys.topic_partitions_prefix("orders")) == [] and await kv.range(keys.topic_segments_prefix("orders")) == []
     await store.create_topic(TopicMeta("orders", 1))  # the name is free again
 
 
@@ -514,7 +515,7 @@ async def test_metadata_store_groups_offsets_and_producer_ids(kv):
     finally:
         await other.kv.close()
     assert sorted(starts) == list(range(0, 2000, 100))
-    assert (await kv.get("/producer-ids")).value == b"2000"
+    assert (await kv.get(keys.PRODUCER_IDS)).value == b"2000"
 
 
 # -- leases and watches ---------------------------------------------------------------------
