@@ -16,6 +16,9 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KafkaTopicPartition
+from kafka.structs import OffsetAndMetadata
 
 from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
@@ -278,7 +281,11 @@ def _fetched_topics(admin: AdminClient, group: str) -> set[str]:
     return {tp.topic for tp in result.topic_partitions}
 
 
-def _check_groups_are_independent(bootstrap: str) -> None:
+HOSTILE_GROUPS = ["a", "a/b", "a%2Fb", "..", "\u00a0", "a b", "東京/é"]
+
+
+def _check_groups_are_independent(bootstrap: str) -> str:
+    """Returns the topic; afterwards `orders`, " " and HOSTILE_GROUPS but `a` have offsets."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = f"t.x_y-{uuid.uuid4().hex[:6]}"
     _create_topic(admin, topic)
@@ -305,6 +312,28 @@ def _check_groups_are_independent(bootstrap: str) -> None:
     assert _committed(bootstrap, "orders/eu", topic) == {0: OFFSET_NONE, 1: OFFSET_NONE}
     assert _committed(bootstrap, "orders", topic) == {0: 5, 1: 6}
 
+    # More hostile group ids, each with its own offsets. (librdkafka refuses a group.id of
+    # only ASCII whitespace, so " " goes through kafka-python.)
+    hostile = HOSTILE_GROUPS
+    for i, group in enumerate(hostile):
+        _commit(bootstrap, group, topic, {0: i, 1: 10 + i})
+    blank = KafkaConsumer(bootstrap_servers=bootstrap, group_id=" ", enable_auto_commit=False)
+    try:
+        blank.commit({KafkaTopicPartition(topic, 0): OffsetAndMetadata(99, "", -1)})
+    finally:
+        blank.close()
+    _delete_group(admin, "a")
+    assert {g: _committed(bootstrap, g, topic) for g in hostile} == {
+        g: ({0: OFFSET_NONE, 1: OFFSET_NONE} if g == "a" else {0: i, 1: 10 + i}) for i, g in enumerate(hostile)
+    }
+    blank = KafkaConsumer(bootstrap_servers=bootstrap, group_id=" ", enable_auto_commit=False)
+    try:
+        assert blank.committed(KafkaTopicPartition(topic, 0)) == 99
+        assert blank.committed(KafkaTopicPartition(topic, 1)) is None
+    finally:
+        blank.close()
+    return topic
+
 
 @pytest.mark.timeout(120)
 def test_groups_with_slashes_are_independent_embedded(broker_factory):
@@ -316,7 +345,7 @@ def test_groups_with_slashes_are_independent_embedded(broker_factory):
 def test_groups_with_slashes_are_independent_on_etcd(broker_factory, etcd_server):
     prefix = f"/keys-{uuid.uuid4().hex[:8]}"
     b = broker_factory(extra_args=["--metadata", etcd_server.url, "--metadata-prefix", prefix, "--lease-ttl-s", "5", "--group-initial-rebalance-delay-ms", "0"])
-    _check_groups_are_independent(b.bootstrap)
+    topic = _check_groups_are_independent(b.bootstrap)
 
     async def layout():
         kv = EtcdKV.from_url(etcd_server.url, prefix=prefix)
@@ -325,8 +354,9 @@ def test_groups_with_slashes_are_independent_on_etcd(broker_factory, etcd_server
         finally:
             await kv.close()
 
-    committed_keys = asyncio.run(layout())
-    assert committed_keys and all(k.startswith(keys.group_offsets_prefix("orders")) for k in committed_keys)
+    # What etcd holds is exactly the escaped layout.
+    expected = [keys.offset(g, topic, p) for g in ["orders", *HOSTILE_GROUPS[1:]] for p in (0, 1)] + [keys.offset(" ", topic, 0)]
+    assert asyncio.run(layout()) == sorted(expected)
 
 
 @pytest.mark.timeout(120)
