@@ -21,6 +21,7 @@ import urllib.request
 import uuid
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore
@@ -34,8 +35,13 @@ from tests.support.servers import ETCD_BIN, start_etcd, start_moto
 pytestmark = pytest.mark.timeout(240)
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, API_VERSIONS = 0, 1, 2, 3, 8, 18
-NONE, NOT_LEADER_OR_FOLLOWER, KAFKA_STORAGE_ERROR = 0, 6, 56
-LEADER_NOT_AVAILABLE, COORDINATOR_NOT_AVAILABLE = 5, 15
+CREATE_TOPICS, DESCRIBE_CONFIGS, TOPIC_RESOURCE = 19, 32, 2
+NONE = ErrorCode.none.value
+NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
+KAFKA_STORAGE_ERROR = ErrorCode.kafka_storage_error.value
+LEADER_NOT_AVAILABLE = ErrorCode.leader_not_available.value
+COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
+REQUEST_TIMED_OUT = ErrorCode.request_timed_out.value
 LATEST = -1
 # Each request below may wait out a store's whole retry budget (etcd 5 s, S3 5 s) twice.
 SLOW_ANSWER_S = 40
@@ -362,6 +368,13 @@ def test_etcd_down_answers_retriable_errors():
                 assert error_code(c.metadata([topic]).topics[0].error_code) == NONE
                 unknown = c.metadata([f"other-{topic}"], allow_auto=False).topics[0]
                 assert error_code(unknown.error_code) == LEADER_NOT_AVAILABLE
+                # Admin APIs: REQUEST_TIMED_OUT, as Kafka answers when its controller is silent.
+                ct = req(CREATE_TOPICS, 7, "CreatableTopic", name=f"new-{topic}", num_partitions=1, replication_factor=1, assignments=(), configs=())
+                created = c.request(CREATE_TOPICS, 7, req(CREATE_TOPICS, 7, topics=(ct,), timeout=5000, validate_only=False))
+                assert error_code(created.topics[0].error_code) == REQUEST_TIMED_OUT
+                dc = req(DESCRIBE_CONFIGS, 4, "DescribeConfigsResource", resource_type=TOPIC_RESOURCE, resource_name=topic, configuration_keys=None)
+                described = c.request(DESCRIBE_CONFIGS, 4, req(DESCRIBE_CONFIGS, 4, resources=(dc,), include_synonyms=False, include_documentation=False))
+                assert error_code(described.results[0].error_code) == REQUEST_TIMED_OUT
                 still_answers(c)
             assert b.proc.poll() is None
         finally:

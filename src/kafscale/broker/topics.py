@@ -3,12 +3,13 @@ CreatePartitions and the config APIs. Errors carry the Kafka error code to answe
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import TYPE_CHECKING
 
 from kafscale.metadata import topic_config
-from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicExistsError, TopicMeta, UnknownTopicError
+from kafscale.storage.logs import STORE_FAILURES, StorageError
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
@@ -25,12 +26,22 @@ KAFKA_STORAGE_ERROR = 56
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10_000
+log = logging.getLogger("kafscale.admin")
 
 
 class TopicError(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+# A store failing under an admin change: REQUEST_TIMED_OUT, as Kafka answers when its
+# controller does not respond; clients retry (and a retried create finds the topic).
+_STORE_DOWN = (*STORE_FAILURES, StorageError)
+
+
+def _unavailable(error: Exception) -> TopicError:
+    return TopicError(REQUEST_TIMED_OUT, f"metadata store unavailable: {error}")
 
 
 def check_name(name: str | None) -> None:
@@ -58,16 +69,16 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
     except topic_config.InvalidConfigError as e:
         raise TopicError(INVALID_CONFIG, str(e)) from None
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
-    if validate_only:
-        if await broker.logs.topic(name) is not None:
-            raise TopicError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
-        return meta
     try:
+        if validate_only:
+            if await broker.logs.topic(name) is not None:
+                raise TopicError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            return meta
         await broker.metadata.create_topic(meta)
     except TopicExistsError:
         raise TopicError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists") from None
-    except MetadataUnavailable as e:
-        raise TopicError(REQUEST_TIMED_OUT, f"metadata store unavailable: {e}") from None
+    except _STORE_DOWN as e:
+        raise _unavailable(e) from None
     broker.logs.topic_changed(meta)
     return meta
 
@@ -77,11 +88,24 @@ async def delete(broker: "Broker", name: str) -> TopicMeta:
         meta = await broker.metadata.delete_topic(name)
     except UnknownTopicError:
         raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist") from None
-    await broker.logs.drop_topic(name)
+    except _STORE_DOWN as e:
+        raise _unavailable(e) from None
+    try:
+        await broker.logs.drop_topic(name)
+    except _STORE_DOWN as e:
+        # The topic is gone (the metadata says so); only its objects are left behind.
+        log.warning("topic %s deleted, but deleting its objects failed: %s", name, e)
     return meta
 
 
 async def add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
+    try:
+        return await _add_partitions(broker, name, count, validate_only)
+    except _STORE_DOWN as e:
+        raise _unavailable(e) from None
+
+
+async def _add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
     meta = await broker.logs.topic(name, refresh=True)
     if meta is None:
         raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
@@ -98,6 +122,13 @@ async def add_partitions(broker: "Broker", name: str, count: int, validate_only:
 
 async def alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
     """`change(old_configs) -> new_configs`; validated before anything is stored."""
+    try:
+        return await _alter_configs(broker, name, change, validate_only)
+    except _STORE_DOWN as e:
+        raise _unavailable(e) from None
+
+
+async def _alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
     meta = await broker.logs.topic(name, refresh=True)
     if meta is None:
         raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")

@@ -8,6 +8,7 @@ import logging
 from kafscale.broker import topics
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import make, nested, response
+from kafscale.storage.logs import StorageError
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER = 2, 4
@@ -48,7 +49,11 @@ async def describe_configs(ctx, req):
         keys = set(r.configuration_keys) if r.configuration_keys is not None else None
         entries = []
         if r.resource_type == TOPIC:
-            meta = await ctx.broker.logs.topic(r.resource_name, refresh=True)
+            try:
+                meta = await ctx.broker.logs.topic(r.resource_name, refresh=True)
+            except StorageError as e:  # metadata store unreachable: retriable
+                results.append(make(res_cls, error_code=topics.REQUEST_TIMED_OUT, error_message=str(e), resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                continue
             if meta is None:
                 results.append(make(res_cls, error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=f"topic {r.resource_name!r} does not exist", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue

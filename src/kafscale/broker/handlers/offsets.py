@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.logs import STORE_FAILURES, StorageError, store_failure
 
 LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
-NONE, OFFSET_OUT_OF_RANGE, KAFKA_STORAGE_ERROR = 0, 1, 56
+NONE, OFFSET_OUT_OF_RANGE = 0, 1
 FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 74, 76
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 
@@ -67,8 +67,8 @@ async def _delete_one(ctx, topic: str, p) -> dict:
         out["low_watermark"] = lg.log_start_offset
     except StorageError as e:
         out["error_code"] = e.error_code
-    except Exception:  # noqa: BLE001 - metadata/object store failure: retriable
-        out["error_code"] = KAFKA_STORAGE_ERROR
+    except STORE_FAILURES as e:  # a concurrent change (ownership moved) or a store failure
+        out["error_code"] = store_failure(e, f"deleting records of {topic}-{p.partition_index}").error_code
     return out
 
 

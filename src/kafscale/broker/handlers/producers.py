@@ -15,9 +15,8 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.logs import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
 NONE = ErrorCode.none.value
@@ -63,7 +62,7 @@ async def init_producer_id(ctx, req):
     # send (0, 0) share one id, and the second one's batches would pass as duplicates.
     try:
         new_id = await _allocator(ctx.broker).allocate()
-    except MetadataUnavailable as e:
+    except STORE_FAILURES as e:  # unreachable, or still contended after the store's retries
         log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
     return make(cls, throttle_time=0, error_code=NONE, producer_id=new_id, producer_epoch=0)

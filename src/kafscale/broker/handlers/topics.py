@@ -7,6 +7,7 @@ import logging
 from kafscale.broker import topics
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
+from kafscale.storage.logs import StorageError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 NONE, UNKNOWN_TOPIC_ID, INVALID_REQUEST = 0, 100, 42
@@ -50,14 +51,22 @@ async def delete_topics(ctx, req):
     cls = response(DELETE_TOPICS, ctx.version)
     r_cls = nested(cls, "DeletableTopicResult")
     wanted: list[tuple[str | None, object]] = []
+    lookup_failed: dict[object, StorageError] = {}  # topic id -> why it could not be looked up
     if hasattr(req, "topics"):
         names = topics.TopicIdResolver(ctx.broker)
         for t in req.topics:
-            wanted.append((await names.name(t.name, t.topic_id), t.topic_id if t.name is None else None))
+            try:
+                wanted.append((await names.name(t.name, t.topic_id), t.topic_id if t.name is None else None))
+            except StorageError as e:  # the metadata store cannot say which topic the id names
+                lookup_failed[t.topic_id] = e
+                wanted.append((None, t.topic_id))
     else:
         wanted = [(n, None) for n in req.topic_names]
     results = []
     for name, topic_id in wanted:
+        if name is None and topic_id in lookup_failed:
+            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=topics.REQUEST_TIMED_OUT, error_message=str(lookup_failed[topic_id])))
+            continue
         if name is None:
             results.append(make(r_cls, name=None, topic_id=topic_id, error_code=UNKNOWN_TOPIC_ID, error_message="unknown topic id"))
             continue
