@@ -549,3 +549,35 @@ def _broker_command_serves_http() -> None:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _seek_by_time(bootstrap: str, topic: str, t0: int) -> list[tuple[int, int]]:
+    """Two gzip batches (timestamps t0 and t0 + 1000, 3 records each), then ListOffsets for
+    t0 + 500 and for the max timestamp, then a Fetch of everything: (offset, timestamp) answers."""
+    from kafscale.protocol import records
+    from tests.support.raw import RawClient, error_code
+
+    with RawClient(bootstrap) as c:
+        c.metadata([topic])
+        for ts in (t0, t0 + 1000):
+            batch = records.build_batch([(None, b"v%d" % i) for i in range(3)], timestamp=ts, codec=records.COMPRESSION_GZIP)
+            assert error_code(c.produce(topic, 0, batch).error_code) == 0
+        out = []
+        for target in (t0 + 500, -3):  # -3: the max timestamp
+            r = c.list_offsets(topic, 0, target)
+            assert error_code(r.error_code) == 0
+            out.append((r.offset, r.timestamp))
+        assert error_code(c.fetch(topic, 0, 0).error_code) == 0
+        return out
+
+
+async def test_decompressions_move_only_with_list_offsets_by_timestamp(running):
+    """What docs/operations.md says of kafscale_decompressions_total: produce and fetch add
+    nothing; a ListOffsets by timestamp decompresses the one batch holding the answer, a
+    max-timestamp lookup the one batch holding the max."""
+    r = running
+    before = value(await scrape(r), "kafscale_decompressions_total")
+    t0 = int(time.time() * 1000) - 60_000
+    answers = await asyncio.to_thread(_seek_by_time, r.bootstrap, "ops-seek-by-time", t0)
+    assert answers == [(3, t0 + 1000), (3, t0 + 1000)]
+    assert value(await scrape(r), "kafscale_decompressions_total") == before + 2

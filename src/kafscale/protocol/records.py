@@ -227,9 +227,10 @@ def _xerial_snappy_decompress(data: bytes) -> bytes:
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
-# Record-set decompressions in this process. The broker never decompresses (produce keeps
-# the client's bytes, fetch returns them as stored); /metrics exports this count
-# (kafscale_decompressions_total) so that staying at zero is checked, not assumed.
+# Record-set decompressions in this process. Produce and fetch never decompress (produce
+# keeps the client's bytes, fetch returns them as stored); only ListOffsets by timestamp
+# decodes the batch holding the answer. /metrics exports this count
+# (kafscale_decompressions_total) so that staying at zero under load is checked, not assumed.
 decompressions = 0
 
 
