@@ -93,15 +93,14 @@ def test_delete_topic_answers_waiting_produce_and_its_connection_keeps_working(s
         assert error_code(deleted.responses[0].error_code) == NONE
         deleted_at = time.monotonic()
 
-        producer.sock.settimeout(1.0)  # answered within a second, not after the flush interval
         corr, resp = decode_response(0, 9, producer.recv_frame())
-        assert time.monotonic() - deleted_at < 1.0
+        answered_after = time.monotonic() - deleted_at
+        assert answered_after < 1.0, f"answered {answered_after:.2f}s after the delete, not at once"  # the flush is 10 min away
         assert corr == waiting
         answer = resp.responses[0].partition_responses[0]
         assert error_code(answer.error_code) == UNKNOWN_TOPIC_OR_PARTITION
 
         # The same connection keeps being answered.
-        producer.sock.settimeout(10)
         md = producer.metadata([topic_name], allow_auto=False)
         assert error_code(md.topics[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION
         producer.metadata([topic_name + "-next"])
