@@ -241,19 +241,26 @@ class KafkaServer:
         try:
             return codec.encode_response(api_key, version, correlation_id, response)
         except Exception as e:  # noqa: BLE001 - a handler's response kio cannot encode
-            return codec.encode_response(api_key, version, correlation_id, self._error_response(ctx, conn, request, e))
+            # It echoes a request value the response schema cannot hold (a null topic name
+            # in Metadata v10-11, which Kafka refuses with INVALID_REQUEST): answer that.
+            fallback = self._error_response(ctx, conn, request, e, error_response.INVALID_REQUEST)
+            try:
+                return codec.encode_response(api_key, version, correlation_id, fallback)
+            except Exception as e2:  # noqa: BLE001
+                raise CloseConnection(f"no encodable response to api {api_key} v{version}: {e!r}, {e2!r}") from None
 
-    def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception):
+    def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception, code: int | None = None):
         """What Kafka's KafkaApis.handleError does: answer the request with the error code
         the exception stands for (its own `error_code`, else UNKNOWN_SERVER_ERROR) in every
         topic / partition / group it named, instead of dropping the connection. A traceback
-        is logged only for exceptions without a Kafka error code (bugs)."""
+        is logged only for handler exceptions without a Kafka error code (bugs)."""
         header = ctx.header
-        code = error_response.error_code_for(exc)
+        traceback = code is None and getattr(exc, "error_code", None) is None
+        code = error_response.error_code_for(exc) if code is None else code
         log.error(
             "request failed: api=%s v%d client_id=%s peer=%s, answered with error %d: %r",
             api_key_map.get(header.api_key, header.api_key), header.api_version, header.client_id, conn.peer, code, exc,
-            exc_info=exc if getattr(exc, "error_code", None) is None else None,
+            exc_info=exc if traceback else None,
             extra=ctx.log_fields(),
         )
         try:

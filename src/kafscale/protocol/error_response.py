@@ -28,6 +28,8 @@ from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTuple
 from kafscale.protocol.codec import schema
 
 PRODUCE = 0
+INVALID_REQUEST = ErrorCode.invalid_request.value
+UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
 
 # response array field -> request array fields it answers, in order of preference
 _ARRAY_PAIRS = {
@@ -68,7 +70,7 @@ def error_code_for(exc: BaseException) -> int:
         return code.value
     if isinstance(code, int) and not isinstance(code, bool):
         return code
-    return ErrorCode.unknown_server_error.value
+    return UNKNOWN_SERVER_ERROR
 
 
 def build(api_key: int, version: int, request: Any, error_code: int) -> Any | None:
