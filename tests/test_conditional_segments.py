@@ -225,6 +225,26 @@ async def test_unusable_object_at_the_high_watermark_is_deleted_by_recovery(back
     await _close(mgr)
 
 
+async def test_reader_refuses_an_object_that_is_not_the_committed_segment(backend, tmp_path, topic_name):
+    """What the fallback cannot prevent (a late PUT that passed its existence check before
+    the winner's upload) is detected: a reader answers an error, never other records."""
+    mgr = _manager(tmp_path, backend)
+    await mgr.metadata.create_topic(TopicMeta(topic_name, 1))
+    lg = await mgr.get_log(topic_name, 0)
+    await _append(lg, [b"acknowledged-%d" % i for i in range(3)])[1]
+    late = memoryview(bytearray(records.build_batch([(None, b"late-%d" % i) for i in range(3)], timestamp=int(time.time() * 1000))))
+    enc = segment.encode([late], 0, created_ms=lg.state.segments[0].created_ms - 1)
+    await mgr.store.put(segment.segment_key(NAMESPACE, topic_name, 0, 0), enc.parts)  # as an unconditional PUT would
+    await _close(mgr)
+
+    fresh = _manager(tmp_path, backend)  # empty cache: reads the object
+    with pytest.raises(StorageError) as err:  # loading it (producer state) reads the segment
+        reader = await fresh.get_reader(topic_name, 0)
+        await reader.read(0, 1 << 20)
+    assert err.value.error_code == ErrorCode.kafka_storage_error.value
+    await _close(fresh)
+
+
 def test_conditional_writes_setting(monkeypatch):
     monkeypatch.delenv("KAFSCALE_S3_CONDITIONAL_WRITES", raising=False)
     assert S3ObjectStore.from_url("s3://b").conditional_writes is True

@@ -21,7 +21,9 @@ its produces with NOT_LEADER_OR_FOLLOWER; acknowledged bytes can never be replac
 without conditional writes take KAFSCALE_S3_CONDITIONAL_WRITES=false: a HEAD before each
 PUT attempt (a key that exists is lost) and a read-back after it (other bytes: lost). That
 fallback only narrows the window to one PUT attempt overlapping the other writer's upload
-and commit; it does not close it, which only the conditional create does.
+and commit; it does not close it, which only the conditional create does. What slips
+through is detected, not served: a reader refuses a segment object whose header (created
+time, offsets) is not the one the metadata committed, with KAFKA_STORAGE_ERROR.
 
 Credentials come from the standard AWS chain (env vars, config files, instance role).
 
