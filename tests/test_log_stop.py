@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+import uuid
 import urllib.request
 from pathlib import Path
 
@@ -338,3 +339,47 @@ async def test_merger_retries_a_failed_delete(tmp_path):
     await m.delete_expired()
     assert await store.list("default/t/") == []
     assert m.pending_segments == 0
+
+
+def test_topic_deleted_through_another_broker_answers_the_owners_waiting_produce(etcd_server, broker_factory, tmp_path, topic_name):
+    """In a cluster the broker handling DeleteTopics may not own the partition: the owner
+    sees the topic gone on its next ownership round and answers its waiting produce."""
+    prefix = f"/ks-stop-{uuid.uuid4().hex[:8]}"
+    common = [*SLOW_FLUSH_ARGS, "--metadata", etcd_server.url, "--metadata-prefix", prefix,
+              "--storage", f"file://{tmp_path}/objects", "--lease-ttl-s", "3"]
+    http = f"127.0.0.1:{free_port()}"
+    brokers = {i: broker_factory(extra_args=[*common, "--broker-id", str(i), "--http", http if i == 1 else ""]) for i in (0, 1)}
+    with RawClient(brokers[0].bootstrap) as admin:
+        ct = req(19, 7, "CreatableTopic", name=topic_name, num_partitions=2, replication_factor=1, assignments=(), configs=())
+        created = admin.request(19, 7, req(19, 7, topics=(ct,), timeout_ms=10000, validate_only=False))
+        assert error_code(created.topics[0].error_code) == NONE
+
+        def leaders():
+            md = admin.metadata([topic_name], allow_auto=False)
+            return {p.partition_index: p.leader_id for p in md.topics[0].partitions}
+
+        _wait_until(lambda: set(leaders().values()) == {0, 1}, 20, "both brokers to own a partition")
+        partition = next(p for p, node in leaders().items() if node == 1)
+    with RawClient(brokers[1].bootstrap) as producer, RawClient(brokers[0].bootstrap) as admin:
+        answers = []  # broker 1 may take a moment to act as the owner etcd names
+
+        def first_produce_acknowledged():
+            answers.append(producer.produce(topic_name, partition, records.build_batch([(None, b"durable")], timestamp=_now_ms())))
+            return error_code(answers[-1].error_code) == NONE
+
+        _wait_until(first_produce_acknowledged, 15, "broker 1 to take the produce as owner")
+        p = req(0, 9, "PartitionProduceData", index=partition, records=records.build_batch([(None, b"waiting")], timestamp=_now_ms()))
+        t = req(0, 9, "TopicProduceData", name=topic_name, partition_data=(p,))
+        waiting = producer.send_request(0, 9, req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(t,)))
+        _wait_until(lambda: _produced_records(http) >= 2, 10, "the second produce to be buffered by its owner")
+        dt = req(20, 6, "DeleteTopicState", name=topic_name, topic_id=None)
+        deleted = admin.request(20, 6, req(20, 6, topics=(dt,), timeout=datetime.timedelta(seconds=10)))
+        assert error_code(deleted.responses[0].error_code) == NONE
+        deleted_at = time.monotonic()
+        corr, resp = decode_response(0, 9, producer.recv_frame())
+        answered_after = time.monotonic() - deleted_at
+        assert corr == waiting
+        assert error_code(resp.responses[0].partition_responses[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+        assert answered_after < 5.0, f"answered {answered_after:.2f}s after the delete"  # one ownership round, not the 10 min flush
+        md = producer.metadata([topic_name], allow_auto=False)  # the connection goes on
+        assert error_code(md.topics[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION

@@ -246,10 +246,12 @@ class EtcdCluster(Cluster):
                     # Free, or ours from before (etcd outage, or this id restarted): take it
                     # with a new epoch, so anything written under the old one is fenced.
                     await self._acquire(*key)
-        # Ownership of topics that were deleted.
+        # Ownership of topics that were deleted (by another broker, if our logs still run).
         names = set(self._partition_counts)
         for key in [k for k in self._owned if k[0] not in names]:
             self._owned.discard(key)
+            if self.logs is not None:
+                await self.logs.stop_topic(key[0])
 
     async def _acquire(self, topic: str, partition: int) -> None:
         st = await self.metadata.get_partition(topic, partition, with_segments=False)

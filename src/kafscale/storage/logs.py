@@ -671,6 +671,13 @@ class LogManager:
 
     async def drop_topic(self, name: str) -> None:
         """Forget a deleted topic's logs and cache, and delete its objects."""
+        await self.stop_topic(name)
+        keys = await self.store.list(f"{self.namespace}/{name}/")
+        await self.store.delete(keys)
+
+    async def stop_topic(self, name: str) -> None:
+        """A topic was deleted (here, or by another broker): stop its logs, answering their
+        waiting produces UNKNOWN_TOPIC_OR_PARTITION, and forget its cached state."""
         self._topics.pop(name, None)
         self._topic_ids = {i: n for i, n in self._topic_ids.items() if n != name}
         reason = StorageError(f"topic {name!r} was deleted", UNKNOWN_TOPIC_OR_PARTITION)
@@ -685,8 +692,6 @@ class LogManager:
         for key in [k for k in self._readers if k[0] == name]:
             del self._readers[key]
         self.cache.drop_prefix((name,))
-        keys = await self.store.list(f"{self.namespace}/{name}/")
-        await self.store.delete(keys)
 
     # -- partition logs ------------------------------------------------------------------
 
