@@ -383,3 +383,35 @@ def test_topic_deleted_through_another_broker_answers_the_owners_waiting_produce
         assert answered_after < 5.0, f"answered {answered_after:.2f}s after the delete"  # one ownership round, not the 10 min flush
         md = producer.metadata([topic_name], allow_auto=False)  # the connection goes on
         assert error_code(md.topics[0].error_code) == UNKNOWN_TOPIC_OR_PARTITION
+
+
+@pytest.mark.parametrize("commit_lands, expected", [(True, NONE), (False, UNKNOWN_TOPIC_OR_PARTITION)])
+async def test_an_upload_in_flight_is_answered_by_its_outcome(local_broker, monkeypatch, commit_lands, expected):
+    """Stopping does not cut an upload short: its batches are acknowledged if the commit
+    lands, and get the stop reason if it fails."""
+    logs = local_broker.logs
+    topic = f"in-flight-{commit_lands}"
+    lg = await _log_with_first_segment(local_broker, topic)
+    _, _, in_flight = _append(lg, b"uploading", producer_id=-1)
+    may_commit = asyncio.Event()
+    original = logs.metadata.commit_segment
+
+    async def slow_commit(*args, **kwargs):
+        await may_commit.wait()
+        if not commit_lands:
+            raise MetadataUnavailable("metadata store unavailable")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(logs.metadata, "commit_segment", slow_commit)
+    flushing = asyncio.ensure_future(lg.flush())
+    while not lg._in_flight:  # the upload has taken the batch
+        await asyncio.sleep(0.01)
+    _, _, buffered = _append(lg, b"buffered", producer_id=-1)
+
+    stopping = asyncio.ensure_future(logs.stop_topic(topic))  # waits for the upload to end
+    assert await _outcome(buffered) == UNKNOWN_TOPIC_OR_PARTITION  # at once
+    assert not in_flight.done()
+    may_commit.set()
+    await asyncio.wait_for(stopping, 10)
+    await asyncio.gather(flushing, return_exceptions=True)
+    assert await _outcome(in_flight) == expected
