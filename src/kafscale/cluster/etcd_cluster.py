@@ -8,9 +8,15 @@
 - Ownership is the key `/owners/{topic}/{p}`, tied to the owner's lease. Taking it is one
   transaction that also bumps the partition's leader epoch (so the old owner's next
   segment commit fails its compare): the old owner cannot commit after a takeover.
-- An owner whose lease could not be refreshed for half the TTL stops writing, well before
-  etcd expires the lease and anyone else can take over, so an old owner's upload cannot
-  land on a key after the new owner has written it.
+- The lease is refreshed every TTL/6 from a thread of its own (own gRPC channel), so a busy
+  event loop cannot make a refresh late. A refresh sent at time s that etcd accepts keeps
+  the lease alive until at least s + TTL (etcd renews from arrival, and never renews an
+  expired lease); the broker writes only until s + TTL/2 of its last accepted refresh, so
+  an owner stops writing well before etcd can expire the lease and anyone else take over,
+  and an old owner's upload cannot land on a key after the new owner has written it.
+- One id, one broker: registration creates `/brokers/{id}` only when absent. A key left by
+  an earlier run (kill -9) is waited out for its lease TTL; one whose lease is still being
+  refreshed after that belongs to a live broker, and this one refuses to start.
 - SIGTERM: flush, delete the owner keys and revoke the lease: hand-over in well under a second.
 """
 
@@ -20,10 +26,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
-from kafscale.cluster.membership import BrokerNode, Cluster
+from kafscale.cluster.membership import BrokerIdInUse, BrokerNode, Cluster
 from kafscale.metadata import keys
 from kafscale.metadata.kv import MetadataUnavailable, Txn
 from kafscale.metadata.store import MetadataStore
@@ -34,6 +41,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kafscale.cluster")
 RECONCILE_INTERVAL_S = 0.5
+KEEPALIVES_PER_TTL = 6  # a refresh every TTL/6: two can fail before writing stops at TTL/2
+WRITE_MARGIN = 0.5  # of the TTL: writes stop this long after the last accepted refresh was sent
+REGISTRATION_GRACE_S = 2.0  # past a lease's TTL, for etcd to revoke it and delete its keys
+
+
+def keepalive_period(ttl_s: float) -> float:
+    return max(ttl_s / KEEPALIVES_PER_TTL, 0.1)
 
 
 def _score(key: str, node_id: int) -> int:
@@ -80,7 +94,11 @@ class EtcdCluster(Cluster):
         self.ttl = lease_ttl_s
         self.logs: "LogManager | None" = None  # set by the broker after construction
         self.lease = 0
-        self._write_deadline = 0.0  # monotonic time until which our lease is surely alive
+        self._write_deadline = 0.0  # monotonic time until which we may write (lease surely alive)
+        self._lease_lock = threading.Lock()  # lease and deadline, set by the loop and the keeper thread
+        self._lease_gone = 0  # a lease the keeper thread found expired: the loop registers again
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
         self._live: dict[int, BrokerNode] = {local.node_id: local}
         self._owners: dict[tuple[str, int], tuple[int, int]] = {}  # (topic, p) -> (node, epoch)
         self._owned: set[tuple[str, int]] = set()
@@ -128,19 +146,62 @@ class EtcdCluster(Cluster):
 
     async def start(self) -> None:
         await self._register()
+        self._start_keeper()
         await self.reconcile()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._keepalive_loop(), name="lease-keepalive"), loop.create_task(self._reconcile_loop(), name="ownership")]
+        self._tasks = [loop.create_task(self._lease_loop(), name="lease"), loop.create_task(self._reconcile_loop(), name="ownership")]
 
     async def _register(self) -> None:
-        started = time.monotonic()
-        self.lease = await self.kv.grant_lease(self.ttl)
-        self._write_deadline = started + self.ttl / 2
-        doc = json.dumps({"host": self.local.host, "port": self.local.port, "rack": self.local.rack}).encode()
+        """Take a new lease and create `/brokers/{id}` under it, only where no live broker holds it."""
         key = keys.broker(self.local.node_id)
-        # The same id must not run twice: the key is free, or left by our own earlier life.
-        await self.kv.commit(Txn(leased_puts=[(key, doc)], lease=self.lease))
-        log.info("broker %d registered with lease %x (ttl %ds)", self.local.node_id, self.lease, self.ttl)
+        doc = json.dumps({"host": self.local.host, "port": self.local.port, "rack": self.local.rack}).encode()
+        waited_for: tuple[int, float] | None = None  # (lease seen holding the key, when it must be gone by)
+        while True:
+            held = await self.kv.key_lease(key)
+            if held is None:
+                started = time.monotonic()
+                lease = await self.kv.grant_lease(self.ttl)
+                registered = False
+                try:
+                    registered = await self.kv.commit(Txn(compares=[(key, 0)], leased_puts=[(key, doc)], lease=lease))
+                finally:
+                    if not registered:
+                        await self._revoke_quietly(lease)
+                if registered:
+                    with self._lease_lock:
+                        self.lease, self._write_deadline = lease, started + self.ttl * WRITE_MARGIN
+                    log.info("broker %d registered with lease %x (ttl %ds)", self.local.node_id, lease, self.ttl)
+                    return
+                continue  # another broker with our id was faster: see whether it lives
+            holder, granted_ttl = held
+            if not holder:
+                raise BrokerIdInUse(f"broker id {self.local.node_id}: {self.kv.prefix}{key} exists without a lease (not a broker's registration); delete it or give this broker another --broker-id")
+            now = time.monotonic()
+            if waited_for is None or waited_for[0] != holder:
+                # A lease alive for longer than its whole TTL after we first saw it has been
+                # refreshed since: a live broker holds this id (a killed one's lease just runs out).
+                waited_for = (holder, now + granted_ttl + REGISTRATION_GRACE_S)
+                if granted_ttl:
+                    log.warning(
+                        "broker id %d is registered under lease %x (ttl %ds): waiting for it to expire (an earlier run that did not shut down?)",
+                        self.local.node_id, holder, granted_ttl,
+                    )  # fmt: skip
+            elif granted_ttl and now > waited_for[1]:
+                other = await self.kv.get(key)
+                where = json.loads(other.value) if other is not None else {}
+                raise BrokerIdInUse(
+                    f"broker id {self.local.node_id} is in use by a live broker at {where.get('host')}:{where.get('port')} "
+                    f"(its registration {self.kv.prefix}{key} is kept alive by lease {holder:x}); give this broker another --broker-id"
+                )
+            elif not granted_ttl:
+                waited_for = (holder, max(waited_for[1], now + REGISTRATION_GRACE_S))  # expired: deletion under way
+            await asyncio.sleep(0.25)
+
+    async def _revoke_quietly(self, lease: int) -> None:
+        try:
+            await self.kv.revoke_lease(lease)
+        except MetadataUnavailable as e:  # unused, so harmless: it just expires
+            log.warning("could not revoke unused lease %x: %s", lease, e)
 
     async def stop(self) -> None:
         """Hand everything over at once: flush and release partitions, revoke the lease."""
@@ -149,31 +210,74 @@ class EtcdCluster(Cluster):
             t.cancel()
         for key in list(self._owned):
             await self._release(*key, flush=True)
+        self._keeper_stop.set()
+        if self._keeper is not None:
+            await asyncio.to_thread(self._keeper.join, self.ttl)
         try:
             await self.kv.revoke_lease(self.lease)
         except MetadataUnavailable as e:
             log.warning("could not revoke lease on shutdown (it expires in %ds): %s", self.ttl, e)
 
-    async def _keepalive_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(self.ttl / 4, 0.2))
-            started = time.monotonic()
-            try:
-                alive = await self.kv.keepalive(self.lease)
-            except MetadataUnavailable as e:
-                if not self.lease_alive():
-                    log.error("etcd unreachable for half the lease TTL: stopped writing (%s)", e)
-                    await self._drop_all()
-                continue
+    def _start_keeper(self) -> None:
+        from kafscale.metadata.etcd import BlockingLeaseKeeper
+
+        keeper = BlockingLeaseKeeper(self.kv.endpoints)
+        self._keeper = threading.Thread(target=self._keep_lease, args=(keeper,), name="lease-keepalive", daemon=True)
+        self._keeper.start()
+
+    def _keep_lease(self, keeper) -> None:
+        """The keeper thread: refresh the lease every TTL/6, whatever the event loop is doing."""
+        period = keepalive_period(self.ttl)
+        next_at = time.monotonic() + period
+        failing = False
+        try:
+            while not self._keeper_stop.wait(max(0.0, next_at - time.monotonic())):
+                lease, sent = self.lease, time.monotonic()
+                next_at = sent + period
+                try:
+                    # Past TTL/2 an answer cannot extend the deadline any more: try again.
+                    alive = keeper.keepalive(lease, timeout=self.ttl * WRITE_MARGIN)
+                except MetadataUnavailable as e:
+                    if not failing:
+                        log.warning("lease keepalive failed (writes stop %.1fs after the last accepted one): %s", self.ttl * WRITE_MARGIN, e)
+                    failing = True
+                    continue
+                if failing:
+                    log.info("lease keepalive answered again")
+                    failing = False
+                self._lease_refreshed(lease, sent, alive)
+        except Exception:  # noqa: BLE001 - without refreshes writing stops by itself; say why
+            log.exception("lease keepalive thread failed")
+        finally:
+            keeper.close()
+
+    def _lease_refreshed(self, lease: int, sent: float, alive: bool) -> None:
+        """etcd answered a keepalive for `lease` sent at monotonic time `sent`. It renewed
+        the lease from when the request arrived (after `sent`), so the lease lives until at
+        least sent + TTL: we may write until sent + TTL/2. An expired lease is never renewed."""
+        with self._lease_lock:
+            if lease != self.lease:
+                return  # an answer about a lease we replaced meanwhile
             if alive:
-                self._write_deadline = started + self.ttl / 2
-                continue
-            log.error("lease %x expired: dropping ownership and registering again", self.lease)
-            await self._drop_all()
-            try:
-                await self._register()
-            except MetadataUnavailable as e:
-                log.error("re-registering failed: %s", e)
+                self._write_deadline = max(self._write_deadline, sent + self.ttl * WRITE_MARGIN)
+            else:
+                self._lease_gone = lease
+
+    async def _lease_loop(self) -> None:
+        """Acts on what the keeper thread found. Writing stops by the deadline owns() checks,
+        not by this loop: a busy loop only delays the clean-up."""
+        while True:
+            await asyncio.sleep(keepalive_period(self.ttl))
+            if self._lease_gone and self._lease_gone == self.lease:
+                log.error("lease %x expired: dropping ownership and registering again", self.lease)
+                await self._drop_all()
+                try:
+                    await self._register()
+                except (MetadataUnavailable, BrokerIdInUse) as e:
+                    log.error("re-registering failed: %s", e)
+            elif self._owned and not self.lease_alive():
+                log.error("no lease keepalive accepted for %.1fs (etcd unreachable?): stopped writing", self.ttl * WRITE_MARGIN)
+                await self._drop_all()
 
     async def _drop_all(self) -> None:
         """Our lease is (or may be) gone: others may own our partitions now. Never flush."""

@@ -11,6 +11,10 @@ import zlib
 from dataclasses import dataclass
 
 
+class BrokerIdInUse(Exception):
+    """Another live broker is registered under this broker's id: this one must not start."""
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerNode:
     node_id: int

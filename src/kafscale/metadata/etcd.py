@@ -330,6 +330,28 @@ class EtcdKV(KV):
         reply = await self._call("lease keepalive", go)
         return reply is not None and reply.TTL > 0
 
+    async def key_lease(self, key: str) -> tuple[int, int] | None:
+        """(lease id, the lease's granted TTL in seconds) of the lease `key` is attached to;
+        None when the key is absent; (0, 0) when it has no lease; (id, 0) when the lease is
+        already gone (the key's deletion is on its way)."""
+        req = rpc.RangeRequest(key=self._k(key))
+
+        async def get(ch, timeout):
+            return await rpc.KVStub(ch).Range(req, timeout=timeout)
+
+        resp = await self._call(f"get {key}", get)
+        if not resp.kvs:
+            return None
+        lease_id = resp.kvs[0].lease
+        if not lease_id:
+            return 0, 0
+
+        async def ttl(ch, timeout):
+            return await rpc.LeaseStub(ch).LeaseTimeToLive(rpc.LeaseTimeToLiveRequest(ID=lease_id), timeout=timeout)
+
+        info = await self._call("lease time-to-live", ttl)
+        return lease_id, (info.grantedTTL if info.TTL > 0 else 0)
+
     async def revoke_lease(self, lease_id: int) -> None:
         async def go(ch, timeout):
             try:
@@ -380,3 +402,60 @@ class EtcdKV(KV):
                 raise MetadataUnavailable(f"etcd watch {prefix}: timed out") from e
         finally:
             call.cancel()
+
+
+class BlockingLeaseKeeper:
+    """Lease refreshes over plain, blocking gRPC channels of its own, for a thread of its own.
+
+    The broker's asyncio loop can be busy for seconds on a loaded machine; refreshing the
+    lease from that loop would let one late refresh stop a healthy broker from writing. A
+    blocking call in a separate thread needs only a few milliseconds of CPU and the GIL, which
+    a busy loop hands over every few milliseconds. Used by one thread only."""
+
+    def __init__(self, endpoints: list[str]):
+        if not endpoints:
+            raise ValueError("no etcd endpoints")
+        self.endpoints = list(endpoints)
+        self._channels: dict[str, grpc.Channel] = {}
+        self._current = 0
+
+    def _channel(self, endpoint: str) -> grpc.Channel:
+        ch = self._channels.get(endpoint)
+        if ch is None:
+            ch = grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
+            self._channels[endpoint] = ch
+        return ch
+
+    def keepalive(self, lease_id: int, timeout: float) -> bool:
+        """Refresh the lease once, trying each endpoint within `timeout` seconds in all.
+
+        True: refreshed (etcd renews from when the request arrives, so the lease lives at
+        least its TTL past the moment this call began). False: the lease no longer exists;
+        etcd never renews an expired lease, however late the request. Raises
+        MetadataUnavailable when no endpoint answered."""
+        deadline = time.monotonic() + timeout
+        n = len(self.endpoints)
+        last: Exception | None = None
+        for attempt in range(n):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.01:
+                break
+            idx = (self._current + attempt) % n
+            stub = rpc.LeaseStub(self._channel(self.endpoints[idx]))
+            call = stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=remaining)
+            try:
+                reply = next(call, None)
+            except grpc.RpcError as e:
+                last = e
+                continue
+            finally:
+                call.cancel()
+            self._current = idx
+            return reply is not None and reply.TTL > 0
+        detail = f"{last.code().name}: {last.details()}" if isinstance(last, grpc.RpcError) else "timed out"
+        raise MetadataUnavailable(f"etcd lease keepalive: unreachable at {','.join(self.endpoints)} ({detail})") from last
+
+    def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for ch in channels.values():
+            ch.close()

@@ -17,6 +17,7 @@ log = logging.getLogger("kafscale")
 
 def _run_broker(args: argparse.Namespace) -> int:
     from kafscale.broker.app import Broker
+    from kafscale.cluster.membership import BrokerIdInUse
     from kafscale.ops import logging_setup
 
     cfg = broker_config.from_args(args)
@@ -28,9 +29,15 @@ def _run_broker(args: argparse.Namespace) -> int:
     except ImportError:  # uvloop is optional at run time; plain asyncio works
         pass
 
-    async def run() -> None:
+    async def run() -> int:
         broker = Broker(cfg)
-        await broker.start()
+        try:
+            await broker.start()
+        except BrokerIdInUse as e:
+            log.error("refusing to start: %s", e)
+            await broker.metadata.close()
+            await broker.store.close()
+            return 1
         # Everything loaded so far (kio schemas, modules, config) lives as long as the
         # process: keep it out of the cyclic GC's full collections.
         gc.collect()
@@ -45,9 +52,9 @@ def _run_broker(args: argparse.Namespace) -> int:
         log.info("shutting down: stop accepting, flush buffers")
         await broker.stop()
         log.info("stopped")
+        return 0
 
-    asyncio.run(run())
-    return 0
+    return asyncio.run(run())
 
 
 def build_parser() -> argparse.ArgumentParser:
