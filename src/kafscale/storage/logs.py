@@ -353,6 +353,10 @@ class PartitionLog:
             self.stopped_by = reason
         self.closed = True
         dropped, self._buffer = self._buffer, []
+        if not self._flush_lock.locked():
+            # No upload runs: batches still marked in flight were left by a flush that
+            # failed unexpectedly (a bug), and nothing else would ever answer them.
+            dropped, self._in_flight = self._in_flight + dropped, []
         self._buffer_bytes = 0
         self._waiting_acks = 0
         self._answer(dropped, reason)
