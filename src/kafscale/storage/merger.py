@@ -123,7 +123,11 @@ class SegmentMerger:
         # where no object is (a late writer never replaces acknowledged bytes); a merge
         # replaces run[0]'s object with byte-identical committed batches at the same
         # offsets plus the run's later ones, which readers bound by offset, so every
-        # version of the key serves the same records.
+        # version of the key serves the same records. Only an owner merges: an old owner's
+        # late merge could replace the new owner's longer merged object with a shorter one
+        # (readers then refuse it as not the committed segment, see LogManager._load_segment).
+        if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
+            return False
         await mgr.store.put_many(objects)
         mgr.stats["puts"] += len(objects)
         async with lg._flush_lock:
