@@ -194,6 +194,30 @@ def test_validator_accepts_every_well_formed_request():
             assert end == size == len(body), (api_key, version)
 
 
+def test_generated_checkers_agree_with_the_plan_interpreter():
+    """The straight-line checkers the broker runs and the plan interpreter accept and
+    reject the same mutated bodies, and end at the same place."""
+    from tests.test_fuzz import mutate
+
+    rng = random.Random(11)
+    apis = served_versions()
+    accepted = 0
+    for _ in range(4000):
+        api_key, version = rng.choice(apis)
+        cls = codec.schema(api_key, version, "request")
+        body = b"\0" * 12 + sample_body(api_key, version, rng)  # mutate() spares a 12-byte header
+        buf = memoryview(bytearray(mutate(body, rng)[12:]))
+        results = []
+        for check in (validate.check, validate.check_interpreted):
+            try:
+                results.append(check(cls, buf, 0))
+            except validate.InvalidRequestBody:
+                results.append("malformed")
+        assert results[0] == results[1], (api_key, version, bytes(buf).hex())
+        accepted += results[0] != "malformed"
+    assert 200 < accepted < 3800  # both outcomes were exercised
+
+
 @pytest.mark.parametrize("cut", [1, 5, 17])
 def test_validator_rejects_truncation_and_overstated_lengths(cut):
     body = sample_body(METADATA, 12, random.Random(cut))
