@@ -19,6 +19,13 @@ class BrokerConfig:
     metadata_prefix: str = field(default="/kafscale", metadata={"help": "key prefix in etcd"})
     http: str = field(default="127.0.0.1:9093", metadata={"help": "HOST:PORT for /metrics, /healthz, /readyz ('' disables)"})
     max_frame_bytes: int = field(default=100 * 1024 * 1024, metadata={"help": "largest request frame accepted"})
+    # 256 MiB: two frames of the largest size (100 MiB) at once plus room for small requests,
+    # and several times what acks=all producers keep in flight at full speed (about
+    # throughput x flush interval). Kafka's own default is unbounded (-1).
+    max_request_memory: int = field(default=256 * 1024 * 1024, metadata={"help": "total bytes of requests being read or handled; a connection whose next request does not fit waits (Kafka's queued.max.request.bytes; 0: no limit)"})
+    max_connections: int = field(default=10_000, metadata={"help": "client connections accepted at once; more are closed at accept (Kafka's max.connections; 0: no limit)"})
+    max_connections_per_ip: int = field(default=0, metadata={"help": "client connections accepted at once from one address (Kafka's max.connections.per.ip; 0: no limit)"})
+    connections_max_idle_ms: int = field(default=600_000, metadata={"help": "close a connection with no traffic and no open request for this long (Kafka's connections.max.idle.ms; 0: never)"})
     flush_interval_ms: int = field(default=500, metadata={"help": "longest time a record waits in the write buffer"})
     min_flush_interval_ms: int = field(default=-1, metadata={"help": "least time between two uploads of one partition (-1: 0 for file://, the flush interval for s3://)"})
     segment_bytes: int = field(default=4 * 1024 * 1024, metadata={"help": "default segment.bytes: seal a segment at this size"})

@@ -8,7 +8,9 @@ place and keep them without another copy.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import mmap
 import struct
 import time
 from collections import deque
@@ -27,10 +29,24 @@ log = logging.getLogger("kafscale.server")
 
 _LEN = struct.Struct(">i")
 READ_BUFFER_BYTES = 256 * 1024
+# A frame larger than the read buffer starts with this much memory and doubles as its bytes
+# arrive: the declared length is only a promise.
+LARGE_FRAME_FIRST_BYTES = 1024 * 1024
+READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffer back
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
+# Why a connection does not read (any of them pauses it).
+PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING = 1, 2, 4
 API_VERSIONS = 18
 PRODUCE = 0
 UNSUPPORTED_VERSION = 35
+
+
+# Resizing a bytearray without filling the new bytes (the recv that follows writes them):
+# bytearray.extend would need a zero-filled temporary and copy it, which measured 40 times
+# slower than allocating the frame whole. realloc moves large blocks without copying.
+_grow_bytearray = ctypes.pythonapi.PyByteArray_Resize
+_grow_bytearray.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
+_grow_bytearray.restype = ctypes.c_int  # errors (BufferError while a view exists) are raised
 
 
 class CloseConnection(Exception):
@@ -42,17 +58,27 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.server = server
         self.broker = server.broker
         self.max_frame = server.config.max_frame_bytes
-        self._buf = bytearray(READ_BUFFER_BYTES)
+        # The read buffer is an anonymous mmap made on the first read: pages never written
+        # cost no memory, and dropping it when the connection idles gives the pages back to
+        # the OS at once (a bytearray would leave the malloc heap fragmented).
+        self._buf: mmap.mmap | None = None
         self._start = 0
         self._end = 0
         self._frame: bytearray | None = None  # a large frame being read straight into place
         self._frame_pos = 0
+        self._frame_len = 0  # its declared length; the bytearray grows towards it
+        self._head_reserved = -1  # bytes reserved for the frame being read (-1: none yet)
+        self.reserved = 0  # request memory this connection holds (server-wide budget)
         self._pending: deque[asyncio.Task] = deque()
-        self._paused = False
+        self._pause_reasons = 0
+        self._reading_paused = False
         self.produce_turn: asyncio.Future | None = None  # the last Produce's turn (ordering)
         self.transport: asyncio.Transport | None = None
         self.peer = ""
+        self.address = ""
+        self.admitted = False
         self.closing = False
+        self.last_active = time.monotonic()
 
     # -- asyncio protocol ----------------------------------------------------------------
 
@@ -60,60 +86,131 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.server.connections.add(self)
+        self.address = peer[0] if peer else "?"
+        refusal = self.server.admit(self)
+        if refusal is not None:
+            self.closing = True
+            log.warning("refusing connection from %s: %s", self.peer, refusal, extra={"peer": self.peer})
+            transport.close()
 
     def connection_lost(self, exc) -> None:
         self.closing = True
-        self.server.connections.discard(self)
+        self.server.forget(self)
+        if self._head_reserved > 0:
+            self.server.release_request_memory(self, self._head_reserved)
+        self._head_reserved = -1
+        self._frame = self._buf = None
         for task in self._pending:
-            task.cancel()
+            task.cancel()  # each gives its request memory back when done
         self._pending.clear()
 
+    def pause_writing(self) -> None:
+        # The client does not read its responses: read no more requests from it either, so
+        # the responses waiting in the transport stay bounded by the open requests.
+        self._pause(PAUSE_WRITING)
+
+    def resume_writing(self) -> None:
+        self._unpause(PAUSE_WRITING)
+
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._frame is not None:
-            return memoryview(self._frame)[self._frame_pos :]
-        if self._end == len(self._buf):
+        frame = self._frame
+        if frame is not None:
+            if self._frame_pos == len(frame):
+                # Grow as the bytes arrive (doubling, up to the declared length): a client
+                # that declares a huge frame and sends little gets little memory. Growing
+                # happens here, not in buffer_updated, where the event loop still holds a
+                # view of the buffer (a bytearray with views cannot be resized).
+                _grow_bytearray(frame, min(self._frame_len, 2 * len(frame)))
+            return memoryview(frame)[self._frame_pos :]
+        buf = self._buf
+        if buf is None:
+            buf = self._buf = mmap.mmap(-1, READ_BUFFER_BYTES)
+        elif self._end == READ_BUFFER_BYTES:
             # compact: move the unconsumed tail to the front
-            self._buf[: self._end - self._start] = self._buf[self._start : self._end]
+            buf.move(0, self._start, self._end - self._start)
             self._end -= self._start
             self._start = 0
-        return memoryview(self._buf)[self._end :]
+        return memoryview(buf)[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = time.monotonic()
         if self._frame is not None:
             self._frame_pos += nbytes
-            if self._frame_pos == len(self._frame):
+            if self._frame_pos == self._frame_len:
                 frame, self._frame = self._frame, None
                 self._dispatch(frame)
             return
         self._end += nbytes
+        self._read_frames()
+
+    def _read_frames(self) -> None:
+        """Dispatch the complete frames in the read buffer; move a frame too large for it
+        into its own buffer. Each frame first reserves its size from the server's request
+        memory budget; a frame that does not fit waits there, with reading paused."""
         buf = self._buf
         while self._end - self._start >= 4 and not self.closing:
             (length,) = _LEN.unpack_from(buf, self._start)
             if length < 0 or length > self.max_frame:
                 self._close(f"frame of {length} bytes is over the limit of {self.max_frame} bytes" if length > 0 else f"invalid frame length {length}")
                 return
+            if self._head_reserved < 0:
+                if not self.server.reserve_request_memory(self, length):
+                    self._pause(PAUSE_MEMORY)  # the server calls memory_available()
+                    return
+                self._head_reserved = length
             avail = self._end - self._start - 4
             if avail >= length:
                 body_start = self._start + 4
-                frame = buf[body_start : body_start + length]  # slicing a bytearray copies once
+                frame = bytearray(memoryview(buf)[body_start : body_start + length])  # one copy
                 self._start = body_start + length
                 self._dispatch(frame)
                 continue
-            if 4 + length > len(buf) - self._start:
-                # Too big for the read buffer: read the rest directly into its own bytearray.
-                # (Doing so for every frame of 64 KiB and more measured worse: bytearray(n)
-                # zero-fills, which costs about what the slice copy saves.)
-                frame = bytearray(length)
+            if 4 + length > READ_BUFFER_BYTES - self._start:
+                # Too big for the read buffer: read the rest directly into its own bytearray,
+                # allocated in steps as the bytes arrive (never the declared size up front).
+                frame = bytearray(min(length, max(avail, LARGE_FRAME_FIRST_BYTES)))
                 frame[:avail] = memoryview(buf)[self._start + 4 : self._end]
                 self._start = self._end = 0
-                self._frame, self._frame_pos = frame, avail
+                self._frame, self._frame_pos, self._frame_len = frame, avail, length
             break
         if self._start == self._end:
             self._start = self._end = 0
 
+    def memory_available(self) -> None:
+        """Request memory was given back: retry the frame that waited for it."""
+        if self.closing or not self._pause_reasons & PAUSE_MEMORY:
+            return
+        self._pause_reasons &= ~PAUSE_MEMORY
+        self._read_frames()
+        self._update_reading()
+
+    def release_idle_buffer(self) -> None:
+        """Give the read buffer back while the connection is quiet (made again on the
+        next read)."""
+        if self._buf is not None and self._start == self._end:
+            self._buf = None
+            self._start = self._end = 0
+
     def eof_received(self):
         return False
+
+    def _pause(self, reason: int) -> None:
+        self._pause_reasons |= reason
+        self._update_reading()
+
+    def _unpause(self, reason: int) -> None:
+        if self._pause_reasons & reason:
+            self._pause_reasons &= ~reason
+            self._update_reading()
+
+    def _update_reading(self) -> None:
+        paused = bool(self._pause_reasons)
+        if paused != self._reading_paused and not self.closing and self.transport is not None:
+            self._reading_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     # -- requests ------------------------------------------------------------------------
 
@@ -124,13 +221,23 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
+    def close_idle(self, idle_s: float) -> None:
+        if not self.closing:
+            log.info("closing connection from %s: idle for %.0f s (connections.max.idle.ms)", self.peer, idle_s, extra={"peer": self.peer})
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
     def _dispatch(self, frame: bytearray) -> None:
+        # The frame's reservation now belongs to its request: given back when it is done.
+        reserved, self._head_reserved = self._head_reserved, -1
         task = asyncio.get_running_loop().create_task(self.server.handle(self, frame))
         self._pending.append(task)
         task.add_done_callback(self._on_done)
-        if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION and not self._paused:
-            self._paused = True
-            self.transport.pause_reading()
+        if reserved > 0:
+            task.add_done_callback(lambda _task: self.server.release_request_memory(self, reserved))
+        if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
+            self._pause(PAUSE_INFLIGHT)
 
     def _on_done(self, _task: asyncio.Task) -> None:
         # Write finished responses in request order; stop at the first one still running.
@@ -153,10 +260,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if out:
                 ready.extend(out)
         if ready and not self.closing:
+            self.last_active = time.monotonic()
             self.transport.writelines(ready)
-        if self._paused and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2 and not self.closing:
-            self._paused = False
-            self.transport.resume_reading()
+        if self._pause_reasons & PAUSE_INFLIGHT and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2:
+            self._unpause(PAUSE_INFLIGHT)
 
 
 class KafkaServer:
@@ -164,7 +271,12 @@ class KafkaServer:
         self.broker = broker
         self.config = config
         self.connections: set[KafkaConnection] = set()
+        self.connections_per_address: dict[str, int] = {}
+        self.request_memory = 0  # bytes reserved by requests being read or handled
+        self._memory_waiters: deque[KafkaConnection] = deque()
+        self._memory_wake_scheduled = False
         self._server: asyncio.AbstractServer | None = None
+        self._housekeeper: asyncio.Task | None = None
         self.address: tuple[str, int] = ("", 0)
         self.request_hooks: list = []  # called as hook(api_key, version, seconds, error) by ops/metrics
 
@@ -174,6 +286,7 @@ class KafkaServer:
         self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True, backlog=1024)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
+        self._housekeeper = loop.create_task(self._housekeeping(), name="connection-housekeeping")
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -185,6 +298,8 @@ class KafkaServer:
         pending = [t for conn in self.connections for t in conn._pending]
         if pending:
             await asyncio.wait(pending, timeout=drain_s)
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
         for conn in list(self.connections):
             conn._close("broker shutting down")
         if self._server is not None:
@@ -192,6 +307,76 @@ class KafkaServer:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             except TimeoutError:
                 pass
+
+    # -- connection accounting -------------------------------------------------------------
+
+    def admit(self, conn: KafkaConnection) -> str | None:
+        """Count a new connection in, or say why it is refused (over a connection limit)."""
+        cfg = self.config
+        if cfg.max_connections > 0 and len(self.connections) >= cfg.max_connections:
+            return f"{len(self.connections)} connections open, the limit is {cfg.max_connections} (--max-connections)"
+        from_address = self.connections_per_address.get(conn.address, 0)
+        if cfg.max_connections_per_ip > 0 and from_address >= cfg.max_connections_per_ip:
+            return f"{from_address} connections open from {conn.address}, the limit is {cfg.max_connections_per_ip} (--max-connections-per-ip)"
+        self.connections.add(conn)
+        self.connections_per_address[conn.address] = from_address + 1
+        conn.admitted = True
+        return None
+
+    def forget(self, conn: KafkaConnection) -> None:
+        if not conn.admitted:
+            return
+        conn.admitted = False
+        self.connections.discard(conn)
+        left = self.connections_per_address.get(conn.address, 1) - 1
+        if left > 0:
+            self.connections_per_address[conn.address] = left
+        else:
+            self.connections_per_address.pop(conn.address, None)
+
+    def reserve_request_memory(self, conn: KafkaConnection, nbytes: int) -> bool:
+        """Reserve a frame's declared size before reading or handling it. False (and the
+        connection is queued) when it does not fit the budget; one frame alone always fits,
+        so a frame larger than the budget is not stuck forever."""
+        limit = self.config.max_request_memory
+        if limit > 0 and self.request_memory > 0 and self.request_memory + nbytes > limit:
+            self._memory_waiters.append(conn)
+            return False
+        self.request_memory += nbytes
+        conn.reserved += nbytes
+        return True
+
+    def release_request_memory(self, conn: KafkaConnection, nbytes: int) -> None:
+        self.request_memory -= nbytes
+        conn.reserved -= nbytes
+        if self._memory_waiters and not self._memory_wake_scheduled:
+            self._memory_wake_scheduled = True
+            asyncio.get_running_loop().call_soon(self._wake_memory_waiters)
+
+    def _wake_memory_waiters(self) -> None:
+        # In arrival order; each retries its frame and queues itself again if it still does
+        # not fit. Stop at the first that stays queued (the budget is spent).
+        self._memory_wake_scheduled = False
+        for _ in range(len(self._memory_waiters)):
+            conn = self._memory_waiters.popleft()
+            conn.memory_available()
+            if self._memory_waiters and self._memory_waiters[-1] is conn:
+                break
+
+    async def _housekeeping(self) -> None:
+        """Close connections idle past connections.max.idle.ms and take the read buffers
+        of quiet ones back."""
+        idle_s = self.config.connections_max_idle_ms / 1000
+        period = min(1.0, max(0.05, idle_s / 4)) if idle_s > 0 else 1.0
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                quiet = now - conn.last_active
+                if 0 < idle_s < quiet and not conn._pending:
+                    conn.close_idle(quiet)
+                elif quiet > READ_BUFFER_RELEASE_S:
+                    conn.release_idle_buffer()
 
     async def handle(self, conn: KafkaConnection, frame: bytearray) -> list | None:
         payload = memoryview(frame)
