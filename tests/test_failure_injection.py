@@ -34,7 +34,7 @@ from tests.support.servers import ETCD_BIN, start_etcd, start_moto
 
 pytestmark = pytest.mark.timeout(240)
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, API_VERSIONS = 0, 1, 2, 3, 8, 18
+PRODUCE, FETCH, LIST_OFFSETS, OFFSET_COMMIT, API_VERSIONS = 0, 1, 2, 8, 18
 CREATE_TOPICS, DESCRIBE_CONFIGS, TOPIC_RESOURCE = 19, 32, 2
 NONE = ErrorCode.none.value
 NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
@@ -266,8 +266,8 @@ def test_concurrent_partition_change_during_recovery_answers_not_leader(s3_broke
     with RawClient(b.bootstrap, timeout=SLOW_ANSWER_S) as c:
 
         def during_recovery(send, partition: int):
-            """Send a request that loads `partition`; change the partition's state while the
-            broker's recovery waits for S3; then let S3 answer and return the response."""
+            """Send a request that loads `partition` and change the partition's state while
+            the broker's recovery waits for S3, then let S3 answer; the caller reads the reply."""
             proxy.hold()
             try:
                 corr = send()
