@@ -288,3 +288,31 @@ def test_error_response_mirrors_the_request():
     part = r.responses[0].partition_responses[0]
     assert (r.responses[0].name, part.index, part.error_code, part.base_offset) == ("t", 2, ErrorCode.not_leader_or_follower, -1)
     assert error_response.error_code_for(RuntimeError("x")) == ErrorCode.unknown_server_error.value
+
+
+# ---------------------------------------------------------------------------------------
+# well-formed requests the fuzzer found handlers tripping over
+
+
+@pytest.mark.parametrize("version", [10, 11])
+def test_metadata_null_topic_name_before_v12_is_invalid_request(lone_broker, version):
+    """v10-11 have nullable names but no lookup by id: Kafka refuses such a request with
+    INVALID_REQUEST in every topic entry (a handler traceback before)."""
+    topics = (req(METADATA, version, "MetadataRequestTopic", name=None), req(METADATA, version, "MetadataRequestTopic", name="named"))
+    body = req(METADATA, version, topics=topics, allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
+               include_topic_authorized_operations=False)
+    with RawClient(lone_broker.bootstrap) as c:
+        r = c.request(METADATA, version, body)
+        assert [(t.name, t.error_code) for t in r.topics] == [("", ErrorCode.invalid_request), ("named", ErrorCode.invalid_request)]
+        assert c.metadata([], version=12).brokers  # the connection stays usable
+    assert_serving(lone_broker)
+
+
+@pytest.mark.parametrize("version", [12, 13])
+def test_metadata_topic_without_name_or_id(lone_broker, version):
+    body = req(METADATA, version, topics=(req(METADATA, version, "MetadataRequestTopic", name=None, topic_id=None),),
+               allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    with RawClient(lone_broker.bootstrap) as c:
+        [t] = c.request(METADATA, version, body).topics
+        assert (t.name, t.error_code, t.partitions) == (None, ErrorCode.unknown_topic_id, ())
+    assert_serving(lone_broker)

@@ -62,6 +62,16 @@ _KEY_PAIRS = {
 _MINUS_ONE_HINTS = ("offset", "watermark", "epoch", "leader", "generation", "replica", "timestamp", "_id")
 
 
+class RequestError(Exception):
+    """Raised by a handler for a request it refuses as a whole (Kafka's
+    InvalidRequestException and kin): the server answers it with `error_code` everywhere,
+    one log line and no traceback."""
+
+    def __init__(self, error_code: int, message: str):
+        super().__init__(message)
+        self.error_code = error_code
+
+
 def error_code_for(exc: BaseException) -> int:
     """The Kafka error code an exception stands for: its own `error_code` when it carries
     one (storage and coordinator errors do), UNKNOWN_SERVER_ERROR otherwise."""

@@ -8,6 +8,7 @@ from kio.schema.errors import ErrorCode
 
 from kafscale.broker import topics
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
+from kafscale.protocol.error_response import INVALID_REQUEST, RequestError
 from kafscale.storage.logs import StorageError
 
 METADATA = 3
@@ -60,8 +61,14 @@ async def metadata(ctx, req):
     else:
         names = topics.TopicIdResolver(broker)
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
+        if ctx.version < 12 and any(t.name is None for t in requested):
+            # v10-11 have a nullable name but no lookup by id: Kafka refuses the request.
+            raise RequestError(INVALID_REQUEST, f"topic name can not be null in Metadata v{ctx.version}")
         for t in requested:
             name = t.name
+            if name is None and getattr(t, "topic_id", None) is None:  # neither name nor id
+                results.append(make(topic_cls, error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=ZERO_UUID, partitions=()))
+                continue
             if name is None and getattr(t, "topic_id", None) is not None:
                 try:
                     name = await names.name(None, t.topic_id)
