@@ -185,6 +185,76 @@ async def test_create_is_idempotent_for_the_same_bytes_and_refuses_others(backen
         await store.close()
 
 
+class _AnswerDroppingProxy:
+    """A TCP proxy in front of moto that, when armed, forwards one PUT but cuts the
+    connection instead of passing on its 200: the upload landed, the client never hears."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.armed = False
+        self.dropped = 0
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        last_request = [b""]
+
+        async def to_upstream() -> None:
+            while data := await client_r.read(65536):
+                if data[:8].split(b" ")[0] in (b"PUT", b"GET", b"HEAD", b"POST", b"DELETE"):
+                    last_request[0] = data[:8]
+                up_w.write(data)
+                await up_w.drain()
+
+        async def to_client() -> None:
+            while data := await up_r.read(65536):
+                if self.armed and last_request[0].startswith(b"PUT ") and data.startswith(b"HTTP/1.1 200"):
+                    self.armed = False
+                    self.dropped += 1
+                    break  # the answer to a landed PUT is lost
+                client_w.write(data)
+                await client_w.drain()
+
+        try:
+            await asyncio.wait([asyncio.ensure_future(to_upstream()), asyncio.ensure_future(to_client())], return_when=asyncio.FIRST_COMPLETED)
+        except OSError:
+            pass
+        finally:
+            for w in (client_w, up_w):
+                w.close()
+
+
+@pytest.mark.parametrize("conditional", [True, False], ids=["if-none-match", "fallback"])
+async def test_s3_retry_of_an_upload_whose_answer_was_lost_is_not_a_lost_race(moto_server, conditional):
+    """The first PUT lands but its answer is lost; the store's retry finds the key taken
+    (412, or the fallback's HEAD) by its own bytes: that is success."""
+    bucket = f"cond-{uuid.uuid4().hex[:12]}"
+    direct = open_store(f"s3://{bucket}")
+    await direct.create_bucket()
+    proxy = _AnswerDroppingProxy(moto_server.port)
+    store = S3ObjectStore(bucket, "p", endpoint_url=await proxy.start(), conditional_writes=conditional, base_backoff=0.01)
+    key = f"{NAMESPACE}/t/0/segment-{0:020d}.kfs"
+    try:
+        proxy.armed = True
+        await store.create(key, [b"segment bytes"])
+        assert proxy.dropped == 1
+        assert await direct.get(f"p/{key}") == b"segment bytes"
+        with pytest.raises(ObjectExistsError):  # and the key is still guarded
+            await store.create(key, [b"other bytes"])
+    finally:
+        await store.close()
+        await direct.close()
+        await proxy.close()
+
+
 async def test_object_left_at_the_high_watermark_by_a_failed_flush_is_adopted(backend, tmp_path, topic_name):
     """An upload that landed although its flush failed (never acknowledged) holds the key
     of the next flush: that flush loses, and the log reloads and adopts the object instead
