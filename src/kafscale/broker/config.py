@@ -55,9 +55,10 @@ class BrokerConfig:
             self.storage = "file://" + os.path.abspath(os.path.join(self.data_dir, "objects"))
         if self.min_flush_interval_ms < 0:
             # A local directory makes an upload cheap, so acknowledge at once. On S3 every
-            # upload is billed (two PUTs: segment and index), so a busy partition uploads
-            # at most once per flush interval: the spec's cost profile (README: "Latency
-            # and S3 cost"). An idle partition still answers at once.
+            # upload is billed (one PUT: the segment; a second for its index only from
+            # --index-min-bytes on), so a busy partition uploads at most once per flush
+            # interval: the spec's cost profile (README: "Latency and S3 cost"). An idle
+            # partition still answers at once.
             self.min_flush_interval_ms = self.flush_interval_ms if self.storage.startswith("s3://") else 0
 
     @staticmethod
