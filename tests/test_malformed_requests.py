@@ -316,3 +316,15 @@ def test_metadata_topic_without_name_or_id(lone_broker, version):
         [t] = c.request(METADATA, version, body).topics
         assert (t.name, t.error_code, t.partitions) == (None, ErrorCode.unknown_topic_id, ())
     assert_serving(lone_broker)
+
+
+@pytest.mark.parametrize("name,version", [("", "1.0"), ("bad name", "1.0"), ("client", "1.0-"), ("client", "x_y")])
+def test_api_versions_with_invalid_client_software_is_invalid_request(lone_broker, name, version):
+    """Kafka's ApiVersionsRequest.isValid(): names and versions are [a-zA-Z0-9] with '-' and
+    '.' inside; anything else is answered INVALID_REQUEST with no API list."""
+    with RawClient(lone_broker.bootstrap) as c:
+        r = c.request(18, 3, req(18, 3, client_software_name=name, client_software_version=version))
+        assert (r.error_code, r.api_keys) == (ErrorCode.invalid_request, ())
+        ok = c.request(18, 3, req(18, 3, client_software_name="apache-kafka-java", client_software_version="3.7.0"))
+        assert ok.error_code == ErrorCode.none and len(ok.api_keys) > 10
+    assert_serving(lone_broker)

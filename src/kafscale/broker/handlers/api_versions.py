@@ -1,12 +1,22 @@
 """ApiVersions (18): advertise exactly what the router has."""
 
+import re
+
 from kafscale.protocol.build import make, nested, response
+from kafscale.protocol.error_response import INVALID_REQUEST
 
 API_VERSIONS = 18
+# What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)
+SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
 async def api_versions(ctx, req):
     cls = response(API_VERSIONS, ctx.version)
+    if ctx.version >= 3 and not (
+        SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_name) and SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_version)
+    ):
+        # Kafka answers INVALID_REQUEST with no API list (KafkaApis.handleApiVersionsRequest)
+        return make(cls, error_code=INVALID_REQUEST, api_keys=(), throttle_time=0)
     entry = nested(cls, "ApiVersion")
     keys = tuple(
         make(entry, api_key=a.key, min_version=a.min_version, max_version=a.max_version)
