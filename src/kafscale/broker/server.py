@@ -442,7 +442,9 @@ class KafkaServer:
         header = ctx.header
         traceback = code is None and getattr(exc, "error_code", None) is None
         code = error_response.error_code_for(exc) if code is None else code
-        log.error(
+        # a request the handler refused as a whole is the client's doing: a warning
+        log.log(
+            logging.WARNING if isinstance(exc, error_response.RequestError) else logging.ERROR,
             "request failed: api=%s v%d client_id=%s peer=%s, answered with error %d: %r",
             api_key_map.get(header.api_key, header.api_key), header.api_version, header.client_id, conn.peer, code, exc,
             exc_info=exc if traceback else None,
