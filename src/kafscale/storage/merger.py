@@ -9,6 +9,11 @@ keep working. A crash at any point loses nothing: before the swap the old segmen
 still valid (the first key now holds a superset of its batches, which readers bound by
 offset), after it the merged segment is; leftover objects below the high watermark that
 the metadata does not list are never adopted and are swept later.
+
+The merged object replaces the first segment's only with a conditional replace based on
+the version of that object the merge was built from (`ObjectStore.replace`): an old owner
+whose merge lands late, after the new owner merged a longer run into the same key, is
+refused and drops its merge; it never replaces a committed object with a shorter one.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentView
+from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager, PartitionLog
@@ -105,30 +112,49 @@ class SegmentMerger:
 
     async def merge(self, lg: "PartitionLog", run: list[segment.SegmentInfo]) -> bool:
         mgr = self.manager
-        bodies = []
-        for seg in run:
-            view = await mgr._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
-            # A view may hold more than the segment (its key was overwritten by an earlier
-            # merge that never committed): keep exactly this segment's offsets.
-            bodies.append(view.read(seg.base_offset, seg.size, True) if view.last_offset > seg.last_offset else view.data)
-        body = b"".join(bodies)
+        ns = mgr.namespace
         base = run[0].base_offset
+        first_key = segment.segment_key(ns, lg.topic, lg.partition, base)
+        where = f"{lg.topic}-{lg.partition} at {base}"
+        # The object the merged one will replace, read with its version: the replace
+        # happens only if the key still holds exactly this object.
+        try:
+            stored, version = await mgr.store.get_with_version(first_key)
+        except ObjectNotFound:
+            return False  # retention or DeleteRecords took the run meanwhile
+        decoded = segment.decode(stored, name=first_key)
+        first = decoded.info
+        if first.base_offset != base or first.created_ms != run[0].created_ms or not run[0].last_offset <= first.last_offset <= run[-1].last_offset:
+            # Not this segment, nor a superset of it that this merge covers (an earlier
+            # uncommitted merge of ours): a newer owner's longer merge, which must stand.
+            log.info("merge of %s skipped: the object there (offsets %d-%d) is not one this merge may replace", where, first.base_offset, first.last_offset)
+            return False
+        bodies = [_batches_through(decoded.batches, run[0].last_offset)]
+        for seg in run[1:]:
+            view = await mgr._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
+            # A view may hold more than the segment (its key was replaced by an earlier
+            # merge that never committed): keep exactly this segment's offsets.
+            bodies.append(_batches_through(view.data, seg.last_offset))
+        body = b"".join(bodies)
         enc = segment.encode([body], base, created_ms=run[0].created_ms)
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
-        ns = mgr.namespace
         objects = mgr.segment_objects(lg.topic, lg.partition, enc)
-        # A plain overwrite, on purpose: the spec keys a segment by its base offset, so the
-        # merged segment can only live under run[0]'s key. Flushes create segments only
-        # where no object is (a late writer never replaces acknowledged bytes); a merge
-        # replaces run[0]'s object with byte-identical committed batches at the same
-        # offsets plus the run's later ones, which readers bound by offset, so every
-        # version of the key serves the same records. Only an owner merges: an old owner's
-        # late merge could replace the new owner's longer merged object with a shorter one
+        # The spec keys a segment by its base offset, so the merged segment can only live
+        # under run[0]'s key: it replaces run[0]'s object with byte-identical committed
+        # batches at the same offsets plus the run's later ones, which readers bound by
+        # offset. Only an owner merges, and only over the version it read: an old owner's
+        # late merge would replace the new owner's longer merged object with a shorter one
         # (readers then refuse it as not the committed segment, see LogManager._load_segment).
         if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
             return False
-        await mgr.store.put_many(objects)
+        try:
+            await mgr.store.replace(*objects[0], version)
+        except ObjectChangedError as e:
+            log.warning("merge of %s dropped: %s (another writer, a newer owner's merge?, replaced it first)", where, e)
+            return False
+        if len(objects) > 1:
+            await mgr.store.put_many(objects[1:])  # the index, only once the segment is ours
         mgr.stats["puts"] += len(objects)
         async with lg._flush_lock:
             current = {s.base_offset: s for s in lg.state.segments}
@@ -178,6 +204,17 @@ class SegmentMerger:
                 log.warning("deleting merged-away objects failed (will retry): %s", e)
                 self._doomed.insert(0, (time.monotonic() - self.grace_s, keys))  # due at the next look
                 self.pending_segments += _segments_in(keys)
+
+
+def _batches_through(batches: memoryview | bytes, last_offset: int) -> memoryview:
+    """The leading batches of `batches` that end at or before `last_offset`."""
+    mv = memoryview(batches)
+    end = 0
+    for pos, h in records.iter_batches(mv):
+        if h.last_offset > last_offset:
+            break
+        end = pos + h.size
+    return mv[:end]
 
 
 def _segments_in(keys: list[str]) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import fcntl
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -24,6 +26,12 @@ class ObjectNotFound(ObjectStoreError, KeyError):
 class ObjectExistsError(ObjectStoreError):
     """A conditional create found the key already holding other bytes: another writer
     (an old or a new owner of the partition) got there first, and its object stands."""
+
+
+class ObjectChangedError(ObjectStoreError):
+    """A conditional replace found the key no longer holding the expected version (another
+    writer replaced or deleted it since it was read): the replacing writer lost, and the
+    object now there stands."""
 
 
 class ObjectStore(abc.ABC):
@@ -51,6 +59,20 @@ class ObjectStore(abc.ABC):
         await self.create(*objects[0])
         if len(objects) > 1:
             await self.put_many(objects[1:])
+
+    @abc.abstractmethod
+    async def get_with_version(self, key: str) -> tuple[bytes, str]:
+        """(the whole object, an opaque version token of exactly these bytes) in one read.
+        The token is what `replace` compares. Raises ObjectNotFound."""
+
+    @abc.abstractmethod
+    async def replace(self, key: str, parts: list, expected: str) -> None:
+        """Store `parts` at `key` only if the key still holds the version `expected` (from
+        `get_with_version`), atomically: a compare-and-swap of the object.
+
+        Raises ObjectChangedError when the key holds anything else or nothing, however
+        late this writer's request arrives. The key holding these very bytes already counts
+        as success: the retry of a replace whose first attempt landed (its answer was lost)."""
 
     @abc.abstractmethod
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
@@ -168,6 +190,67 @@ class LocalObjectStore(ObjectStore):
             raise
         except OSError as e:
             raise ObjectStoreError(f"create {objects[0][0]}: {e}") from e
+
+    @staticmethod
+    def _version(data: bytes) -> str:
+        # The bytes themselves, by digest: an object of other bytes can never pass for the
+        # expected one (an inode or mtime can be reused), and the same bytes are the same
+        # object to a merge, which is all the token guards.
+        return f"{len(data)}-{hashlib.sha256(data).hexdigest()}"
+
+    def _get_with_version_sync(self, key: str) -> tuple[bytes, str]:
+        data = self._get_sync(key, 0, None)
+        return data, self._version(data)
+
+    async def get_with_version(self, key: str) -> tuple[bytes, str]:
+        try:
+            return await asyncio.to_thread(self._get_with_version_sync, key)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _replace_sync(self, key: str, parts: list, expected: str) -> None:
+        """Temp file and fsync outside the lock; then, holding an exclusive flock on the
+        key's directory (every replacer of this store takes it, in this process or another
+        on this machine), compare the current object with `expected` and rename over it."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(parts)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            ours = self._version(b"".join(parts))
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                try:
+                    current = self._version(self._get_sync(key, 0, None))
+                except ObjectNotFound:
+                    raise ObjectChangedError(f"replace {key}: the object is gone") from None
+                if current == ours:
+                    return  # already these bytes
+                if current != expected:
+                    raise ObjectChangedError(f"replace {key}: the key holds another version than expected")
+                os.replace(tmp, path)
+            finally:
+                os.close(dir_fd)  # releases the lock
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    async def replace(self, key: str, parts: list, expected: str) -> None:
+        try:
+            await asyncio.to_thread(self._replace_sync, key, parts, expected)
+        except ObjectChangedError:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"replace {key}: {e}") from e
 
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         try:

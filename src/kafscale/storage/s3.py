@@ -25,6 +25,14 @@ and commit; it does not close it, which only the conditional create does. What s
 through is detected, not served: a reader refuses a segment object whose header (created
 time, offsets) is not the one the metadata committed, with KAFKA_STORAGE_ERROR.
 
+The merger replaces a run's first segment with the merged one under the same key, with
+`If-Match: <ETag>` of the object it merged from (AWS S3 since late 2024, MinIO, moto): an
+old owner's late merge finds the new owner's merged object there, gets 412 and is dropped
+before its metadata swap. The fallback compares the ETag from a HEAD before each PUT
+attempt and checks with a HEAD after it that its own PUT is still the object there (else
+the swap is not committed); a PUT overlapping another writer's replace can still slip
+through that window, and is then refused by readers as above, never served.
+
 Credentials come from the standard AWS chain (env vars, config files, instance role).
 
 Botocore's own retries are off: we retry throttling, 5xx and connection errors ourselves
@@ -46,7 +54,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
 from kafscale.protocol.records import crc32c
-from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
 
 _RETRY_CODES = {
     "SlowDown",
@@ -302,6 +310,58 @@ class S3ObjectStore(ObjectStore):
             raise ObjectStoreError(f"s3 create {key}: the object vanished while being created") from None
         if stored != body:
             raise ObjectExistsError(f"s3 create {key}: the key holds another writer's object")
+
+    async def get_with_version(self, key: str) -> tuple[bytes, str]:
+        async def go(client):
+            resp = await client.get_object(Bucket=self.bucket, Key=self._key(key))
+            async with resp["Body"] as body:
+                return await body.read(), resp["ETag"]
+
+        return await self._read(key, f"get {key}", go, past_end=None)
+
+    async def replace(self, key: str, parts: list, expected: str) -> None:
+        body, extra = self._body(parts)
+        if self.conditional_writes:
+            extra["IfMatch"] = expected
+
+        async def go(client):
+            if not self.conditional_writes:
+                # Fallback: compared before every attempt, so a retry late after the new
+                # owner's replace finds its object and stops.
+                head = await client.head_object(Bucket=self.bucket, Key=self._key(key))
+                if head["ETag"] != expected:
+                    return None
+            resp = await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
+            return resp["ETag"]
+
+        try:
+            etag = await self._call(f"replace {key}", go)
+        except bce.ClientError as e:
+            code, status = _error_code(e)
+            # 412: another version is there; 404: none is (If-Match on a missing key).
+            if not (code in _PRECONDITION_FAILED or status == 412 or code in _NOT_FOUND or status == 404):
+                raise ObjectStoreError(f"s3 replace {key}: {e}") from e
+            etag = None
+        if etag is not None:
+            if self.conditional_writes:
+                return
+            # Fallback: our PUT must still be the object there, or another writer's PUT
+            # overlapped ours and which one stands is unknown: the caller must not commit.
+            try:
+                head = await self._call(f"head {key}", lambda client: client.head_object(Bucket=self.bucket, Key=self._key(key)))
+                if head["ETag"] == etag:
+                    return
+            except bce.ClientError:
+                pass
+            raise ObjectChangedError(f"s3 replace {key}: another writer's PUT overlapped ours")
+        # Refused: success only if the key already holds our bytes (a retry whose first
+        # PUT landed and whose answer was lost).
+        try:
+            stored = await self.get(key)
+        except ObjectNotFound:
+            raise ObjectChangedError(f"s3 replace {key}: the object is gone") from None
+        if stored != body:
+            raise ObjectChangedError(f"s3 replace {key}: the key holds another version than expected")
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         if end is not None and end <= start:
