@@ -2,15 +2,25 @@
 
 A `SegmentView` is the batches of one segment with a batch-offset table, so a fetch finds
 its starting batch by bisection and returns a slice of the stored bytes (no re-encoding).
-`SegmentCache` keeps views in LRU order within a byte budget.
+`SegmentCache` keeps views in LRU order within a byte budget. A view counts its bytes and
+its batch table, so --cache-bytes bounds what the cache holds even when batches are tiny
+(as Python lists of ints the table cost about 160 bytes a batch, uncounted: a cache of
+one-record batches of 100 bytes held twice its budget).
 """
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import OrderedDict
 
 from kafscale.protocol import records
+
+
+# What a view costs besides its bytes: the object and its table's fixed parts, then four
+# 8-byte entries a batch (arrays of int64, not lists of int objects).
+VIEW_OVERHEAD_BYTES = 512
+BATCH_TABLE_BYTES = 4 * 8
 
 
 class SegmentView:
@@ -19,10 +29,10 @@ class SegmentView:
     def __init__(self, base_offset: int, data: bytes | memoryview):
         self.base_offset = base_offset
         self.data = memoryview(data)
-        self.batch_offsets: list[int] = []
-        self.batch_last_offsets: list[int] = []
-        self.positions: list[int] = []
-        self.max_timestamps: list[int] = []
+        self.batch_offsets = array("q")
+        self.batch_last_offsets = array("q")
+        self.positions = array("q")
+        self.max_timestamps = array("q")
         for pos, h in records.iter_batches(self.data):
             self.batch_offsets.append(h.base_offset)
             self.batch_last_offsets.append(h.last_offset)
@@ -32,7 +42,9 @@ class SegmentView:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data)
+        """Memory held: the segment's bytes (the buffer viewed is exactly these: a flushed or
+        merged body, or a stored segment object less its header and footer) and the table."""
+        return len(self.data) + VIEW_OVERHEAD_BYTES + BATCH_TABLE_BYTES * len(self.positions)
 
     def batch_index(self, offset: int) -> int:
         """Index of the batch holding `offset` (or the first batch after it)."""

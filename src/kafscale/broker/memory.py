@@ -1,0 +1,56 @@
+"""Keeping the broker's resident memory close to what it actually holds (glibc malloc).
+
+Measured with bench/bench_rss.py (10 MB/s produce+consume, --cache-bytes 32 MiB): Python
+itself held about 60 MiB (tracemalloc), yet RSS was 130-170 MiB under load and grew further
+once idle (the merger's transient buffers). The difference is memory malloc keeps after it
+is freed: request frames, segment bodies and object reads of a few hundred KiB to a few MiB
+come and go, and glibc keeps the freed space in its heaps (one per thread that allocated,
+up to 8 per core: the object store's worker threads each get one) instead of returning it.
+
+* `limit_arenas()`: at most two malloc heaps. The worker threads then share one instead of
+  each keeping its own high-water mark (about 25-60 MiB less under that load).
+* `trim()`: `malloc_trim(0)` returns the free pages of every heap to the OS. Run every few
+  seconds by the server's housekeeping (RSS after the load stopped went from 130 to 84 MiB).
+
+Both do nothing where glibc is not the C library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import time
+
+log = logging.getLogger("kafscale.memory")
+
+M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+ARENA_MAX = 2
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - glibc only
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def limit_arenas(arenas: int = ARENA_MAX) -> bool:
+    """Cap the number of malloc heaps (like MALLOC_ARENA_MAX); best before threads start."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.mallopt(M_ARENA_MAX, arenas))
+
+
+def trim() -> float:
+    """Give free heap pages back to the OS; returns the seconds it took (0 without glibc)."""
+    if _LIBC is None:
+        return 0.0
+    started = time.perf_counter()
+    _LIBC.malloc_trim(0)
+    return time.perf_counter() - started
