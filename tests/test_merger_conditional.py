@@ -87,6 +87,30 @@ async def test_concurrent_replaces_over_one_version_exactly_one_wins(atomic_back
             await w.close()
 
 
+async def test_replace_racing_a_delete_never_brings_the_object_back(atomic_backend):
+    """Retention (or DeleteTopics) deletes the first segment while an old owner's merge
+    replaces it: whichever comes first, the key ends empty. A merged object brought back
+    under a deleted topic's key would be adopted by a re-created topic of the same name."""
+    merging, deleting = open_store(atomic_backend.url), open_store(atomic_backend.url)
+    first = bytes(1 << 20)  # big enough that comparing it takes a while: a wide window
+
+    async def delete_after(key: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await deleting.delete([key])
+
+    try:
+        for round_ in range(80):  # the delete starts a little later each round
+            key = _key(round_)
+            await merging.put(key, [first])
+            _data, version = await merging.get_with_version(key)
+            await asyncio.gather(merging.replace(key, [b"merge %d" % round_], version), delete_after(key, round_ * 0.0003), return_exceptions=True)
+            with pytest.raises(ObjectNotFound):
+                await deleting.get(key)
+    finally:
+        await merging.close()
+        await deleting.close()
+
+
 @pytest.mark.parametrize("conditional", [True, False], ids=["if-match", "fallback"])
 async def test_s3_retry_of_a_replace_whose_answer_was_lost_is_not_a_lost_race(moto_server, conditional):
     bucket = f"merge-{uuid.uuid4().hex[:12]}"

@@ -286,11 +286,26 @@ class LocalObjectStore(ObjectStore):
             raise ObjectStoreError(f"get {key}: {e}") from e
 
     def _delete_sync(self, keys: list[str]) -> None:
+        # Under the directory lock `replace` holds, as on S3: a replace compared before the
+        # delete must not rename its object back in after it.
+        by_dir: dict[Path, list[Path]] = {}
         for key in keys:
+            path = self._path(key)
+            by_dir.setdefault(path.parent, []).append(path)
+        for parent, paths in by_dir.items():
             try:
-                os.unlink(self._path(key))
+                dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
             except FileNotFoundError:
-                pass
+                continue
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                for path in paths:
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+            finally:
+                os.close(dir_fd)
 
     async def delete(self, keys: list[str]) -> None:
         await asyncio.to_thread(self._delete_sync, keys)
