@@ -115,22 +115,37 @@ class LocalObjectStore(ObjectStore):
             raise ValueError(f"invalid object key {key!r}")
         return self.root / key
 
-    def _put_sync(self, key: str, parts: list) -> None:
+    def _new_temp(self, key: str) -> tuple[Path, str]:
+        """(the key's path, a new empty temp file beside it): every write goes to a temp
+        file that is fsynced before it takes the key's name, so readers never see half."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        os.close(fd)
+        return path, tmp
+
+    @staticmethod
+    def _fill(tmp: str, parts: list) -> None:
+        with open(tmp, "wb") as f:
+            f.writelines(parts)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+
+    @staticmethod
+    def _discard(tmp: str) -> None:
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.writelines(parts)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+    def _put_sync(self, key: str, parts: list) -> None:
+        path, tmp = self._new_temp(key)
+        try:
+            self._fill(tmp, parts)
             os.replace(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            self._discard(tmp)
             raise
 
     async def put(self, key: str, parts: list) -> None:
@@ -153,15 +168,9 @@ class LocalObjectStore(ObjectStore):
     def _create_sync(self, key: str, parts: list) -> None:
         """Temp file, fsync, then link(2) into place: the link fails if the name exists,
         so of two writers exactly one creates the object, and readers never see half."""
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        path, tmp = self._new_temp(key)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.writelines(parts)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            self._fill(tmp, parts)
             try:
                 os.link(tmp, path)
             except FileExistsError:
@@ -169,10 +178,7 @@ class LocalObjectStore(ObjectStore):
                     if existing.read() != ours.read():
                         raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            self._discard(tmp)
 
     async def create(self, key: str, parts: list) -> None:
         await self.create_many([(key, parts)])
@@ -214,15 +220,9 @@ class LocalObjectStore(ObjectStore):
         """Temp file and fsync outside the lock; then, holding an exclusive flock on the
         key's directory (every replacer of this store takes it, in this process or another
         on this machine), compare the current object with `expected` and rename over it."""
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        path, tmp = self._new_temp(key)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.writelines(parts)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
+            self._fill(tmp, parts)
             ours = self._version(b"".join(parts))
             dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -239,10 +239,7 @@ class LocalObjectStore(ObjectStore):
             finally:
                 os.close(dir_fd)  # releases the lock
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            self._discard(tmp)
 
     async def replace(self, key: str, parts: list, expected: str) -> None:
         try:
