@@ -35,6 +35,7 @@ from kafscale.protocol import records
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
 from tests.support.servers import ETCD_BIN, start_etcd, start_moto
+from tests.support.wait import wait_until
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(ETCD_BIN), reason="etcd binary not installed (make system-deps)"),
@@ -48,21 +49,6 @@ RAW_OUTAGE_WAIT_S = 15  # S3 retry budget (5 s) + etcd commit + margin
 
 # ---------------------------------------------------------------------------------------
 # small utilities
-
-
-def wait_until(cond, timeout: float, what: str, interval: float = 0.1):
-    """Poll `cond()` until it returns something truthy; that value is returned."""
-    deadline = time.monotonic() + timeout
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - a broker may be between states
-            last_exc = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
 
 
 def _b64(s: str) -> str:

@@ -31,6 +31,7 @@ from kafscale.storage.objectstore import open_store
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, decode_response, error_code, req
 from tests.support.servers import ETCD_BIN, start_etcd, start_moto
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -45,20 +46,6 @@ REQUEST_TIMED_OUT = ErrorCode.request_timed_out.value
 LATEST = -1
 # Each request below may wait out a store's whole retry budget (etcd 5 s, S3 5 s) twice.
 SLOW_ANSWER_S = 40
-
-
-def wait_until(cond, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = cond()
-            if value:
-                return value
-        except Exception as e:  # noqa: BLE001 - the broker may still be starting
-            last = e
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last!r})" if last else ""))
 
 
 def batch(value: bytes) -> bytes:

@@ -31,6 +31,7 @@ from kio.serial import entity_reader, entity_writer
 from kafscale.broker.handlers.groups import build
 from kafscale.protocol.codec import schema
 from tests.support.servers import free_port
+from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
@@ -125,15 +126,6 @@ def produce(bootstrap: str, topic: str, values: list[str], partitions: int = 6) 
     for i, v in enumerate(values):
         p.produce(topic, value=v.encode(), partition=i % partitions, on_delivery=delivered)
     assert p.flush(20) == 0 and not failures, failures
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def unique_name(prefix: str) -> str:
