@@ -294,6 +294,7 @@ class _LiveCollector(Collector):
             yield GaugeMetricFamily("kafscale_cache_max_bytes", "Cache budget (--cache-bytes)", value=cache.max_bytes)
 
         yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
+        yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=b.server.request_memory)
 
         cluster = b.cluster
         try:
