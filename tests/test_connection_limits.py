@@ -289,3 +289,31 @@ def test_request_memory_budget_pauses_reading_until_memory_is_back(broker_factor
         assert (error_code(pa.error_code), pa.base_offset, error_code(pb.error_code), pb.base_offset) == (0, 0, 0, 4)
     assert read_values(b.bootstrap, topic_name) == va + vb
     assert_no_traceback(b)
+
+
+def test_read_buffers_of_quiet_connections_are_given_back(broker_factory):
+    """100 connections each pipeline 5 requests of 60 KiB, filling their whole 256 KiB read
+    buffer (25 MiB in all), then go quiet: within seconds the buffers are given back."""
+    b = broker_factory()
+    metadata_answered_within(b.bootstrap, 5)
+    body = req(API_VERSIONS, 3, client_software_name="a" * (60 * 1024), client_software_version="1")
+    before = settled_rss(b.proc.pid)
+    clients = [RawClient(b.bootstrap) for _ in range(100)]
+    try:
+        for c in clients:
+            for _ in range(5):
+                c.send_request(API_VERSIONS, 3, body)
+        for c in clients:
+            for _ in range(5):
+                c.recv_frame()  # answered (an error code or not): the frame went through the buffer
+        busy = rss_bytes(b.proc.pid)
+        assert busy - before > 15 * MiB, f"the buffers were not filled ({(busy - before) / MiB:.1f} MiB)"
+        quiet = wait_until(lambda: (r := rss_bytes(b.proc.pid)) - before < 8 * MiB and r, 15,
+                           "the quiet connections' read buffers to be given back")
+        print(f"RSS before {before / MiB:.0f} MiB, buffers filled {busy / MiB:.0f} MiB, quiet {quiet / MiB:.0f} MiB")
+        for c in clients[:3]:  # still open and served (a new buffer on the next read)
+            api_versions(c)
+    finally:
+        for c in clients:
+            c.close()
+    assert_no_traceback(b)
