@@ -317,3 +317,41 @@ def test_read_buffers_of_quiet_connections_are_given_back(broker_factory):
         for c in clients:
             c.close()
     assert_no_traceback(b)
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_client_that_does_not_read_stops_being_read(broker_factory):
+    """A client pipelines 150,000 ApiVersions requests (about 70 MB of responses) and reads
+    nothing. Once its responses back up the broker stops reading it (and goes idle) instead
+    of answering everything into memory; when the client reads, every response arrives, in
+    order."""
+    b = broker_factory()
+    metadata_answered_within(b.bootstrap, 5)
+    before = settled_rss(b.proc.pid)
+    count = 150_000
+    body = req(API_VERSIONS, 3, client_software_name="slow-reader", client_software_version="1")
+    with RawClient(b.bootstrap, timeout=60) as c:
+        frames = b"".join(struct.pack(">i", len(p)) + p for p in (encode_request(API_VERSIONS, 3, body, i) for i in range(count)))
+        sender = threading.Thread(target=c.send_raw, args=(frames,), daemon=True)
+        sender.start()
+
+        def broker_idle() -> bool:
+            used = cpu_seconds(b.proc.pid)
+            time.sleep(0.5)
+            return cpu_seconds(b.proc.pid) - used < 0.05
+
+        wait_until(broker_idle, 90, "the broker to stop working on the unread connection")
+        growth = rss_bytes(b.proc.pid) - before
+        assert growth < 25 * MiB, f"RSS grew by {growth / MiB:.0f} MiB holding responses nobody reads"
+        print(f"RSS grew by {growth / MiB:.1f} MiB while the client read nothing")
+        metadata_answered_within(b.bootstrap, 2)  # others are served meanwhile
+        for i in range(count):
+            got, resp = decode_response(API_VERSIONS, 3, c.recv_frame())
+            assert got == i and error_code(resp.error_code) == 0
+        sender.join(10)
+    assert_no_traceback(b)
