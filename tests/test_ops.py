@@ -338,8 +338,9 @@ async def test_flush_failures_are_counted(running, monkeypatch):
     async def failing_put_many(objects):
         raise ObjectStoreError(f"put {objects[0][0]}: simulated outage")
 
-    monkeypatch.setattr(r.broker.store, "put", failing_put)
-    monkeypatch.setattr(r.broker.store, "put_many", failing_put_many)
+    # Flushes create segments (never replacing one); every write path fails.
+    for name, failing in (("put", failing_put), ("create", failing_put), ("put_many", failing_put_many), ("create_many", failing_put_many)):
+        monkeypatch.setattr(r.broker.store, name, failing)
 
     def produce_one() -> object:
         p = Producer({"bootstrap.servers": r.bootstrap, "message.timeout.ms": 1500, "retry.backoff.ms": 100, "acks": "all"})
