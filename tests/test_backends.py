@@ -523,9 +523,9 @@ async def test_metadata_store_groups_offsets_and_producer_ids(kv):
 
 async def test_etcd_leases(kv):
     lease = await kv.grant_lease(10)
-    await kv.put_with_lease("/brokers/1", b"host:9092", lease)
-    assert await kv.commit_with_lease(Txn(compares=[("/owner/p0", 0)], puts=[("/owner/p0", b"1")]), lease)
-    assert await kv.commit_with_lease(Txn(compares=[("/owner/p0", 0)], puts=[("/owner/p0", b"2")]), lease) is False
+    await kv.commit(Txn(leased_puts=[("/brokers/1", b"host:9092")], lease=lease))
+    assert await kv.commit(Txn(compares=[("/owner/p0", 0)], leased_puts=[("/owner/p0", b"1")], lease=lease))
+    assert await kv.commit(Txn(compares=[("/owner/p0", 0)], leased_puts=[("/owner/p0", b"2")], lease=lease)) is False
     assert await kv.keepalive(lease) is True
     assert (await kv.get("/brokers/1")).value == b"host:9092"
     await kv.revoke_lease(lease)
@@ -535,7 +535,7 @@ async def test_etcd_leases(kv):
 
     # Expiry: etcd's minimum TTL is about 2s; without keepalive the key goes away.
     short = await kv.grant_lease(2)
-    await kv.put_with_lease("/brokers/2", b"x", short)
+    await kv.commit(Txn(leased_puts=[("/brokers/2", b"x")], lease=short))
     await kv.commit(Txn(puts=[("/plain", b"stays")]))
     deadline = time.monotonic() + 8
     while await kv.get("/brokers/2") is not None:

@@ -218,7 +218,7 @@ class EtcdKV(KV):
             start = bytes(resp.kvs[-1].key) + b"\0"
 
     async def commit(self, txn: Txn) -> bool:
-        return await self._commit(txn, lease=0)
+        return await self._commit(txn)
 
     async def check(self) -> None:
         await self.get("/__health__")
@@ -233,7 +233,7 @@ class EtcdKV(KV):
 
     # -- transactions ----------------------------------------------------------------------
 
-    def _ops(self, txn: Txn, lease: int) -> list:
+    def _ops(self, txn: Txn) -> list:
         puts: dict[bytes, bytes] = {}
         for key, value in txn.puts:
             puts[self._k(key)] = bytes(value)  # etcd rejects a key put twice: last wins
@@ -262,7 +262,7 @@ class EtcdKV(KV):
             if cur < e:
                 ops.append(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=cur, range_end=e)))
         for k in put_keys:
-            ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=puts[k], lease=lease)))
+            ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=k, value=puts[k])))
         for key, value in txn.leased_puts:
             ops.append(rpc.RequestOp(request_put=rpc.PutRequest(key=self._k(key), value=bytes(value), lease=txn.lease)))
         return ops
@@ -286,8 +286,8 @@ class EtcdKV(KV):
             raise
         return resp.succeeded
 
-    async def _commit(self, txn: Txn, lease: int) -> bool:
-        compares, ops = self._compares(txn), self._ops(txn, lease)
+    async def _commit(self, txn: Txn) -> bool:
+        compares, ops = self._compares(txn), self._ops(txn)
         try:
             return await self._txn(rpc.TxnRequest(compare=compares, success=ops))
         except _TooManyOps as e:
@@ -361,13 +361,6 @@ class EtcdKV(KV):
                     raise
 
         await self._call("lease revoke", go)
-
-    async def put_with_lease(self, key: str, value: bytes, lease_id: int) -> None:
-        await self._commit(Txn(puts=[(key, value)]), lease=lease_id)
-
-    async def commit_with_lease(self, txn: Txn, lease_id: int) -> bool:
-        """Like commit, but every put is attached to the lease (deleted when it ends)."""
-        return await self._commit(txn, lease=lease_id)
 
     async def watch_prefix(self, prefix: str, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
         """Changes under prefix as they happen; raises MetadataUnavailable when the stream

@@ -31,10 +31,6 @@ def response(api_key: int, version: int) -> type:
     return schema(api_key, version, "response")
 
 
-def has(cls: type, field: str) -> bool:
-    return field in _fields(cls)
-
-
 def _convert(f: dataclasses.Field, value):
     kind = f.metadata.get("kafka_type")
     if kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):

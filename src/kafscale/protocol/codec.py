@@ -20,13 +20,8 @@ from kio.static.constants import EntityType
 
 from kafscale.protocol import validate
 
-DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 _I16I16I32 = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
-
-
-class FrameTooLarge(ValueError):
-    pass
 
 
 class MalformedRequest(ValueError):

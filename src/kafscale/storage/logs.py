@@ -1008,6 +1008,3 @@ class LogManager:
         if epoch >= lg.leader_epoch:
             return lg.high_watermark, lg.leader_epoch
         return lg.state.epoch_start_offset, epoch
-
-    async def flush_all(self) -> None:
-        await asyncio.gather(*(lg.flush() for lg in list(self.logs.values())), return_exceptions=True)
