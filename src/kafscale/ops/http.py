@@ -1,5 +1,5 @@
-"""The broker's operations endpoint: /metrics, /healthz, /readyz on a tiny asyncio HTTP
-server, plus the background sampling behind the metrics that need awaits.
+"""The broker's operations endpoint: /metrics, /healthz, /readyz on aiohttp's low-level
+HTTP server, plus the background sampling behind the metrics that need awaits.
 
 Wiring (broker/app.py): `self.ops = await start_ops(self)` once the Kafka listener is up,
 `await self.ops.stop()` first thing on shutdown.
@@ -21,16 +21,26 @@ from prometheus_client.exposition import choose_encoder
 from kafscale.ops.metrics import BrokerMetrics, _state_name, live_group_states
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from kafscale.broker.app import Broker
 
 log = logging.getLogger("kafscale.ops")
 
 CHECK_TIMEOUT_S = 2.0  # a hung etcd or S3 must not hang the probe (kubelet timeouts are ~1-5 s)
 READY_CACHE_S = 1.0  # probes from several kubelets/load balancers share one check per second
-REQUEST_TIMEOUT_S = 5.0
-MAX_HEADER_BYTES = 16 * 1024
+REQUEST_TIMEOUT_S = 5.0  # a connection that has not sent a whole request by then is closed
+STOP_TIMEOUT_S = 2.0  # a scrape still being answered when the broker stops
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+class _OneLineErrors(logging.LoggerAdapter):
+    """aiohttp logs a malformed HTTP request (an oversized header, say) with its traceback;
+    for bad input one warning line is enough. Handler errors never reach it: `_handle`
+    catches and logs those itself."""
+
+    def exception(self, msg, *args, exc_info=None, **kwargs):
+        detail = " ".join(str(getattr(exc_info, "message", None) or exc_info).split())
+        self.logger.warning("bad HTTP request on the ops endpoint (" + msg + "): %s", *args, detail[:200])
 
 
 class OpsHandle:
@@ -42,7 +52,7 @@ class OpsHandle:
         self.lag_interval = lag_interval
         self.health_interval = health_interval
         self.address: tuple[str, int] | None = None  # HTTP address actually bound (None: disabled)
-        self._server: asyncio.AbstractServer | None = None
+        self._runner: "web.ServerRunner | None" = None
         self._tasks: list[asyncio.Task] = []
         self._ready: tuple[bool, str] | None = None
         self._ready_at = 0.0
@@ -179,62 +189,37 @@ class OpsHandle:
 
     # -- HTTP -------------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, request: "web.BaseRequest") -> "web.Response":
+        # One handler for every path and method (aiohttp's low-level server, no router): the
+        # 404 and 405 answers keep their own bodies and `Allow: GET, HEAD`.
+        from aiohttp import web
+
         try:
-            status, headers, body, head = await asyncio.wait_for(self._request(reader), REQUEST_TIMEOUT_S)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            writer.close()
-            return
+            status, headers, body = await self._respond(request.method, request.path, request.headers.get("Accept", ""))
         except Exception as e:  # noqa: BLE001 - an HTTP bug must not take the broker down
             log.error("ops HTTP request failed: %s", e, exc_info=True)
-            status, headers, body, head = 500, {}, f"internal error: {e}\n".encode(), False
+            status, headers, body = 500, {}, f"internal error: {e}\n".encode()
         headers.setdefault("Content-Type", "text/plain; charset=utf-8")
-        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", f"Content-Length: {len(body)}", "Connection: close"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        try:
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-            if not head:
-                writer.write(body)
-            await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
+        response = web.Response(status=status, body=body, headers=headers)
+        response.force_close()  # one request per connection: nothing idles on the ops port
+        return response
 
-    async def _request(self, reader: asyncio.StreamReader) -> tuple[int, dict, bytes, bool]:
-        line = await reader.readline()
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return 400, {}, b"bad request line\n", False
-        method, target = parts[0], parts[1]
-        accept = ""
-        seen = len(line)
-        while True:  # headers: only Accept matters (OpenMetrics negotiation)
-            h = await reader.readline()
-            seen += len(h)
-            if seen > MAX_HEADER_BYTES:
-                return 431, {}, b"headers too large\n", False
-            if h in (b"\r\n", b"\n", b""):
-                break
-            name, _, value = h.decode("latin-1").partition(":")
-            if name.strip().lower() == "accept":
-                accept = value.strip()
-        head = method == "HEAD"
+    async def _respond(self, method: str, path: str, accept: str) -> tuple[int, dict, bytes]:
+        """(status, headers, body) for a request; aiohttp drops the body of a HEAD answer."""
         if method not in ("GET", "HEAD"):
-            return 405, {"Allow": "GET, HEAD"}, b"only GET and HEAD\n", False
-        path = target.split("?", 1)[0]
+            return 405, {"Allow": "GET, HEAD"}, b"only GET and HEAD\n"
         if path == "/metrics":
-            encoder, content_type = choose_encoder(accept)
-            return 200, {"Content-Type": content_type}, encoder(self.metrics.registry), head
+            encoder, content_type = choose_encoder(accept)  # OpenMetrics when the scraper asks
+            return 200, {"Content-Type": content_type}, encoder(self.metrics.registry)
         if path == "/healthz":
             # Liveness: the event loop answered, which is all a restart would fix.
-            return 200, {}, b"ok\n", head
+            return 200, {}, b"ok\n"
         if path == "/readyz":
             ok, reason = await self.readiness()
-            return (200 if ok else 503), {}, (reason + "\n").encode(), head
+            return (200 if ok else 503), {}, (reason + "\n").encode()
         if path == "/":
-            return 200, {}, b"kafscale broker: /metrics /healthz /readyz\n", head
-        return 404, {}, b"not found: try /metrics, /healthz or /readyz\n", head
+            return 200, {}, b"kafscale broker: /metrics /healthz /readyz\n"
+        return 404, {}, b"not found: try /metrics, /healthz or /readyz\n"
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -247,13 +232,9 @@ class OpsHandle:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        if self._server is not None:
-            self._server.close()
-            try:
-                await asyncio.wait_for(self._server.wait_closed(), 2)
-            except TimeoutError:
-                pass
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
         hooks = self.broker.server.request_hooks
         if self.metrics.on_request in hooks:
             hooks.remove(self.metrics.on_request)
@@ -273,13 +254,21 @@ async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_inte
     if not spec:
         return handle
     host, port = BrokerConfig.split_hostport(spec)
+    # Imported here: aiohttp.web costs ~0.2 s of imports, which brokers without --http skip.
+    from aiohttp import web
+
+    handle._runner = web.ServerRunner(
+        web.Server(handle._handle, access_log=None, logger=_OneLineErrors(log, {}), keepalive_timeout=REQUEST_TIMEOUT_S),
+        shutdown_timeout=STOP_TIMEOUT_S,
+    )
     try:
-        handle._server = await asyncio.start_server(handle._serve, host, port, reuse_address=True)
+        await handle._runner.setup()
+        await web.TCPSite(handle._runner, host, port, reuse_address=True).start()
     except OSError as e:
         await handle.stop()
         raise OSError(e.errno, f"cannot serve /metrics on {spec} (--http): {e.strerror or e}") from e
-    sock = handle._server.sockets[0].getsockname()
-    handle.address = (sock[0], sock[1])
+    bound = handle._runner.addresses[0]
+    handle.address = (bound[0], bound[1])
     loop = asyncio.get_running_loop()
     handle._tasks = [
         loop.create_task(handle._lag_loop(), name="ops-lag-sampler"),
