@@ -30,6 +30,7 @@ from kafscale.broker.app import Broker
 from kafscale.broker.config import BrokerConfig
 from kafscale.ops.http import start_ops
 from tests.support.broker import REPO, free_port, wait_port
+from tests.support.wait import wait_until, wait_until_async
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -159,15 +160,22 @@ def _consume(bootstrap: str, topic: str, n: int) -> int:
         if m is not None and not m.error():
             got += 1
     assert got == n
-    # Stop fetching, let the last long poll finish, then read the client's final count.
+    # Stop fetching and read the client's final count once its last long poll has been
+    # answered: two statistics reports in a row with nothing in flight and the same count.
     c.pause([tp])
-    time.sleep(0.6)
-    stats.last = None
-    while stats.last is None:
-        c.poll(0.1)
-    sent = stats.sent("Fetch")
+    reports: list[tuple[bool, int]] = []
+
+    def settled() -> bool:
+        stats.last = None
+        while stats.last is None:
+            c.poll(0.05)
+        idle = all(b.get("waitresp_cnt", 0) == 0 and b.get("outbuf_cnt", 0) == 0 for b in stats.last["brokers"].values())
+        reports.append((idle, stats.sent("Fetch")))
+        return len(reports) >= 2 and reports[-1][0] and reports[-2] == reports[-1]
+
+    wait_until(settled, 10, "the consumer's last Fetch to be answered", interval=0)
     c.close()
-    return sent
+    return reports[-1][1]
 
 
 def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
@@ -275,15 +283,15 @@ async def test_produce_and_fetch_never_decompress(running):
 async def test_connections_gauge(running):
     r = running
     base = value(await scrape(r), "kafscale_connections")
+
+    async def connections_are(n: float) -> bool:
+        return value(await scrape(r), "kafscale_connections") == n
+
     conns = [await asyncio.open_connection(*r.broker.listen_address) for _ in range(3)]
-    await asyncio.sleep(0.05)
-    assert value(await scrape(r), "kafscale_connections") == base + 3
+    await wait_until_async(lambda: connections_are(base + 3), 5, "the gauge to count three more connections")
     for _reader, writer in conns:
         writer.close()
-    deadline = time.monotonic() + 5
-    while value(await scrape(r), "kafscale_connections") > base and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert value(await scrape(r), "kafscale_connections") == base
+    await wait_until_async(lambda: connections_are(base), 5, "the gauge to drop the closed connections")
 
 
 async def test_consumer_lag_and_group_states(running):
@@ -446,6 +454,18 @@ def _get_with_header(url: str, name: str, value: str) -> tuple[int, str, dict]:
         return e.code, e.read().decode(), dict(e.headers)
 
 
+async def readyz_when(r: Running, holds, what: str, timeout: float = 10.0) -> tuple[int, str, float]:
+    """The first /readyz answer (status, body, seconds it took) for which `holds(status, body)`:
+    readiness is cached for a second, so a change shows up within about that."""
+
+    async def answer():
+        started = time.monotonic()
+        status, body, _ = await get(r.http + "/readyz")
+        return (status, body, time.monotonic() - started) if holds(status, body) else None
+
+    return await wait_until_async(answer, timeout, what)
+
+
 async def test_readiness_follows_object_store_outage(running):
     r = running
     status, body, _ = await get(r.http + "/readyz")
@@ -455,8 +475,7 @@ async def test_readiness_follows_object_store_outage(running):
     away = objects.with_name(objects.name + ".away")
     os.rename(objects, away)  # works as root too, where chmod would not stop anyone
     try:
-        await asyncio.sleep(1.1)  # readiness is cached for a second
-        status, body, _ = await get(r.http + "/readyz")
+        status, body, _ = await readyz_when(r, lambda status, _: status != 200, "/readyz to notice the object store is gone")
         assert status == 503
         assert "object store" in body
         s = await scrape(r)
@@ -466,8 +485,7 @@ async def test_readiness_follows_object_store_outage(running):
         assert (await get(r.http + "/healthz"))[0] == 200  # alive all the same
     finally:
         os.rename(away, objects)
-    await asyncio.sleep(1.1)
-    status, body, _ = await get(r.http + "/readyz")
+    status, body, _ = await readyz_when(r, lambda status, _: status == 200, "/readyz to see the object store back")
     assert (status, body) == (200, "ready\n")
     assert value(await scrape(r), "kafscale_object_store_up") == 1
 
@@ -482,20 +500,17 @@ async def test_readiness_follows_metadata_store_failures(running, monkeypatch):
         await asyncio.sleep(60)
 
     monkeypatch.setattr(r.broker.metadata, "check", broken)
-    await asyncio.sleep(1.1)  # past the cached result of the last check
-    status, body, _ = await get(r.http + "/readyz")
+    status, body, _ = await readyz_when(r, lambda _, body: "metadata" in body, "/readyz to notice the metadata store failing")
     assert status == 503 and "metadata store unreachable: connection refused" in body
 
     monkeypatch.setattr(r.broker.metadata, "check", hung)
-    await asyncio.sleep(1.1)
-    started = time.monotonic()
-    status, body, _ = await get(r.http + "/readyz")
+    status, body, took = await readyz_when(r, lambda _, body: "did not answer" in body, "/readyz to notice the metadata store hanging")
     assert status == 503 and "metadata store did not answer" in body
-    assert time.monotonic() - started < 5  # the probe is bounded
+    assert took < 5  # the probe is bounded
 
     monkeypatch.undo()
-    await asyncio.sleep(1.1)
-    assert (await get(r.http + "/readyz"))[0] == 200
+    status, _, _ = await readyz_when(r, lambda _, body: "metadata" not in body, "/readyz to see the metadata store back")
+    assert status == 200
 
 
 async def test_readiness_false_when_listener_stops():
@@ -503,8 +518,7 @@ async def test_readiness_false_when_listener_stops():
     try:
         assert (await get(r.http + "/readyz"))[0] == 200
         await r.broker.server.stop_accepting()
-        await asyncio.sleep(1.1)
-        status, body, _ = await get(r.http + "/readyz")
+        status, body, _ = await readyz_when(r, lambda status, _: status != 200, "/readyz to notice the listener stopped")
         assert status == 503 and "listener" in body
     finally:
         await stop_broker(r)
@@ -535,18 +549,9 @@ async def test_http_disabled():
         await stop_broker(r)
 
 
-# -- the real command (once broker/app.py starts the ops endpoint) ------------------------
+# -- the real command ---------------------------------------------------------------------
 
 
-def _wired() -> bool:
-    import inspect
-
-    from kafscale.broker import app
-
-    return "start_ops" in inspect.getsource(app)
-
-
-@pytest.mark.skipif(not _wired(), reason="broker/app.py does not call start_ops yet")
 async def test_broker_command_serves_http():
     await asyncio.to_thread(_broker_command_serves_http)
 
