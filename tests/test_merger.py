@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kafscale.storage import merger, segment
 from kafscale.storage.segment import SegmentInfo
+from tests.support.wait import wait_until
 
 
 def _seg(base, last, size):
@@ -28,6 +29,11 @@ def test_plan_runs_groups_adjacent_small_segments():
 
 def _segments_on_disk(data_dir: str, topic: str) -> list[Path]:
     return sorted((Path(data_dir) / "objects" / "default" / topic / "0").glob("segment-*.kfs"))
+
+
+def _merged_segment_on_disk(data_dir: str, topic: str, flush_records: int) -> bool:
+    """Whether a segment holds more records than one flush wrote (only a merge makes one)."""
+    return any(segment.decode(f.read_bytes()).info.record_count > flush_records for f in _segments_on_disk(data_dir, topic))
 
 
 def _consume(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[tuple[int, bytes]]:
@@ -63,9 +69,7 @@ def test_many_tiny_flushes_end_in_few_segments_and_reads_see_each_record_once(br
     t.join(60)
     expected = [(i, b"r-%05d" % i) for i in range(total)]
     assert reads[0] == expected  # read while merges were running
-    deadline = time.monotonic() + 20
-    while len(_segments_on_disk(b.data_dir, topic_name)) > 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(_segments_on_disk(b.data_dir, topic_name)) <= 3, 20, "the merger to leave at most 3 segments", interval=0.2)
     files = _segments_on_disk(b.data_dir, topic_name)
     assert len(files) <= 3, [f.name for f in files]
     for f in files:  # merged segments keep the spec layout and offsets
@@ -83,15 +87,14 @@ def test_kill9_during_merges_loses_and_duplicates_nothing(broker_factory, topic_
         if i % 4 == 0:
             p.flush(10)
     assert p.flush(10) == 0
-    time.sleep(0.12)  # let merges be under way
+    # Kill once merges are under way: a merged segment (more records than any one flush) exists.
+    wait_until(lambda: _merged_segment_on_disk(b.data_dir, topic_name, 4), 20, "a first merged segment", interval=0.01)
     b.kill9()
     b.start()
     got = _consume(b.bootstrap, topic_name, 800)
     assert got == [(i, b"k-%04d" % i) for i in range(800)]
     assert sorted(acked) == list(range(800))
     # and after the restart the merger finishes the job
-    deadline = time.monotonic() + 20
-    while len(_segments_on_disk(b.data_dir, topic_name)) > 3 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: len(_segments_on_disk(b.data_dir, topic_name)) <= 3, 20, "the merger to leave at most 3 segments", interval=0.2)
     assert len(_segments_on_disk(b.data_dir, topic_name)) <= 3
     assert _consume(b.bootstrap, topic_name, 800) == [(i, b"k-%04d" % i) for i in range(800)]
