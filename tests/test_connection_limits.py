@@ -17,6 +17,7 @@ import pytest
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.raw import ConnectionClosed, RawClient, decode_response, encode_request, error_code, req
+from tests.support.wait import wait_until
 
 MiB = 1024 * 1024
 PRODUCE, API_VERSIONS = 0, 18
@@ -41,17 +42,6 @@ def metadata_answered_within(bootstrap: str, seconds: float) -> None:
         r = c.metadata(None)
     assert r.brokers, r
     assert time.monotonic() - started < seconds
-
-
-def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def settled_rss(pid: int, timeout: float = 10.0) -> int:
