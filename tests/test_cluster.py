@@ -84,8 +84,9 @@ def backends():
 class KCluster:
     """Broker processes sharing one etcd key prefix and one S3 bucket/prefix."""
 
-    def __init__(self, etcd, moto, tag: str, ttl: int = 3):
+    def __init__(self, etcd, moto, tag: str, ttl: int = 3, broker_args: tuple[str, ...] = ()):
         self.etcd, self.moto, self.ttl = etcd, moto, ttl
+        self.broker_args = list(broker_args)
         uid = uuid.uuid4().hex[:8]
         self.tag = f"{tag}-{uid}"
         self.prefix = f"/ks-{self.tag}"
@@ -102,6 +103,7 @@ class KCluster:
                 "--storage", self.storage,
                 "--lease-ttl-s", str(self.ttl),
                 "--group-initial-rebalance-delay-ms", "0",
+                *self.broker_args,
             ],
             env={**self.moto.env, "KAFSCALE_S3_CREATE_BUCKET": "true"},
         )  # fmt: skip
@@ -182,8 +184,8 @@ def cluster_factory(backends):
     etcd, moto = backends
     made: list[KCluster] = []
 
-    def make(tag: str, n: int = 3, ttl: int = 3) -> KCluster:
-        c = KCluster(etcd, moto, tag, ttl)
+    def make(tag: str, n: int = 3, ttl: int = 3, broker_args: tuple[str, ...] = ()) -> KCluster:
+        c = KCluster(etcd, moto, tag, ttl, broker_args)
         made.append(c)
         return c.start(n)
 
@@ -680,6 +682,56 @@ def test_joining_broker_takes_its_share(cluster_factory):
     verify(cl, topic, parts, load, max_latency=8, bootstrap=new.bootstrap)
 
 
+def test_watches_see_hand_overs_long_before_the_resync(cluster_factory, backends):
+    """With the periodic full re-read of ownership set to a minute, changes still arrive
+    through etcd watches: a SIGTERM hand-over and a joining broker show in Metadata on
+    every broker within seconds, also after etcd restarted (the watches are set up again)."""
+    etcd, _ = backends
+    resync_s = 60
+    cl = cluster_factory("watch", ttl=10, broker_args=("--ownership-resync-ms", str(resync_s * 1000)))
+    topic, parts = f"watch-{cl.tag}", 6
+    cl.create_topic(topic, parts)
+    cl.wait_owned(topic, parts)
+
+    # etcd restarts (a short outage: well inside half the lease TTL, so nobody stops
+    # writing); every broker's watches break and are set up again.
+    etcd.stop()
+    etcd.start()
+    for i, b in cl.brokers.items():
+        for prefix in ("/brokers/", "/owners/", "/topics/"):
+            wait_until(lambda b=b, prefix=prefix: f"watching {prefix} again" in b.log_text(), 20, f"broker {i} to watch {prefix} again")
+    owners = cl.wait_owned(topic, parts)
+    wait_until(lambda: all(cl.leaders(b, topic) == owners for b in cl.brokers.values()), 10, "Metadata everywhere to match etcd")
+
+    victim = 1
+    victim_parts = sorted(p for p, (n, _) in owners.items() if n == victim)
+    assert victim_parts
+    survivors = {i: b for i, b in cl.brokers.items() if i != victim}
+    t0 = time.monotonic()
+    cl.brokers[victim].proc.send_signal(signal.SIGTERM)
+    wait_until(
+        lambda: all(cl.leaders(b, topic)[p][0] in survivors for b in survivors.values() for p in victim_parts),
+        10, f"survivors' Metadata to name new leaders for {victim_parts}", interval=0.02,
+    )  # fmt: skip
+    handed_over = time.monotonic() - t0
+    assert cl.brokers[victim].stop() == 0
+
+    t1 = time.monotonic()
+    cl.start_broker(victim)
+
+    def rejoined():
+        own = cl.owners(topic)
+        if len(own) != parts or sum(1 for n, _ in own.values() if n == victim) != parts // 3:
+            return None
+        return all(cl.leaders(b, topic) == own for b in cl.brokers.values())
+
+    wait_until(rejoined, 15, f"broker {victim} to take its share again, in every broker's Metadata", interval=0.02)
+    joined = time.monotonic() - t1  # includes starting the broker process
+    print(f"resync every {resync_s}s: SIGTERM hand-over in Metadata after {handed_over:.2f}s; rejoined (from process start) after {joined:.2f}s")
+    assert handed_over < 3, f"SIGTERM hand-over took {handed_over:.2f}s"
+    assert joined < 15
+
+
 def test_metadata_names_owner_and_non_owner_rejects_produce(cluster_factory):
     """Metadata from every broker names the owner in etcd as leader (with its epoch); a
     produce to that broker succeeds, to any other it fails with NOT_LEADER_OR_FOLLOWER."""
@@ -692,7 +744,7 @@ def test_metadata_names_owner_and_non_owner_rejects_produce(cluster_factory):
     for i, b in cl.brokers.items():
         md = cl.metadata(b, topic)
         assert sorted((x.node_id, x.host, x.port) for x in md.brokers) == sorted((j, "127.0.0.1", o.port) for j, o in cl.brokers.items())
-        # Each broker re-reads the owner keys every reconcile round (0.5 s): allow a little.
+        # Each broker re-reads the owner keys when its etcd watch reports a change: allow a little.
         seen = []
         try:
             wait_until(lambda b=b: seen.append(cl.leaders(b, topic)) or seen[-1] == owners, 3, f"Metadata from broker {i} to match etcd")

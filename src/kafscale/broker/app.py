@@ -29,7 +29,7 @@ class Broker:
         if config.metadata.startswith("etcd://"):
             from kafscale.cluster.etcd_cluster import EtcdCluster
 
-            self.cluster = EtcdCluster(local, self.metadata.kv, self.metadata, config.lease_ttl_s)
+            self.cluster = EtcdCluster(local, self.metadata.kv, self.metadata, config.lease_ttl_s, resync_interval_s=config.ownership_resync_ms / 1000)
         else:
             self.cluster = SingleNodeCluster(local)
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)

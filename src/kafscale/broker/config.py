@@ -45,6 +45,7 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     lease_ttl_s: int = field(default=10, metadata={"help": "etcd lease TTL for broker liveness and ownership"})
+    ownership_resync_ms: int = field(default=5000, metadata={"help": "with etcd: re-read brokers, owners and topics this often even when the etcd watches report no change (a safety net)"})
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING, ERROR"})
     log_format: str = field(default="text", metadata={"help": "text or json"})
 

@@ -18,6 +18,11 @@
   an earlier run (kill -9) is waited out for its lease TTL; one whose lease is still being
   refreshed after that belongs to a live broker, and this one refuses to start.
 - SIGTERM: flush, delete the owner keys and revoke the lease: hand-over in well under a second.
+- Changes are seen by etcd watches on the broker registrations, owner keys and topics: a
+  change runs a reconcile at once (a burst of changes runs one). A full re-read every
+  --ownership-resync-ms is the safety net, and every 0.5 s while this broker's share is not
+  settled yet (a step failed, the lease is not alive). A broken watch (etcd down,
+  compaction) is set up again, followed by a full re-read.
 """
 
 from __future__ import annotations
@@ -40,7 +45,11 @@ if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager
 
 log = logging.getLogger("kafscale.cluster")
-RECONCILE_INTERVAL_S = 0.5
+RESYNC_INTERVAL_S = 5.0  # full re-read when nothing changed (the watches see changes)
+UNSETTLED_RETRY_S = 0.5  # re-read this often while our share is not reached
+COALESCE_S = 0.01  # wait this long after a change for the rest of its burst
+WATCH_RETRY_S = (0.2, 2.0)  # first and longest pause before setting a broken watch up again
+WATCHED = (keys.BROKERS, keys.OWNERS, keys.TOPICS)  # membership, ownership, partition counts
 KEEPALIVES_PER_TTL = 6  # a refresh every TTL/6: two can fail before writing stops at TTL/2
 WRITE_MARGIN = 0.5  # of the TTL: writes stop this long after the last accepted refresh was sent
 REGISTRATION_GRACE_S = 2.0  # past a lease's TTL, for etcd to revoke it and delete its keys
@@ -87,7 +96,7 @@ def assign_topic(topic: str, partitions: int, node_ids: list[int], current: dict
 
 
 class EtcdCluster(Cluster):
-    def __init__(self, local: BrokerNode, kv: "EtcdKV", metadata: MetadataStore, lease_ttl_s: int):
+    def __init__(self, local: BrokerNode, kv: "EtcdKV", metadata: MetadataStore, lease_ttl_s: int, resync_interval_s: float = RESYNC_INTERVAL_S):
         super().__init__(local)
         self.kv = kv
         self.metadata = metadata
@@ -106,6 +115,9 @@ class EtcdCluster(Cluster):
         self._partition_counts: dict[str, int] = {}
         self._desired: dict[str, list[int]] = {}  # topic -> desired owner of each partition
         self._tasks: list[asyncio.Task] = []
+        self.resync_interval_s = resync_interval_s
+        self._changed = asyncio.Event()  # something watched changed: reconcile
+        self._broken_watches: set[str] = set()  # prefixes not watched now: poll meanwhile
         self._stopping = False
         self.listeners: list = []  # callables(cluster) run after membership changes
 
@@ -150,6 +162,7 @@ class EtcdCluster(Cluster):
         await self.reconcile()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._lease_loop(), name="lease"), loop.create_task(self._reconcile_loop(), name="ownership")]
+        self._tasks += [loop.create_task(self._watch(prefix), name=f"watch {prefix}") for prefix in WATCHED]
 
     async def _register(self) -> None:
         """Take a new lease and create `/brokers/{id}` under it, only where no live broker holds it."""
@@ -275,6 +288,7 @@ class EtcdCluster(Cluster):
                     await self._register()
                 except (MetadataUnavailable, BrokerIdInUse) as e:
                     log.error("re-registering failed: %s", e)
+                self._wake()
             elif self._owned and not self.lease_alive():
                 log.error("no lease keepalive accepted for %.1fs (etcd unreachable?): stopped writing", self.ttl * WRITE_MARGIN)
                 await self._drop_all()
@@ -285,16 +299,60 @@ class EtcdCluster(Cluster):
             self._owned.discard(key)
             if self.logs is not None:
                 await self.logs.release(*key, flush=False)
+        self._wake()  # unsettled now: retried until the lease lets us take them back
+
+    def _wake(self) -> None:
+        self._changed.set()
 
     async def _reconcile_loop(self) -> None:
+        """Reconcile on every watched change (one run per burst), else every resync
+        interval; every UNSETTLED_RETRY_S while our share is not reached."""
+        settled = True
         while True:
-            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            interval = self.resync_interval_s if settled and not self._broken_watches else UNSETTLED_RETRY_S
             try:
-                await self.reconcile()
+                await asyncio.wait_for(self._changed.wait(), interval)
+                await asyncio.sleep(COALESCE_S)
+            except asyncio.TimeoutError:
+                pass
+            self._changed.clear()  # changes from here on are seen by the reconcile below or cause another
+            settled = False
+            try:
+                settled = await self.reconcile()
             except MetadataUnavailable as e:
                 log.warning("ownership reconcile: etcd unavailable: %s", e)
             except Exception:  # noqa: BLE001 - keep reconciling
                 log.exception("ownership reconcile failed")
+
+    async def _watch(self, prefix: str) -> None:
+        """Wake the reconcile loop on every change under `prefix`, for good: a broken watch
+        is set up again (after a pause) and then everything re-read, since changes made
+        while it was down were not delivered."""
+        pause = WATCH_RETRY_S[0]
+
+        def created() -> None:
+            nonlocal pause
+            if prefix in self._broken_watches:
+                log.info("watching %s again", prefix)
+                self._broken_watches.discard(prefix)
+            pause = WATCH_RETRY_S[0]
+            self._wake()  # re-read: what changed before this moment was not delivered
+
+        while True:
+            try:
+                async for _event in self.kv.watch_prefix(prefix, on_created=created):
+                    self._wake()
+                raise MetadataUnavailable(f"etcd watch {prefix}: ended")  # not expected: watches end by raising
+            except MetadataUnavailable as e:
+                if prefix not in self._broken_watches:
+                    log.warning("etcd watch on %s broken (ownership re-read every %.1fs until it is back): %s", prefix, UNSETTLED_RETRY_S, e)
+                self._broken_watches.add(prefix)
+            except Exception:  # noqa: BLE001 - keep watching
+                log.exception("etcd watch on %s failed", prefix)
+                self._broken_watches.add(prefix)
+            self._wake()  # the loop polls from now on, until the watch is back
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, WATCH_RETRY_S[1])
 
     # -- ownership ------------------------------------------------------------------------
 
@@ -321,10 +379,12 @@ class EtcdCluster(Cluster):
             for fn in self.listeners:
                 fn(self)
 
-    async def reconcile(self) -> None:
+    async def reconcile(self) -> bool:
+        """Take and release partitions towards the desired assignment; True when this
+        broker owns exactly its share afterwards (nothing to retry before a change)."""
         await self.refresh()
         if self._stopping or not self.lease_alive():
-            return
+            return False
         me = self.local.node_id
         topics = await self.metadata.list_topics()
         self._partition_counts = {m.name: m.partitions for m in topics}
@@ -356,6 +416,7 @@ class EtcdCluster(Cluster):
             self._owned.discard(key)
             if self.logs is not None:
                 await self.logs.stop_topic(key[0])
+        return all((owner == me) == ((topic, p) in self._owned) for topic, owners in self._desired.items() for p, owner in enumerate(owners))
 
     async def _acquire(self, topic: str, partition: int) -> None:
         st = await self.metadata.get_partition(topic, partition, with_segments=False)

@@ -28,7 +28,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import grpc
 from aetcd import rpc
@@ -362,9 +362,11 @@ class EtcdKV(KV):
 
         await self._call("lease revoke", go)
 
-    async def watch_prefix(self, prefix: str, start_revision: int = 0) -> AsyncIterator[WatchEvent]:
+    async def watch_prefix(self, prefix: str, start_revision: int = 0, on_created: Callable[[], None] | None = None) -> AsyncIterator[WatchEvent]:
         """Changes under prefix as they happen; raises MetadataUnavailable when the stream
-        breaks (etcd down, revision compacted) so the caller re-reads and watches again."""
+        breaks (etcd down, revision compacted) so the caller re-reads and watches again.
+        `on_created()` runs once etcd has set the watch up: every change after that moment
+        is delivered, so a read made after it misses nothing."""
         start = self._prefix_bytes(prefix)
         create = rpc.WatchRequest(
             create_request=rpc.WatchCreateRequest(key=start, range_end=_range_end(start), start_revision=start_revision)
@@ -381,6 +383,8 @@ class EtcdKV(KV):
                     if resp.canceled:
                         reason = resp.cancel_reason or f"compacted at {resp.compact_revision}"
                         raise MetadataUnavailable(f"etcd watch {prefix} canceled: {reason}")
+                    if resp.created and on_created is not None:
+                        on_created()
                     rev = resp.header.revision
                     for ev in resp.events:
                         if ev.type == ev.DELETE:
