@@ -22,6 +22,7 @@ from kafscale.metadata.etcd import EtcdKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from tests.support.broker import BrokerProcess
 from tests.support.servers import ETCD_BIN, start_etcd
+from tests.support.wait import wait_until, wait_until_async
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists(ETCD_BIN), reason="etcd binary not installed (make system-deps)"),
@@ -39,14 +40,6 @@ def etcd():
         yield server
     finally:
         server.cleanup()
-
-
-async def _wait_for(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest_asyncio.fixture(loop_scope="function")  # the test's own loop: the one the test blocks
@@ -98,10 +91,10 @@ async def test_writes_stop_half_a_ttl_after_the_last_accepted_keepalive(owner, e
     cluster, topic = owner
     # Make the moment of the last accepted send known: wait for a fresh refresh, then freeze.
     before = cluster._write_deadline
-    await _wait_for(lambda: cluster._write_deadline > before, 2, "a keepalive")
+    await wait_until_async(lambda: cluster._write_deadline > before, 2, "a keepalive", interval=0.02)
     etcd.pause()
     frozen = time.monotonic()
-    await _wait_for(lambda: not cluster.owns(topic, 0), TTL_S, "writing to stop")
+    await wait_until_async(lambda: not cluster.owns(topic, 0), TTL_S, "writing to stop", interval=0.02)
     etcd.resume()
 
     # owns() is false from the deadline on; the deadline is TTL/2 past the last accepted
@@ -111,7 +104,7 @@ async def test_writes_stop_half_a_ttl_after_the_last_accepted_keepalive(owner, e
     assert deadline >= TTL_S * WRITE_MARGIN - keepalive_period(TTL_S) - 0.5, f"stopped writing {deadline:.2f}s into the freeze"
     # Same lease still alive (frozen < TTL): the next refresh lets the broker take its
     # partitions again, under a new epoch.
-    await _wait_for(lambda: cluster.owns(topic, 0) and cluster.owns(topic, 1), 10, "ownership to come back")
+    await wait_until_async(lambda: cluster.owns(topic, 0) and cluster.owns(topic, 1), 10, "ownership to come back", interval=0.02)
 
 
 def test_second_broker_with_a_live_id_refuses_to_start(etcd, tmp_path):
@@ -147,9 +140,8 @@ def test_second_broker_with_a_live_id_refuses_to_start(etcd, tmp_path):
         restarted_after = time.monotonic() - t1
         assert third.proc.poll() is None
         assert "registered with lease" in third.log_text()
-        deadline = time.monotonic() + 10  # signal handlers are set once it says it listens
-        while "listening on" not in third.log_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # signal handlers are set once it says it listens
+        wait_until(lambda: "listening on" in third.log_text(), 10, "the restarted broker to listen", interval=0.05)
         print(f"refused after {refused_after:.1f}s; restart after kill -9 listening after {restarted_after:.1f}s")
         assert third.stop() == 0
     finally:
