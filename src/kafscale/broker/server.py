@@ -20,6 +20,7 @@ from kio.schema.index import api_key_map
 
 from kafscale.broker import memory
 from kafscale.broker.router import RequestContext
+from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol import codec, error_response
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many 
 PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING = 1, 2, 4
 API_VERSIONS = 18
 PRODUCE = 0
-UNSUPPORTED_VERSION = 35
 
 
 # Resizing a bytearray without filling the new bytes (the recv that follows writes them):
@@ -440,7 +440,7 @@ class KafkaServer:
         except Exception as e:  # noqa: BLE001 - a handler's response kio cannot encode
             # It echoes a request value the response schema cannot hold (a null topic name
             # in Metadata v10-11, which Kafka refuses with INVALID_REQUEST): answer that.
-            fallback = self._error_response(ctx, conn, request, e, error_response.INVALID_REQUEST)
+            fallback = self._error_response(ctx, conn, request, e, ErrorCode.invalid_request)
             try:
                 return codec.encode_response(api_key, version, correlation_id, fallback)
             except Exception as e2:  # noqa: BLE001
@@ -448,11 +448,11 @@ class KafkaServer:
 
     def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception, code: int | None = None):
         """What Kafka's KafkaApis.handleError does: answer the request with the error code
-        the exception stands for (its own `error_code`, else UNKNOWN_SERVER_ERROR) in every
+        the exception stands for (a KafkaError's code, else UNKNOWN_SERVER_ERROR) in every
         topic / partition / group it named, instead of dropping the connection. A traceback
         is logged only for handler exceptions without a Kafka error code (bugs)."""
         header = ctx.header
-        traceback = code is None and getattr(exc, "error_code", None) is None
+        traceback = code is None and not isinstance(exc, KafkaError)
         code = error_response.error_code_for(exc) if code is None else code
         # a request the handler refused as a whole is the client's doing: a warning
         log.log(
@@ -473,7 +473,7 @@ class KafkaServer:
         return response
 
     def _unsupported_api_versions(self, correlation_id: int) -> bytes:
-        body = bytearray(struct.pack(">hi", UNSUPPORTED_VERSION, len(self.broker.router.apis)))
+        body = bytearray(struct.pack(">hi", ErrorCode.unsupported_version, len(self.broker.router.apis)))
         for api in sorted(self.broker.router.apis.values(), key=lambda a: a.key):
             body += struct.pack(">hhh", api.key, api.min_version, api.max_version)
         return codec.encode_raw_response(correlation_id, bytes(body))

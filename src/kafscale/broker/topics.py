@@ -7,6 +7,7 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
+from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
 from kafscale.metadata.store import TopicExistsError, TopicMeta, UnknownTopicError
 from kafscale.storage.logs import STORE_FAILURES, StorageError
@@ -14,25 +15,14 @@ from kafscale.storage.logs import STORE_FAILURES, StorageError
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_CONFIG = 40
-REQUEST_TIMED_OUT = 7
-KAFKA_STORAGE_ERROR = 56
-
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10_000
 log = logging.getLogger("kafscale.admin")
 
 
-class TopicError(Exception):
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
+class TopicError(KafkaError):
+    """A topic administration request refused with `code`."""
 
 
 # A store failing under an admin change: REQUEST_TIMED_OUT, as Kafka answers when its
@@ -41,18 +31,18 @@ _STORE_DOWN = (*STORE_FAILURES, StorageError)
 
 
 def _unavailable(error: Exception) -> TopicError:
-    return TopicError(REQUEST_TIMED_OUT, f"metadata store unavailable: {error}")
+    return TopicError(ErrorCode.request_timed_out, f"metadata store unavailable: {error}")
 
 
 def check_name(name: str | None) -> None:
     if not name:
-        raise TopicError(INVALID_TOPIC_EXCEPTION, "topic name is empty")
+        raise TopicError(ErrorCode.invalid_topic_exception, "topic name is empty")
     if name in (".", ".."):
-        raise TopicError(INVALID_TOPIC_EXCEPTION, f"topic name cannot be {name!r}")
+        raise TopicError(ErrorCode.invalid_topic_exception, f"topic name cannot be {name!r}")
     if len(name) > MAX_NAME_LENGTH:
-        raise TopicError(INVALID_TOPIC_EXCEPTION, f"topic name is longer than {MAX_NAME_LENGTH} characters")
+        raise TopicError(ErrorCode.invalid_topic_exception, f"topic name is longer than {MAX_NAME_LENGTH} characters")
     if not _LEGAL.match(name):
-        raise TopicError(INVALID_TOPIC_EXCEPTION, f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_' and '-'")
+        raise TopicError(ErrorCode.invalid_topic_exception, f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_' and '-'")
 
 
 async def create(broker: "Broker", name: str, partitions: int, configs: dict[str, str], *, replication_factor: int = -1, validate_only: bool = False) -> TopicMeta:
@@ -60,23 +50,23 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
     if partitions == -1:
         partitions = broker.config.default_partitions
     if partitions <= 0 or partitions > MAX_PARTITIONS:
-        raise TopicError(INVALID_PARTITIONS, f"number of partitions must be between 1 and {MAX_PARTITIONS}")
+        raise TopicError(ErrorCode.invalid_partitions, f"number of partitions must be between 1 and {MAX_PARTITIONS}")
     if replication_factor not in (-1, 1, 2, 3):
         # Durability comes from the object store; any usual factor is accepted and ignored.
-        raise TopicError(INVALID_REPLICATION_FACTOR, "replication factor must be -1 or 1-3")
+        raise TopicError(ErrorCode.invalid_replication_factor, "replication factor must be -1 or 1-3")
     try:
         topic_config.validate(configs)
     except topic_config.InvalidConfigError as e:
-        raise TopicError(INVALID_CONFIG, str(e)) from None
+        raise TopicError(ErrorCode.invalid_config, str(e)) from None
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
     try:
         if validate_only:
             if await broker.logs.topic(name) is not None:
-                raise TopicError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+                raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
             return meta
         await broker.metadata.create_topic(meta)
     except TopicExistsError:
-        raise TopicError(TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists") from None
+        raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists") from None
     except _STORE_DOWN as e:
         raise _unavailable(e) from None
     broker.logs.topic_changed(meta)
@@ -87,7 +77,7 @@ async def delete(broker: "Broker", name: str) -> TopicMeta:
     try:
         meta = await broker.metadata.delete_topic(name)
     except UnknownTopicError:
-        raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist") from None
+        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist") from None
     except _STORE_DOWN as e:
         raise _unavailable(e) from None
     try:
@@ -108,11 +98,11 @@ async def add_partitions(broker: "Broker", name: str, count: int, validate_only:
 async def _add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
     meta = await broker.logs.topic(name, refresh=True)
     if meta is None:
-        raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     if count <= meta.partitions:
-        raise TopicError(INVALID_PARTITIONS, f"topic {name!r} has {meta.partitions} partitions; the new count must be larger, not {count}")
+        raise TopicError(ErrorCode.invalid_partitions, f"topic {name!r} has {meta.partitions} partitions; the new count must be larger, not {count}")
     if count > MAX_PARTITIONS:
-        raise TopicError(INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
+        raise TopicError(ErrorCode.invalid_partitions, f"at most {MAX_PARTITIONS} partitions")
     if validate_only:
         return meta
     meta = await broker.metadata.add_partitions(name, count)
@@ -131,12 +121,12 @@ async def alter_configs(broker: "Broker", name: str, change, validate_only: bool
 async def _alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
     meta = await broker.logs.topic(name, refresh=True)
     if meta is None:
-        raise TopicError(UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     new = change(dict(meta.configs))
     try:
         topic_config.validate(new)
     except topic_config.InvalidConfigError as e:
-        raise TopicError(INVALID_CONFIG, str(e)) from None
+        raise TopicError(ErrorCode.invalid_config, str(e)) from None
     if validate_only:
         return meta
     meta = await broker.metadata.set_topic_configs(name, new)

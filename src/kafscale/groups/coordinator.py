@@ -21,8 +21,7 @@ import time
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from kio.schema.errors import ErrorCode
-
+from kafscale.errors import ErrorCode
 from kafscale.groups.state import (
     CONSUMER_PROTOCOL_TYPE,
     PERSIST,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterable
 
-from kio.schema.errors import ErrorCode
+from kafscale.errors import ErrorCode
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kafscale.errors import ErrorCode
 from kafscale.protocol import records
 
 if TYPE_CHECKING:
@@ -47,10 +48,8 @@ def api_name(api_key: int) -> str:
 
 def error_name(code: int) -> str:
     try:
-        from kio.schema.errors import ErrorCode
-
         return ErrorCode(code).name
-    except (ImportError, ValueError):
+    except ValueError:
         return str(code)
 
 
@@ -136,7 +135,7 @@ class BrokerMetrics:
             nbytes = nbatches = 0
             for j, pd in enumerate(td.partition_data):
                 if rt is not None:
-                    code = rt.partition_responses[j].error_code if j < len(rt.partition_responses) else 0
+                    code = rt.partition_responses[j].error_code if j < len(rt.partition_responses) else ErrorCode.none
                     if code:
                         self.partition_errors.labels("Produce", error_name(code)).inc()
                         continue

@@ -12,8 +12,7 @@ import sys
 import uuid
 from functools import lru_cache
 
-from kio.schema.errors import ErrorCode
-
+from kafscale.errors import ErrorCode
 from kafscale.protocol.codec import schema
 
 

@@ -22,14 +22,12 @@ import datetime
 import uuid
 from typing import Any
 
-from kio.schema.errors import ErrorCode
 from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field, get_field_tag, is_optional
 
+from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol.codec import schema
 
 PRODUCE = 0
-INVALID_REQUEST = ErrorCode.invalid_request.value
-UNKNOWN_SERVER_ERROR = ErrorCode.unknown_server_error.value
 
 # response array field -> request array fields it answers, in order of preference
 _ARRAY_PAIRS = {
@@ -62,25 +60,18 @@ _KEY_PAIRS = {
 _MINUS_ONE_HINTS = ("offset", "watermark", "epoch", "leader", "generation", "replica", "timestamp", "_id")
 
 
-class RequestError(Exception):
+class RequestError(KafkaError):
     """Raised by a handler for a request it refuses as a whole (Kafka's
     InvalidRequestException and kin): the server answers it with `error_code` everywhere,
     one log line and no traceback."""
 
-    def __init__(self, error_code: int, message: str):
-        super().__init__(message)
-        self.error_code = error_code
-
 
 def error_code_for(exc: BaseException) -> int:
-    """The Kafka error code an exception stands for: its own `error_code` when it carries
-    one (storage and coordinator errors do), UNKNOWN_SERVER_ERROR otherwise."""
-    code = getattr(exc, "error_code", None)
-    if isinstance(code, ErrorCode):
-        return code.value
-    if isinstance(code, int) and not isinstance(code, bool):
-        return code
-    return UNKNOWN_SERVER_ERROR
+    """The Kafka error code an exception stands for: its own code when it is a KafkaError
+    (storage, record, topic and request errors are), UNKNOWN_SERVER_ERROR otherwise."""
+    if isinstance(exc, KafkaError):
+        return exc.code.value
+    return ErrorCode.unknown_server_error.value
 
 
 def build(api_key: int, version: int, request: Any, error_code: int) -> Any | None:

@@ -13,6 +13,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 
+from kafscale.errors import ErrorCode
 from kafscale.protocol.records import uvarint
 
 _I16 = struct.Struct(">h")
@@ -51,7 +52,7 @@ class TopicData:
 class FetchResponse:
     version: int
     responses: list[TopicData]
-    error_code: int = 0
+    error_code: int = ErrorCode.none
     session_id: int = 0
     throttle_time_ms: int = 0
 

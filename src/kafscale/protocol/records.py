@@ -13,6 +13,8 @@ from typing import Iterator
 
 import crc32c as _crc32c
 
+from kafscale.errors import ErrorCode, KafkaError
+
 # Offsets of the v2 batch header fields (see the spec's "Message Batch Format").
 BASE_OFFSET = 0
 BATCH_LENGTH = 8
@@ -49,18 +51,11 @@ def crc32c(data) -> int:
     return _crc32c.crc32c(data)
 
 
-class InvalidRecordError(ValueError):
+class InvalidRecordError(KafkaError, ValueError):
     """A record set that cannot be accepted. `error_code` is the Kafka error to answer."""
 
-    def __init__(self, message: str, error_code: int):
-        super().__init__(message)
-        self.error_code = error_code
-
-
-# Kafka error codes used here (kept local so that protocol/ needs nothing from broker/).
-CORRUPT_MESSAGE = 2
-INVALID_RECORD = 87
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    def __init__(self, message: str, error_code: ErrorCode):
+        super().__init__(error_code, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,28 +126,28 @@ def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) ->
     headers: list[BatchHeader] = []
     pos, end = 0, len(data)
     if end == 0:
-        raise InvalidRecordError("empty record set", INVALID_RECORD)
+        raise InvalidRecordError("empty record set", ErrorCode.invalid_record)
     while pos < end:
         if end - pos < MAGIC + 1:
-            raise InvalidRecordError("truncated record batch", CORRUPT_MESSAGE)
+            raise InvalidRecordError("truncated record batch", ErrorCode.corrupt_message)
         magic = data[pos + MAGIC]
         if magic != 2:
             raise InvalidRecordError(
                 f"message format v{magic} is not supported; use record batches (magic 2)",
-                UNSUPPORTED_FOR_MESSAGE_FORMAT,
+                ErrorCode.unsupported_for_message_format,
             )
         if end - pos < HEADER_SIZE:
-            raise InvalidRecordError("truncated record batch header", CORRUPT_MESSAGE)
+            raise InvalidRecordError("truncated record batch header", ErrorCode.corrupt_message)
         header = read_header(data, pos)
         size = header.size
         if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + size > end:
-            raise InvalidRecordError("record batch length exceeds the record set", CORRUPT_MESSAGE)
+            raise InvalidRecordError("record batch length exceeds the record set", ErrorCode.corrupt_message)
         if max_batch_bytes is not None and size > max_batch_bytes:
-            raise InvalidRecordError(f"record batch of {size} bytes exceeds max.message.bytes", 10)
+            raise InvalidRecordError(f"record batch of {size} bytes exceeds max.message.bytes", ErrorCode.message_too_large)
         if crc32c(data[pos + CRC_START : pos + size]) != header.crc:
-            raise InvalidRecordError("record batch CRC32C mismatch", CORRUPT_MESSAGE)
+            raise InvalidRecordError("record batch CRC32C mismatch", ErrorCode.corrupt_message)
         if header.record_count < 0 or header.last_offset_delta < 0:
-            raise InvalidRecordError("negative record count or offset delta", CORRUPT_MESSAGE)
+            raise InvalidRecordError("negative record count or offset delta", ErrorCode.corrupt_message)
         headers.append(header)
         pos += size
     return headers
@@ -260,7 +255,7 @@ def decode_records(buf, pos: int = 0, header: BatchHeader | None = None, verify_
     header = header or read_header(buf, pos)
     end = pos + header.size
     if verify_crc and crc32c(memoryview(buf)[pos + CRC_START : end]) != header.crc:
-        raise InvalidRecordError(f"CRC mismatch in batch at offset {header.base_offset}", CORRUPT_MESSAGE)
+        raise InvalidRecordError(f"CRC mismatch in batch at offset {header.base_offset}", ErrorCode.corrupt_message)
     body = buf[pos + HEADER_SIZE : end]
     if header.compression != COMPRESSION_NONE:
         body = decompress(header.compression, body)

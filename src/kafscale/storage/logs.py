@@ -17,6 +17,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
+from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import ConflictError, MetadataStore, PartitionState, TopicMeta
 from kafscale.metadata.topic_config import LogSettings
@@ -29,12 +30,6 @@ from kafscale.storage.producers import ProducerStateTable
 
 log = logging.getLogger("kafscale.storage")
 
-# Kafka error codes raised from storage.
-NOT_LEADER_OR_FOLLOWER = 6
-KAFKA_STORAGE_ERROR = 56
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-
 # Producer state is rebuilt from the batch headers of this much of the log's tail.
 PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
 # Segments up to this size are read whole into the cache; larger ones by index-guided ranges
@@ -46,10 +41,11 @@ def _base_offset(seg: segment.SegmentInfo) -> int:
     return seg.base_offset
 
 
-class StorageError(Exception):
-    def __init__(self, message: str, error_code: int = KAFKA_STORAGE_ERROR):
-        super().__init__(message)
-        self.error_code = error_code
+class StorageError(KafkaError):
+    """A partition log refusing a request; KAFKA_STORAGE_ERROR unless told otherwise."""
+
+    def __init__(self, message: str, error_code: ErrorCode = ErrorCode.kafka_storage_error):
+        super().__init__(error_code, message)
 
 
 # What the metadata and object stores raise when they fail or someone else changed the state
@@ -65,10 +61,10 @@ def store_failure(error: BaseException, what: str) -> StorageError:
     if isinstance(error, StorageError):
         return error
     if isinstance(error, ConflictError):
-        return StorageError(f"{what}: changed concurrently (ownership moved?): {error}", NOT_LEADER_OR_FOLLOWER)
+        return StorageError(f"{what}: changed concurrently (ownership moved?): {error}", ErrorCode.not_leader_or_follower)
     if isinstance(error, ObjectStoreError):
-        return StorageError(f"{what}: object store unavailable: {error}", KAFKA_STORAGE_ERROR)
-    return StorageError(f"{what}: metadata unavailable: {error}", KAFKA_STORAGE_ERROR)
+        return StorageError(f"{what}: object store unavailable: {error}", ErrorCode.kafka_storage_error)
+    return StorageError(f"{what}: metadata unavailable: {error}", ErrorCode.kafka_storage_error)
 
 
 @dataclass(slots=True)
@@ -236,7 +232,7 @@ class PartitionLog:
             self._last_flush = time.monotonic()
             if not self.manager.cluster.owns(self.topic, self.partition):
                 # Lease lost or ownership moved: another broker may write this partition now.
-                self.fail_pending(StorageError(f"{self.topic}-{self.partition} is no longer owned here", NOT_LEADER_OR_FOLLOWER))
+                self.fail_pending(StorageError(f"{self.topic}-{self.partition} is no longer owned here", ErrorCode.not_leader_or_follower))
                 self.manager.forget(self.topic, self.partition)
                 return
             taken = self._take_segment()
@@ -291,14 +287,14 @@ class PartitionLog:
     def _fail_unflushed(self, taken: list[_Pending], error: Exception) -> None:
         """Drop everything not durable: its offsets will be handed out again."""
         if isinstance(error, ConflictError):
-            code, what = NOT_LEADER_OR_FOLLOWER, "partition state changed under us (fenced)"
+            code, what = ErrorCode.not_leader_or_follower, "partition state changed under us (fenced)"
         elif isinstance(error, ObjectExistsError):
             # Another writer's segment holds this base offset. Forgetting the log makes the
             # next produce re-read ownership and the partition state (recovery adopts that
             # segment if nobody committed it): clients retry on the owner's new offsets.
-            code, what = NOT_LEADER_OR_FOLLOWER, f"lost the race for segment {self.state.high_watermark} to another writer"
+            code, what = ErrorCode.not_leader_or_follower, f"lost the race for segment {self.state.high_watermark} to another writer"
         else:
-            code, what = KAFKA_STORAGE_ERROR, f"flush failed: {error}"
+            code, what = ErrorCode.kafka_storage_error, f"flush failed: {error}"
         dropped = taken + self._buffer
         self._buffer = []
         self._buffer_bytes = 0
@@ -312,7 +308,7 @@ class PartitionLog:
         )
         self.manager.metrics_flush_failed()
         self._answer(dropped, StorageError(what, code))
-        if code == NOT_LEADER_OR_FOLLOWER:
+        if code == ErrorCode.not_leader_or_follower:
             self.manager.forget(self.topic, self.partition)
 
     # -- stopping -------------------------------------------------------------------------
@@ -343,7 +339,7 @@ class PartitionLog:
     def refusal(self) -> StorageError:
         """The error for a request reaching this log after it stopped."""
         reason = self.stopped_by
-        code = reason.error_code if reason is not None else NOT_LEADER_OR_FOLLOWER
+        code = reason.error_code if reason is not None else ErrorCode.not_leader_or_follower
         return StorageError(f"{self.topic}-{self.partition} is not served here: {reason or 'stopped'}", code)
 
     def halt(self, reason: StorageError) -> None:
@@ -408,7 +404,7 @@ class PartitionLog:
         (the first batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
         st = self.state
         if offset < st.log_start_offset or offset > st.high_watermark:
-            raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", OFFSET_OUT_OF_RANGE)
+            raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", ErrorCode.offset_out_of_range)
         return await self.manager.read_segments(self.topic, self.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
@@ -603,7 +599,7 @@ class LogManager:
         for task in (self._retention_task, self._merge_task):
             if task:
                 task.cancel()
-        reason = StorageError("the broker is shutting down", NOT_LEADER_OR_FOLLOWER)
+        reason = StorageError("the broker is shutting down", ErrorCode.not_leader_or_follower)
         await asyncio.gather(*(self._stop_log(lg, reason, flush=True) for lg in list(self.logs.values())), return_exceptions=True)
         self.logs.clear()
 
@@ -684,7 +680,7 @@ class LogManager:
         waiting produces UNKNOWN_TOPIC_OR_PARTITION, and forget its cached state."""
         self._topics.pop(name, None)
         self._topic_ids = {i: n for i, n in self._topic_ids.items() if n != name}
-        reason = StorageError(f"topic {name!r} was deleted", UNKNOWN_TOPIC_OR_PARTITION)
+        reason = StorageError(f"topic {name!r} was deleted", ErrorCode.unknown_topic_or_partition)
         doomed = [lg for (t, _p), lg in self.logs.items() if t == name]
         for lg in doomed:  # without flush: every waiting produce is answered before any I/O
             await self._stop_log(lg, reason, flush=False)
@@ -703,14 +699,14 @@ class LogManager:
         """Ownership is moving away: flush (graceful hand-over) or drop (fenced), then forget."""
         lg = self.logs.get((topic, partition))
         if lg is not None:
-            await self._stop_log(lg, StorageError(f"{topic}-{partition} moved to another broker", NOT_LEADER_OR_FOLLOWER), flush)
+            await self._stop_log(lg, StorageError(f"{topic}-{partition} moved to another broker", ErrorCode.not_leader_or_follower), flush)
         self.cache.drop_prefix((topic, partition))
 
     def forget(self, topic: str, partition: int) -> None:
         """Ownership lost or fenced, seen by the log itself: stop it now (no flush)."""
         lg = self.logs.pop((topic, partition), None)
         if lg is not None:
-            lg.halt(StorageError(f"{topic}-{partition} is no longer owned here", NOT_LEADER_OR_FOLLOWER))
+            lg.halt(StorageError(f"{topic}-{partition} is no longer owned here", ErrorCode.not_leader_or_follower))
 
     async def _partition_state(self, topic: str, partition: int) -> PartitionState:
         try:
@@ -718,7 +714,7 @@ class LogManager:
         except STORE_FAILURES as e:
             raise store_failure(e, f"reading {topic}-{partition}") from e
         if st is None:
-            raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+            raise StorageError(f"unknown topic or partition {topic}-{partition}", ErrorCode.unknown_topic_or_partition)
         return st
 
     async def get_reader(self, topic: str, partition: int):
@@ -727,7 +723,7 @@ class LogManager:
         try:
             return await self.get_log(topic, partition)
         except StorageError as e:
-            if e.error_code != NOT_LEADER_OR_FOLLOWER:
+            if e.error_code != ErrorCode.not_leader_or_follower:
                 raise
         key = (topic, partition)
         view = self._readers.get(key)
@@ -746,7 +742,7 @@ class LogManager:
                 raise lg.refusal()
             return lg
         if self.stopping or not self.cluster.owns(topic, partition):
-            raise StorageError(f"{topic}-{partition} is not served by this broker", NOT_LEADER_OR_FOLLOWER)
+            raise StorageError(f"{topic}-{partition} is not served by this broker", ErrorCode.not_leader_or_follower)
         fut = self._loading.get(key)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -770,7 +766,7 @@ class LogManager:
             if meta is None or not 0 <= partition < meta.partitions:
                 meta = await self.topic(topic, refresh=True)
             if meta is None or not 0 <= partition < meta.partitions:
-                raise StorageError(f"unknown topic or partition {topic}-{partition}", UNKNOWN_TOPIC_OR_PARTITION)
+                raise StorageError(f"unknown topic or partition {topic}-{partition}", ErrorCode.unknown_topic_or_partition)
             # Recovery commits adopted segments: another owner's commit in between is a
             # ConflictError, answered as NOT_LEADER_OR_FOLLOWER like any store failure here.
             st = await self._recover(await self._partition_state(topic, partition))
@@ -794,7 +790,7 @@ class LogManager:
             try:
                 view = await self._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
             except StorageError as e:
-                if e.error_code == OFFSET_OUT_OF_RANGE:
+                if e.error_code == ErrorCode.offset_out_of_range:
                     continue  # deleted by retention meanwhile
                 raise
             for pos in view.positions:
@@ -927,7 +923,7 @@ class LogManager:
             data = await self.store.get(key)
             self.stats["gets"] += 1
         except ObjectNotFound as e:
-            raise StorageError(f"segment {key} is gone (deleted by retention?)", OFFSET_OUT_OF_RANGE) from e
+            raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
         try:

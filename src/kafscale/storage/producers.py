@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kio.schema.errors import ErrorCode
-
+from kafscale.errors import ErrorCode
 from kafscale.protocol.records import BatchHeader, InvalidRecordError
 
-OUT_OF_ORDER_SEQUENCE_NUMBER = ErrorCode.out_of_order_sequence_number.value
-INVALID_PRODUCER_EPOCH = ErrorCode.invalid_producer_epoch.value
-UNKNOWN_PRODUCER_ID = ErrorCode.unknown_producer_id.value
 BATCHES_KEPT = 5  # Kafka keeps the last five batches per producer (max.in.flight <= 5)
 INT32_MAX = 2**31 - 1
 
@@ -55,12 +51,12 @@ def _check_follows(before: BatchHeader, h: BatchHeader) -> None:
     """`h` comes right after the new batch `before` of the same producer in one record set."""
     if h.producer_epoch < before.producer_epoch:
         raise InvalidRecordError(
-            f"producer {h.producer_id} epoch {h.producer_epoch} follows its own epoch {before.producer_epoch}", INVALID_PRODUCER_EPOCH
+            f"producer {h.producer_id} epoch {h.producer_epoch} follows its own epoch {before.producer_epoch}", ErrorCode.invalid_producer_epoch
         )
     expected = 0 if h.producer_epoch > before.producer_epoch else _next_seq(_last_seq(before))
     if h.base_sequence != expected:
         raise InvalidRecordError(
-            f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {expected}", OUT_OF_ORDER_SEQUENCE_NUMBER
+            f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {expected}", ErrorCode.out_of_order_sequence_number
         )
 
 
@@ -75,18 +71,18 @@ class ProducerStateTable:
         if entry is None:
             if h.base_sequence != 0:
                 raise InvalidRecordError(
-                    f"producer {h.producer_id} is unknown here and starts at sequence {h.base_sequence}", UNKNOWN_PRODUCER_ID
+                    f"producer {h.producer_id} is unknown here and starts at sequence {h.base_sequence}", ErrorCode.unknown_producer_id
                 )
             return None
         if h.producer_epoch < entry.epoch:
             raise InvalidRecordError(
-                f"producer {h.producer_id} epoch {h.producer_epoch} is older than the current epoch {entry.epoch}", INVALID_PRODUCER_EPOCH
+                f"producer {h.producer_id} epoch {h.producer_epoch} is older than the current epoch {entry.epoch}", ErrorCode.invalid_producer_epoch
             )
         if h.producer_epoch > entry.epoch:
             if h.base_sequence != 0:
                 raise InvalidRecordError(
                     f"producer {h.producer_id} new epoch {h.producer_epoch} must start at sequence 0, not {h.base_sequence}",
-                    OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    ErrorCode.out_of_order_sequence_number,
                 )
             return None
         last = _last_seq(h)
@@ -95,7 +91,7 @@ class ProducerStateTable:
                 return b
         if entry.batches and h.base_sequence != _next_seq(entry.last_seq):
             raise InvalidRecordError(
-                f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {_next_seq(entry.last_seq)}", OUT_OF_ORDER_SEQUENCE_NUMBER
+                f"producer {h.producer_id} sent sequence {h.base_sequence}, expected {_next_seq(entry.last_seq)}", ErrorCode.out_of_order_sequence_number
             )
         return None
 
@@ -126,7 +122,7 @@ class ProducerStateTable:
                 duplicates.append(original)
         if duplicates and new_batches:
             raise InvalidRecordError(
-                f"record set mixes {len(duplicates)} retried batches with {new_batches} new ones", OUT_OF_ORDER_SEQUENCE_NUMBER
+                f"record set mixes {len(duplicates)} retried batches with {new_batches} new ones", ErrorCode.out_of_order_sequence_number
             )
         return duplicates[0] if duplicates else None
 

@@ -2,8 +2,8 @@
 
 import re
 
+from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
-from kafscale.protocol.error_response import INVALID_REQUEST
 
 API_VERSIONS = 18
 # What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)
@@ -16,13 +16,13 @@ async def api_versions(ctx, req):
         SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_name) and SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_version)
     ):
         # Kafka answers INVALID_REQUEST with no API list (KafkaApis.handleApiVersionsRequest)
-        return make(cls, error_code=INVALID_REQUEST, api_keys=(), throttle_time=0)
+        return make(cls, error_code=ErrorCode.invalid_request, api_keys=(), throttle_time=0)
     entry = nested(cls, "ApiVersion")
     keys = tuple(
         make(entry, api_key=a.key, min_version=a.min_version, max_version=a.max_version)
         for a in sorted(ctx.broker.router.apis.values(), key=lambda a: a.key)
     )
-    return make(cls, error_code=0, api_keys=keys, throttle_time=0)
+    return make(cls, error_code=ErrorCode.none, api_keys=keys, throttle_time=0)
 
 
 def register(router):

@@ -6,14 +6,13 @@ from __future__ import annotations
 import logging
 
 from kafscale.broker import topics
+from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER = 2, 4
-NONE, INVALID_REQUEST, INVALID_CONFIG, UNKNOWN_TOPIC_OR_PARTITION = 0, 42, 40, 3
-POLICY_VIOLATION = 44
 # config_source values
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -52,10 +51,10 @@ async def describe_configs(ctx, req):
             try:
                 meta = await ctx.broker.logs.topic(r.resource_name, refresh=True)
             except StorageError as e:  # metadata store unreachable: retriable
-                results.append(make(res_cls, error_code=topics.REQUEST_TIMED_OUT, error_message=str(e), resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                results.append(make(res_cls, error_code=ErrorCode.request_timed_out, error_message=str(e), resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue
             if meta is None:
-                results.append(make(res_cls, error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=f"topic {r.resource_name!r} does not exist", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                results.append(make(res_cls, error_code=ErrorCode.unknown_topic_or_partition, error_message=f"topic {r.resource_name!r} does not exist", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue
             for name, d in sorted(topic_config.TOPIC_CONFIGS.items()):
                 if keys is not None and name not in keys:
@@ -76,7 +75,7 @@ async def describe_configs(ctx, req):
                 )
         elif r.resource_type == BROKER:
             if r.resource_name not in ("", str(ctx.broker.config.broker_id)):
-                results.append(make(res_cls, error_code=INVALID_REQUEST, error_message=f"unknown broker {r.resource_name!r}", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                results.append(make(res_cls, error_code=ErrorCode.invalid_request, error_message=f"unknown broker {r.resource_name!r}", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue
             for name, (value, kind, doc) in sorted(_broker_configs(ctx.broker).items()):
                 if keys is not None and name not in keys:
@@ -86,9 +85,9 @@ async def describe_configs(ctx, req):
                          documentation=doc if getattr(req, "include_documentation", False) else None)
                 )
         else:
-            results.append(make(res_cls, error_code=INVALID_REQUEST, error_message=f"resource type {r.resource_type} is not supported", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+            results.append(make(res_cls, error_code=ErrorCode.invalid_request, error_message=f"resource type {r.resource_type} is not supported", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
             continue
-        results.append(make(res_cls, error_code=NONE, error_message=None, resource_type=r.resource_type, resource_name=r.resource_name, configs=tuple(entries)))
+        results.append(make(res_cls, error_code=ErrorCode.none, error_message=None, resource_type=r.resource_type, resource_name=r.resource_name, configs=tuple(entries)))
     return make(cls, throttle_time=0, results=tuple(results))
 
 
@@ -97,7 +96,7 @@ async def _alter(ctx, req, api_key: int, change_for):
     r_cls = nested(cls, "AlterConfigsResourceResponse")
     results = []
     for r in req.resources:
-        code, msg = NONE, None
+        code, msg = ErrorCode.none, None
         if r.resource_type == TOPIC:
             try:
                 await topics.alter_configs(ctx.broker, r.resource_name, change_for(r), req.validate_only)
@@ -106,9 +105,9 @@ async def _alter(ctx, req, api_key: int, change_for):
             except topics.TopicError as e:
                 code, msg = e.code, str(e)
         elif r.resource_type == BROKER:
-            code, msg = INVALID_REQUEST, "broker configs are read-only; set them with flags or KAFSCALE_* variables"
+            code, msg = ErrorCode.invalid_request, "broker configs are read-only; set them with flags or KAFSCALE_* variables"
         else:
-            code, msg = INVALID_REQUEST, f"resource type {r.resource_type} is not supported"
+            code, msg = ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"
         results.append(make(r_cls, error_code=code, error_message=msg, resource_type=r.resource_type, resource_name=r.resource_name))
     return make(cls, throttle_time=0, responses=tuple(results))
 
@@ -130,7 +129,7 @@ def _incremental(r):
             elif op in (APPEND, SUBTRACT):
                 d = topic_config.TOPIC_CONFIGS.get(c.name)
                 if d is None or d.kind != topic_config.LIST:
-                    raise topics.TopicError(INVALID_CONFIG, f"{c.name} is not a list config")
+                    raise topics.TopicError(ErrorCode.invalid_config, f"{c.name} is not a list config")
                 items = [x for x in new.get(c.name, d.default).split(",") if x]
                 if op == APPEND:
                     items += [x for x in (c.value or "").split(",") if x and x not in items]
@@ -138,7 +137,7 @@ def _incremental(r):
                     items = [x for x in items if x not in (c.value or "").split(",")]
                 new[c.name] = ",".join(items)
             else:
-                raise topics.TopicError(INVALID_REQUEST, f"unknown config operation {op}")
+                raise topics.TopicError(ErrorCode.invalid_request, f"unknown config operation {op}")
         return new
 
     return change

@@ -7,12 +7,11 @@ import asyncio
 import time
 
 from kafscale.broker.topics import TopicIdResolver
+from kafscale.errors import ErrorCode
 from kafscale.protocol import fetch_response
 from kafscale.storage.logs import StorageError
 
 FETCH = 1
-NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 0, 1, 3
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_ID = 74, 76, 100
 
 
 class _Part:
@@ -21,7 +20,7 @@ class _Part:
     def __init__(self, topic, index, offset, max_bytes, leader_epoch):
         self.topic, self.index, self.offset, self.max_bytes, self.leader_epoch = topic, index, offset, max_bytes, leader_epoch
         self.log = None
-        self.error = NONE
+        self.error = ErrorCode.none
         self.chunks = []
         self.size = 0
 
@@ -43,14 +42,14 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
             if lookup_error is not None:
                 p.error = lookup_error.error_code
             elif name is None:
-                p.error = UNKNOWN_TOPIC_ID
+                p.error = ErrorCode.unknown_topic_id
             else:
                 try:
                     p.log = await broker.logs.get_reader(name, fp.partition)
                 except StorageError as e:
                     p.error = e.error_code
             if p.log is not None and p.leader_epoch >= 0 and p.leader_epoch != p.log.leader_epoch:
-                p.error = FENCED_LEADER_EPOCH if p.leader_epoch < p.log.leader_epoch else UNKNOWN_LEADER_EPOCH
+                p.error = ErrorCode.fenced_leader_epoch if p.leader_epoch < p.log.leader_epoch else ErrorCode.unknown_leader_epoch
             parts.append(p)
         out.append(((name, topic_id), parts))
     return out

@@ -14,8 +14,7 @@ import typing
 import uuid
 from functools import lru_cache
 
-from kio.schema.errors import ErrorCode
-
+from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.codec import schema

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from kio.schema.errors import ErrorCode
-
 from kafscale.broker import topics
+from kafscale.errors import ErrorCode
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
-from kafscale.protocol.error_response import INVALID_REQUEST, RequestError
+from kafscale.protocol.error_response import RequestError
 from kafscale.storage.logs import StorageError
 
 METADATA = 3
 DESCRIBE_CLUSTER = 60
-NONE, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE = 0, 3, 5
-UNKNOWN_TOPIC_ID = ErrorCode.unknown_topic_id.value
 log = logging.getLogger("kafscale.metadata")
 
 
@@ -29,7 +26,7 @@ def _topic_entry(ctx, cls, meta):
         parts.append(
             make(
                 part_cls,
-                error_code=NONE if leader >= 0 else LEADER_NOT_AVAILABLE,
+                error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
                 partition_index=p,
                 leader_id=leader,
                 leader_epoch=cluster.leader_epoch(meta.name, p),
@@ -38,7 +35,7 @@ def _topic_entry(ctx, cls, meta):
                 offline_replicas=(),
             )
         )
-    return make(topic_cls, error_code=NONE, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
+    return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
 
 
 async def metadata(ctx, req):
@@ -63,11 +60,11 @@ async def metadata(ctx, req):
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
         if ctx.version < 12 and any(t.name is None for t in requested):
             # v10-11 have a nullable name but no lookup by id: Kafka refuses the request.
-            raise RequestError(INVALID_REQUEST, f"topic name can not be null in Metadata v{ctx.version}")
+            raise RequestError(ErrorCode.invalid_request, f"topic name can not be null in Metadata v{ctx.version}")
         for t in requested:
             name = t.name
             if name is None and getattr(t, "topic_id", None) is None:  # neither name nor id
-                results.append(make(topic_cls, error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=ZERO_UUID, partitions=()))
+                results.append(make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=ZERO_UUID, partitions=()))
                 continue
             if name is None and getattr(t, "topic_id", None) is not None:
                 try:
@@ -75,10 +72,10 @@ async def metadata(ctx, req):
                     meta = await broker.logs.topic(name) if name is not None else None
                 except StorageError as e:
                     log.warning("metadata for topic id %s from client %s: %s", t.topic_id, ctx.client_id, e)
-                    results.append(make(topic_cls, error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=t.topic_id, partitions=()))
+                    results.append(make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=t.topic_id, partitions=()))
                     continue
                 if meta is None:
-                    results.append(make(topic_cls, error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=t.topic_id, partitions=()))
+                    results.append(make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=t.topic_id, partitions=()))
                 else:
                     results.append(_topic_entry(ctx, cls, meta))
                 continue
@@ -90,23 +87,23 @@ async def metadata(ctx, req):
                 # The metadata store cannot say whether the topic exists: LEADER_NOT_AVAILABLE,
                 # on which clients wait and ask again (as while a topic is being created).
                 log.warning("metadata for topic %s from client %s: %s", name, ctx.client_id, e)
-                results.append(make(topic_cls, error_code=LEADER_NOT_AVAILABLE, name=name, topic_id=ZERO_UUID, partitions=()))
+                results.append(make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=ZERO_UUID, partitions=()))
                 continue
             if meta is None:
-                code = UNKNOWN_TOPIC_OR_PARTITION
+                code = ErrorCode.unknown_topic_or_partition
                 try:
                     topics.check_name(name)
                     if allow_auto:
                         meta = await topics.create(broker, name, -1, {})
                         log.info("auto-created topic %s with %d partitions", name, meta.partitions)
                 except topics.TopicError as e:
-                    if e.code == topics.TOPIC_ALREADY_EXISTS:
+                    if e.code == ErrorCode.topic_already_exists:
                         try:
                             meta = await broker.logs.topic(name, refresh=True)
                         except StorageError:
-                            code = LEADER_NOT_AVAILABLE
-                    elif e.code == topics.REQUEST_TIMED_OUT:
-                        code = LEADER_NOT_AVAILABLE  # store unreachable: the client asks again
+                            code = ErrorCode.leader_not_available
+                    elif e.code == ErrorCode.request_timed_out:
+                        code = ErrorCode.leader_not_available  # store unreachable: the client asks again
                     else:
                         code = e.code
                 if meta is None:
@@ -122,7 +119,7 @@ async def metadata(ctx, req):
         cluster_id=broker.cluster.cluster_id,
         controller_id=broker.cluster.controller_id,
         topics=tuple(results),
-        error_code=NONE,
+        error_code=ErrorCode.none,
     )
 
 
@@ -133,7 +130,7 @@ async def describe_cluster(ctx, req):
     return make(
         cls,
         throttle_time=0,
-        error_code=NONE,
+        error_code=ErrorCode.none,
         error_message=None,
         endpoint_type=getattr(req, "endpoint_type", 1),
         cluster_id=cluster.cluster_id,

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import STORE_FAILURES, StorageError, store_failure
 
 LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
-NONE, OFFSET_OUT_OF_RANGE = 0, 1
-FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH = 74, 76
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 
 
 async def _list_one(ctx, topic: str, p) -> dict:
-    out = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    out = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1, "offset": -1, "leader_epoch": -1}
     try:
         lg = await ctx.broker.logs.get_log(topic, p.partition_index)
     except StorageError as e:
@@ -22,7 +21,7 @@ async def _list_one(ctx, topic: str, p) -> dict:
         return out
     current = getattr(p, "current_leader_epoch", -1)
     if current >= 0 and current != lg.leader_epoch:
-        out["error_code"] = FENCED_LEADER_EPOCH if current < lg.leader_epoch else UNKNOWN_LEADER_EPOCH
+        out["error_code"] = ErrorCode.fenced_leader_epoch if current < lg.leader_epoch else ErrorCode.unknown_leader_epoch
         return out
     ts = p.timestamp
     out["leader_epoch"] = lg.leader_epoch
@@ -56,12 +55,12 @@ async def list_offsets(ctx, req):
 
 
 async def _delete_one(ctx, topic: str, p) -> dict:
-    out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": NONE}
+    out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": ErrorCode.none}
     try:
         lg = await ctx.broker.logs.get_log(topic, p.partition_index)
         target = lg.high_watermark if p.offset == -1 else p.offset
         if target < 0 or target > lg.high_watermark:
-            out["error_code"] = OFFSET_OUT_OF_RANGE
+            out["error_code"] = ErrorCode.offset_out_of_range
             return out
         await lg.advance_log_start(target)
         out["low_watermark"] = lg.log_start_offset
@@ -86,12 +85,12 @@ async def offset_for_leader_epoch(ctx, req):
     for t in req.topics:
         parts = []
         for p in t.partitions:
-            entry = {"partition": p.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
+            entry = {"partition": p.partition, "error_code": ErrorCode.none, "leader_epoch": -1, "end_offset": -1}
             try:
                 lg = await ctx.broker.logs.get_log(t.topic, p.partition)
                 current = getattr(p, "current_leader_epoch", -1)
                 if current >= 0 and current != lg.leader_epoch:
-                    entry["error_code"] = FENCED_LEADER_EPOCH if current < lg.leader_epoch else UNKNOWN_LEADER_EPOCH
+                    entry["error_code"] = ErrorCode.fenced_leader_epoch if current < lg.leader_epoch else ErrorCode.unknown_leader_epoch
                 elif p.leader_epoch > lg.leader_epoch:
                     pass  # unknown future epoch: -1/-1 as Kafka answers
                 else:

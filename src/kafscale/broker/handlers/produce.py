@@ -7,14 +7,12 @@ import asyncio
 import logging
 
 from kafscale.broker.topics import TopicIdResolver
+from kafscale.errors import ErrorCode
 from kafscale.protocol import produce_request, records
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import StorageError
 
 PRODUCE = 0
-NONE, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID = 0, 3, 100
-INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 17, 53
-KAFKA_STORAGE_ERROR = 56
 log = logging.getLogger("kafscale.produce")
 
 
@@ -23,7 +21,7 @@ class _PartitionResult:
 
     def __init__(self, index: int):
         self.index = index
-        self.error = NONE
+        self.error = ErrorCode.none
         self.message = None
         self.base_offset = -1
         self.append_time = -1
@@ -36,7 +34,7 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
     try:
         lg = await broker.logs.get_log(topic, index)
         if data is None:
-            raise records.InvalidRecordError("null record set", records.INVALID_RECORD)
+            raise records.InvalidRecordError("null record set", ErrorCode.invalid_record)
         # Offsets are patched in place: the zero-copy decoder hands us a writable view
         # into the request frame; anything else (bytes) is copied once.
         buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
@@ -48,7 +46,7 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
     except StorageError as e:
         result.error, result.message = e.error_code, str(e)
-        if e.error_code not in (UNKNOWN_TOPIC_OR_PARTITION, 6):
+        if e.error_code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.not_leader_or_follower):
             log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
 
 
@@ -71,11 +69,11 @@ async def produce(ctx, req):
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)
             if req.transactional_id is not None:
-                r.error, r.message = TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactions are not supported"
+                r.error, r.message = ErrorCode.transactional_id_authorization_failed, "transactions are not supported"
             elif lookup_error is not None:
                 r.error, r.message = lookup_error.error_code, str(lookup_error)
             elif name is None:
-                r.error = UNKNOWN_TOPIC_ID
+                r.error = ErrorCode.unknown_topic_id
             else:
                 await _append(ctx, name, pd.index, pd.records, want_ack, r)
             results.append(r)
@@ -89,7 +87,7 @@ async def produce(ctx, req):
         for r in waiters:
             exc = r.waiter.exception()
             if exc is not None:
-                r.error = exc.error_code if isinstance(exc, StorageError) else KAFKA_STORAGE_ERROR
+                r.error = exc.error_code if isinstance(exc, StorageError) else ErrorCode.kafka_storage_error
                 r.message = str(exc)
                 r.base_offset = -1
     cls = response(PRODUCE, ctx.version)

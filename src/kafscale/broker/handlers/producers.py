@@ -13,15 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kio.schema.errors import ErrorCode
-
+from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.logs import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
-NONE = ErrorCode.none.value
-COORDINATOR_NOT_AVAILABLE = ErrorCode.coordinator_not_available.value
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = ErrorCode.transactional_id_authorization_failed.value
 BLOCK_SIZE = 1000
 log = logging.getLogger("kafscale.producers")
 
@@ -56,7 +52,7 @@ async def init_producer_id(ctx, req):
     cls = response(INIT_PRODUCER_ID, ctx.version)
     if req.transactional_id is not None:
         log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id, extra=ctx.log_fields())
-        return make(cls, throttle_time=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
+        return make(cls, throttle_time=0, error_code=ErrorCode.transactional_id_authorization_failed, producer_id=-1, producer_epoch=-1)
     # An idempotent producer: always a new id, whatever producer_id/producer_epoch say.
     # Handing the sent id back (with a bumped epoch) would let two producers that both
     # send (0, 0) share one id, and the second one's batches would pass as duplicates.
@@ -64,8 +60,8 @@ async def init_producer_id(ctx, req):
         new_id = await _allocator(ctx.broker).allocate()
     except STORE_FAILURES as e:  # unreachable, or still contended after the store's retries
         log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e, extra=ctx.log_fields())
-        return make(cls, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
-    return make(cls, throttle_time=0, error_code=NONE, producer_id=new_id, producer_epoch=0)
+        return make(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available, producer_id=-1, producer_epoch=-1)
+    return make(cls, throttle_time=0, error_code=ErrorCode.none, producer_id=new_id, producer_epoch=0)
 
 
 async def describe_producers(ctx, req):
@@ -92,7 +88,7 @@ async def describe_producers(ctx, req):
                 )
                 for e in lg.producers.producers.values()
             )
-            parts.append(make(p_cls, partition_index=index, error_code=NONE, error_message=None, active_producers=states))
+            parts.append(make(p_cls, partition_index=index, error_code=ErrorCode.none, error_message=None, active_producers=states))
         topics.append(make(t_cls, name=t.name, partitions=tuple(parts)))
     return make(cls, throttle_time=0, topics=tuple(topics))
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 from kafscale.broker import topics
+from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.storage.logs import StorageError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
-NONE, UNKNOWN_TOPIC_ID, INVALID_REQUEST = 0, 100, 42
 log = logging.getLogger("kafscale.admin")
 
 
@@ -24,7 +24,7 @@ async def create_topics(ctx, req):
         partitions = t.num_partitions
         if t.assignments:
             if partitions != -1:
-                results.append(make(r_cls, name=t.name, topic_id=ZERO_UUID, error_code=INVALID_REQUEST, error_message="give either num_partitions or assignments", num_partitions=-1, replication_factor=-1, configs=()))
+                results.append(make(r_cls, name=t.name, topic_id=ZERO_UUID, error_code=ErrorCode.invalid_request, error_message="give either num_partitions or assignments", num_partitions=-1, replication_factor=-1, configs=()))
                 continue
             partitions = len(t.assignments)
         try:
@@ -42,7 +42,7 @@ async def create_topics(ctx, req):
                 for k, v in sorted(effective.items())
             )
         results.append(
-            make(r_cls, name=meta.name, topic_id=meta.uuid, error_code=NONE, error_message=None, num_partitions=meta.partitions, replication_factor=1, configs=cfgs)
+            make(r_cls, name=meta.name, topic_id=meta.uuid, error_code=ErrorCode.none, error_message=None, num_partitions=meta.partitions, replication_factor=1, configs=cfgs)
         )
     return make(cls, throttle_time=0, topics=tuple(results))
 
@@ -65,15 +65,15 @@ async def delete_topics(ctx, req):
     results = []
     for name, topic_id in wanted:
         if name is None and topic_id in lookup_failed:
-            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=topics.REQUEST_TIMED_OUT, error_message=str(lookup_failed[topic_id])))
+            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=ErrorCode.request_timed_out, error_message=str(lookup_failed[topic_id])))
             continue
         if name is None:
-            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=UNKNOWN_TOPIC_ID, error_message="unknown topic id"))
+            results.append(make(r_cls, name=None, topic_id=topic_id, error_code=ErrorCode.unknown_topic_id, error_message="unknown topic id"))
             continue
         try:
             meta = await topics.delete(ctx.broker, name)
             log.info("deleted topic %s (client %s)", name, ctx.client_id)
-            results.append(make(r_cls, name=name, topic_id=meta.uuid, error_code=NONE, error_message=None))
+            results.append(make(r_cls, name=name, topic_id=meta.uuid, error_code=ErrorCode.none, error_message=None))
         except topics.TopicError as e:
             results.append(make(r_cls, name=name, topic_id=topic_id, error_code=e.code, error_message=str(e)))
     return make(cls, throttle_time=0, responses=tuple(results))
@@ -86,7 +86,7 @@ async def create_partitions(ctx, req):
     for t in req.topics:
         try:
             await topics.add_partitions(ctx.broker, t.name, t.count, req.validate_only)
-            results.append(make(r_cls, name=t.name, error_code=NONE, error_message=None))
+            results.append(make(r_cls, name=t.name, error_code=ErrorCode.none, error_message=None))
         except topics.TopicError as e:
             results.append(make(r_cls, name=t.name, error_code=e.code, error_message=str(e)))
     return make(cls, throttle_time=0, results=tuple(results))
