@@ -31,6 +31,7 @@ from kafscale.storage.logs import StorageError
 from kafscale.storage.objectstore import ObjectStoreError
 from tests.support.broker import free_port
 from tests.support.raw import RawClient, decode_response, error_code, req
+from tests.support.wait import wait_until, wait_until_async
 
 NONE = ErrorCode.none.value
 UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
@@ -42,14 +43,6 @@ SLOW_FLUSH_ARGS = ["--flush-interval-ms", "600000", "--min-flush-interval-ms", "
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _metric(http: str, name: str) -> float:
@@ -87,7 +80,7 @@ def test_delete_topic_answers_waiting_produce_and_its_connection_keeps_working(s
         t = req(0, 9, "TopicProduceData", name=topic_name, partition_data=(p,))
         body = req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(t,))
         waiting = producer.send_request(0, 9, body)
-        _wait_until(lambda: _produced_records(b.http) >= 2, 10, "the second produce to be buffered")
+        wait_until(lambda: _produced_records(b.http) >= 2, 10, "the second produce to be buffered")
 
         dt = req(20, 6, "DeleteTopicState", name=topic_name, topic_id=None)
         deleted = admin.request(20, 6, req(20, 6, topics=(dt,), timeout=datetime.timedelta(seconds=10)))
@@ -127,7 +120,7 @@ def test_delete_topic_fails_a_waiting_confluent_kafka_delivery_within_a_second(s
     assert reports[0][1] is None and reports[0][2] == 0
 
     p.produce(topic_name, value=b"waiting", on_delivery=report)
-    _wait_until(lambda: p.poll(0) >= 0 and _produced_records(b.http) >= 2, 10, "the produce to be buffered")
+    wait_until(lambda: p.poll(0) >= 0 and _produced_records(b.http) >= 2, 10, "the produce to be buffered")
     admin.delete_topics([topic_name], operation_timeout=10)[topic_name].result(10)
     deleted_at = time.monotonic()
     while len(reports) < 2 and time.monotonic() - deleted_at < 5:
@@ -286,7 +279,7 @@ def test_merged_away_objects_stay_bounded_under_a_long_grace(broker_factory, top
             assert p.flush(10) == 0  # one tiny segment per flush: ~200 objects in all
     assert p.flush(10) == 0
     # Merges leave few live segments; of the merged-away ones at most `cap` may wait.
-    _wait_until(lambda: _objects_on_disk(b.data_dir, topic_name) <= cap + 5, 30, "merged-away objects to be deleted")
+    wait_until(lambda: _objects_on_disk(b.data_dir, topic_name) <= cap + 5, 30, "merged-away objects to be deleted")
     from tests.test_merger import _consume
 
     assert _consume(b.bootstrap, topic_name, total) == [(i, b"m-%05d" % i) for i in range(total)]
@@ -358,7 +351,7 @@ def test_topic_deleted_through_another_broker_answers_the_owners_waiting_produce
             md = admin.metadata([topic_name], allow_auto=False)
             return {p.partition_index: p.leader_id for p in md.topics[0].partitions}
 
-        _wait_until(lambda: set(leaders().values()) == {0, 1}, 20, "both brokers to own a partition")
+        wait_until(lambda: set(leaders().values()) == {0, 1}, 20, "both brokers to own a partition")
         partition = next(p for p, node in leaders().items() if node == 1)
     with RawClient(brokers[1].bootstrap) as producer, RawClient(brokers[0].bootstrap) as admin:
         answers = []  # broker 1 may take a moment to act as the owner etcd names
@@ -367,11 +360,11 @@ def test_topic_deleted_through_another_broker_answers_the_owners_waiting_produce
             answers.append(producer.produce(topic_name, partition, records.build_batch([(None, b"durable")], timestamp=_now_ms())))
             return error_code(answers[-1].error_code) == NONE
 
-        _wait_until(first_produce_acknowledged, 15, "broker 1 to take the produce as owner")
+        wait_until(first_produce_acknowledged, 15, "broker 1 to take the produce as owner")
         p = req(0, 9, "PartitionProduceData", index=partition, records=records.build_batch([(None, b"waiting")], timestamp=_now_ms()))
         t = req(0, 9, "TopicProduceData", name=topic_name, partition_data=(p,))
         waiting = producer.send_request(0, 9, req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30), topic_data=(t,)))
-        _wait_until(lambda: _produced_records(http) >= 2, 10, "the second produce to be buffered by its owner")
+        wait_until(lambda: _produced_records(http) >= 2, 10, "the second produce to be buffered by its owner")
         dt = req(20, 6, "DeleteTopicState", name=topic_name, topic_id=None)
         deleted = admin.request(20, 6, req(20, 6, topics=(dt,), timeout=datetime.timedelta(seconds=10)))
         assert error_code(deleted.responses[0].error_code) == NONE
@@ -404,8 +397,7 @@ async def test_an_upload_in_flight_is_answered_by_its_outcome(local_broker, monk
 
     monkeypatch.setattr(logs.metadata, "commit_segment", slow_commit)
     flushing = asyncio.ensure_future(lg.flush())
-    while not lg._in_flight:  # the upload has taken the batch
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: lg._in_flight, 5, "the upload to take the batch", interval=0.01)
     _, _, buffered = _append(lg, b"buffered", producer_id=-1)
 
     stopping = asyncio.ensure_future(logs.stop_topic(topic))  # waits for the upload to end
