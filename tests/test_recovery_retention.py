@@ -11,14 +11,18 @@ import signal
 import struct
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import crc32c
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
+from tests.support.broker import free_port
 from tests.support.raw import RawClient, error_code, req
+from tests.support.wait import wait_until
 
 EARLIEST, LATEST = -2, -1
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
@@ -44,16 +48,6 @@ def segment_bases(data_dir: str, topic: str, partition: int = 0, namespace: str 
 def segment_sizes(data_dir: str, topic: str, partition: int = 0) -> dict[int, int]:
     pdir = Path(data_dir) / "objects" / "default" / topic / str(partition)
     return {int(p.name[8:28]): p.stat().st_size for p in pdir.glob("segment-*.kfs")}
-
-
-def wait_for(cond, timeout: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def produce_segments(bootstrap: str, topic: str, groups: list[list[tuple[bytes | None, bytes, int | None]]], partition: int = 0) -> list[int]:
@@ -129,7 +123,7 @@ def test_retention_ms_deletes_old_segments(broker, topic_name):
     offsets = produce_segments(broker.bootstrap, topic_name, old_groups + new_groups)
     assert offsets == list(range(23))
     # the three old segments go, the two recent ones stay
-    wait_for(lambda: segment_bases(broker.data_dir, topic_name) == [15, 19], what="old segments to be deleted")
+    wait_until(lambda: segment_bases(broker.data_dir, topic_name) == [15, 19], 15, "old segments to be deleted")
     with RawClient(broker.bootstrap) as c:
         assert c.list_offsets(topic_name, 0, EARLIEST).offset == 15
         assert c.list_offsets(topic_name, 0, LATEST).offset == 23
@@ -162,7 +156,7 @@ def test_retention_ms_small_deletes_everything_old_and_offsets_continue(broker, 
     create_topic(broker.bootstrap, topic_name, 1, {"retention.ms": "1000"})
     old = now_ms() - HOUR_MS
     produce_segments(broker.bootstrap, topic_name, [[(b"k", f"v{g}{i}".encode(), old) for i in range(3)] for g in range(2)])
-    wait_for(lambda: segment_bases(broker.data_dir, topic_name) == [], what="all segments to be deleted")
+    wait_until(lambda: segment_bases(broker.data_dir, topic_name) == [], 15, "all segments to be deleted")
     with RawClient(broker.bootstrap) as c:
         assert c.list_offsets(topic_name, 0, EARLIEST).offset == 6
         assert c.list_offsets(topic_name, 0, LATEST).offset == 6
@@ -198,7 +192,7 @@ def test_retention_bytes_keeps_newest_segments(broker, topic_name):
     res = ConfigResource(ConfigResource.Type.TOPIC, topic_name,
                          incremental_configs=[ConfigEntry("retention.bytes", str(limit), incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([res])[res].result(15)
-    wait_for(lambda: segment_bases(broker.data_dir, topic_name) == keep, what=f"segments {keep} to remain")
+    wait_until(lambda: segment_bases(broker.data_dir, topic_name) == keep, 15, f"segments {keep} to remain")
     time.sleep(1.2)  # two more retention rounds must not delete anything else
     assert segment_bases(broker.data_dir, topic_name) == keep
     with RawClient(broker.bootstrap) as c:
@@ -313,7 +307,7 @@ def test_kill9_keeps_every_acknowledged_record(broker_factory, topic_name):
     t = threading.Thread(target=produce_loop)
     t.start()
     try:
-        wait_for(lambda: len(acked) >= 500, timeout=30, what="acks during phase 2")
+        wait_until(lambda: len(acked) >= 500, 30, "acks during phase 2")
         b.kill9()
     finally:
         stop.set()
@@ -380,14 +374,22 @@ def test_sigterm_flushes_buffered_records_and_exits_zero(broker_factory, topic_n
         assert c.produce(topic_name, 0, build_batch([(None, b"next")], timestamp=ts)).base_offset == 15
 
 
+def _records_produced(http: str) -> float:
+    """kafscale_produce_records_total from the broker's /metrics."""
+    text = urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "kafscale_produce_records_total")
+
+
 def test_sigterm_with_confluent_acks0(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--flush-interval-ms", "60000"])
+    http = f"127.0.0.1:{free_port()}"
+    b = broker_factory(extra_args=["--flush-interval-ms", "60000", "--http", http])
     create_topic(b.bootstrap, topic_name)
     p = Producer({"bootstrap.servers": b.bootstrap, "acks": 0, "linger.ms": 0})
     for i in range(50):
         p.produce(topic_name, value=f"r{i}".encode(), partition=0)
     assert p.flush(10) == 0
-    time.sleep(1.0)  # acks=0: nothing tells us the broker has read the bytes yet
+    # acks=0: no answer says the broker has taken the records; its produce counter does.
+    wait_until(lambda: _records_produced(http) >= 50, 10, "the broker to take the 50 acks=0 records")
     assert b.stop(signal.SIGTERM) == 0
     b.start()
     recs = raw_read_all(b.bootstrap, topic_name, 0)
