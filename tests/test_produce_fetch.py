@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.raw import RawClient, error_code
+from tests.support.wait import wait_until
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
@@ -221,9 +222,7 @@ def test_acks_zero_then_acks_one_offsets_continue(broker, topic_name):
             assert c.produce(topic_name, 0, build_batch([(None, f"z{i}".encode())], timestamp=ts), acks=0) is None
         r = c.produce(topic_name, 0, build_batch([(None, b"one")], timestamp=ts), acks=1)
         assert error_code(r.error_code) == 0 and r.base_offset == 3
-        deadline = time.monotonic() + 10
-        while c.list_offsets(topic_name, 0, LATEST).offset < 4 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: c.list_offsets(topic_name, 0, LATEST).offset >= 4, 10, "the acks=0 records to be durable", interval=0.05)
         p = c.fetch(topic_name, 0, 0)
         recs = [r for pos, h in iter_batches(p.records) for r in decode_records(p.records, pos, h)]
         assert [(r.offset, r.value) for r in recs] == [(0, b"z0"), (1, b"z1"), (2, b"z2"), (3, b"one")]

@@ -4,7 +4,6 @@ without a usable index is read whole."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from kafscale.broker.config import BrokerConfig
@@ -16,6 +15,7 @@ from kafscale.storage import logs as logs_mod
 from kafscale.storage import segment
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import LocalObjectStore
+from tests.support.wait import wait_until_async
 
 
 def _manager(tmp_path, **settings) -> LogManager:
@@ -44,10 +44,7 @@ async def test_cold_read_reads_the_next_segment_ahead(tmp_path):
     reader.cache.drop_prefix(("ra",))  # loading the log warmed it (producer state rebuild)
     chunks = await lg.read(0, 100, True)  # budget ends in segment 0
     assert records.read_header(chunks[0]).base_offset == 0
-    for _ in range(100):
-        if reader.cache.contains(("ra", 0, 10)):
-            break
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: reader.cache.contains(("ra", 0, 10)), 5, "segment 10 to be read ahead", interval=0.01)
     assert reader.cache.contains(("ra", 0, 10)) and reader.stats.get("read_aheads") == 1
     assert not reader.cache.contains(("ra", 0, 20))  # one ahead, not the whole log
     await reader.stop()
@@ -116,9 +113,6 @@ async def test_start_load_warms_a_cold_segment_once(tmp_path):
     assert reader.cache.contains(("warm", 0, 10))
     assert lg.start_load(12) is None  # cached now
     assert lg.start_load(30) is None  # past the last stored offset
-    for _ in range(100):  # the next segment was read ahead
-        if reader.cache.contains(("warm", 0, 20)):
-            break
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: reader.cache.contains(("warm", 0, 20)), 5, "the next segment to be read ahead", interval=0.01)
     assert reader.cache.contains(("warm", 0, 20)) and not reader.cache.contains(("warm", 0, 0))
     await reader.stop()
