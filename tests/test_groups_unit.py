@@ -22,6 +22,7 @@ from kafscale.groups.state import (
     SyncResult,
     parse_subscription_topics,
 )
+from tests.support.wait import wait_until_async
 
 E = ErrorCode
 SESSION = 10_000
@@ -647,6 +648,11 @@ async def test_driver_join_sync_persist_and_restart(store):
     await again.stop()
 
 
+async def _described_empty(coord, group: str) -> dict | None:
+    described = await coord.describe(group)
+    return described if described["group_state"] == "Empty" else None
+
+
 async def test_driver_timers_expire_a_silent_member_and_persist_the_empty_group(store):
     import asyncio
 
@@ -662,8 +668,7 @@ async def test_driver_timers_expire_a_silent_member_and_persist_the_empty_group(
                                  generation_id=res.generation_id) is E.none
     await asyncio.sleep(0.15)
     assert (await coord.describe("short"))["group_state"] == "Stable", "the heartbeat kept it alive"
-    await asyncio.sleep(0.3)
-    described = await coord.describe("short")
+    described = await wait_until_async(lambda: _described_empty(coord, "short"), 5, "the silent member to expire")
     assert described["group_state"] == "Empty" and described["members"] == []
     doc = await store.get_group("short")
     assert doc["members"] == [] and doc["generation"] == res.generation_id + 1
