@@ -24,6 +24,7 @@ from kafscale.storage.objectstore import LocalObjectStore, ObjectNotFound, Objec
 from kafscale.storage.s3 import S3ObjectStore
 from kafscale.storage.segment import SegmentInfo
 from tests.support.servers import free_port, start_etcd, start_moto
+from tests.support.wait import wait_until_async
 
 # One loop for the module, so async fixtures and tests share it.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -521,6 +522,10 @@ async def test_metadata_store_groups_offsets_and_producer_ids(kv):
 # -- leases and watches ---------------------------------------------------------------------
 
 
+async def _absent(kv, key: str) -> bool:
+    return await kv.get(key) is None
+
+
 async def test_etcd_leases(kv):
     lease = await kv.grant_lease(10)
     await kv.commit(Txn(leased_puts=[("/brokers/1", b"host:9092")], lease=lease))
@@ -537,10 +542,7 @@ async def test_etcd_leases(kv):
     short = await kv.grant_lease(2)
     await kv.commit(Txn(leased_puts=[("/brokers/2", b"x")], lease=short))
     await kv.commit(Txn(puts=[("/plain", b"stays")]))
-    deadline = time.monotonic() + 8
-    while await kv.get("/brokers/2") is not None:
-        assert time.monotonic() < deadline, "leased key outlived its TTL"
-        await asyncio.sleep(0.2)
+    await wait_until_async(lambda: _absent(kv, "/brokers/2"), 8, "the leased key to go with its TTL", interval=0.2)
     assert await kv.keepalive(short) is False
     assert (await kv.get("/plain")).value == b"stays"
 
@@ -548,16 +550,25 @@ async def test_etcd_leases(kv):
 async def test_etcd_watch_prefix(kv):
     events = []
     seen = asyncio.Event()
+    watching = asyncio.Event()
 
     async def watch():
         async for ev in kv.watch_prefix("/w/"):
+            if ev.key == "/w/ready":  # the marker written until the watch reports it
+                watching.set()
+                continue
             events.append(ev)
             if len(events) == 3:
                 seen.set()
                 return
 
+    async def watch_reports_the_marker() -> bool:
+        await kv.commit(Txn(puts=[("/w/ready", b"")]))
+        await asyncio.sleep(0.05)
+        return watching.is_set()
+
     task = asyncio.create_task(watch())
-    await asyncio.sleep(0.3)  # let the watch be created before the writes
+    await wait_until_async(watch_reports_the_marker, 5, "the watch to be created")
     await kv.commit(Txn(puts=[("/w/a", b"1")]))
     await kv.commit(Txn(puts=[("/elsewhere", b"ignored")]))
     await kv.commit(Txn(puts=[("/w/a", b"2")]))
