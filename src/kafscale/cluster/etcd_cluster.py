@@ -48,6 +48,7 @@ log = logging.getLogger("kafscale.cluster")
 RESYNC_INTERVAL_S = 5.0  # full re-read when nothing changed (the watches see changes)
 UNSETTLED_RETRY_S = 0.5  # re-read this often while our share is not reached
 COALESCE_S = 0.01  # wait this long after a change for the rest of its burst
+MIN_RECONCILE_GAP_S = 0.05  # between reconcile starts: a long burst (mass hand-over) re-reads at most 20/s
 WATCH_RETRY_S = (0.2, 2.0)  # first and longest pause before setting a broken watch up again
 WATCHED = (keys.BROKERS, keys.OWNERS, keys.TOPICS)  # membership, ownership, partition counts
 KEEPALIVES_PER_TTL = 6  # a refresh every TTL/6: two can fail before writing stops at TTL/2
@@ -221,6 +222,8 @@ class EtcdCluster(Cluster):
         self._stopping = True
         for t in self._tasks:
             t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=1.0)  # watch streams closed before the channels
         for key in list(self._owned):
             await self._release(*key, flush=True)
         self._keeper_stop.set()
@@ -308,14 +311,16 @@ class EtcdCluster(Cluster):
         """Reconcile on every watched change (one run per burst), else every resync
         interval; every UNSETTLED_RETRY_S while our share is not reached."""
         settled = True
+        started = 0.0
         while True:
             interval = self.resync_interval_s if settled and not self._broken_watches else UNSETTLED_RETRY_S
             try:
                 await asyncio.wait_for(self._changed.wait(), interval)
-                await asyncio.sleep(COALESCE_S)
+                await asyncio.sleep(max(COALESCE_S, started + MIN_RECONCILE_GAP_S - time.monotonic()))
             except asyncio.TimeoutError:
                 pass
             self._changed.clear()  # changes from here on are seen by the reconcile below or cause another
+            started = time.monotonic()
             settled = False
             try:
                 settled = await self.reconcile()
