@@ -14,6 +14,12 @@ file:// store), creates a topic, then each round:
   Metadata agrees with etcd (`metadata`).
 
 Prints each round and the median/min/max, then one JSON line (for comparing runs).
+
+Measured (2 cores, medians of 5 rounds; 12 partitions): with the 0.5 s ownership poll,
+SIGTERM 502 ms (keys) / 496 ms (Metadata), join 521 / 694 ms; with the etcd watches
+(#14.5), SIGTERM 63 / 52 ms, join 61 / 82 ms. With 60 partitions (3 rounds): poll 516 /
+492 ms and 570 / 637 ms; watches 207 / 144 ms and 154 / 170 ms (the rest is one etcd
+transaction per partition moved).
 """
 
 from __future__ import annotations
