@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from kafscale.metadata import keys
 from kafscale.metadata.kv import KV, KeyValue, Txn
-from kafscale.storage.segment import SegmentInfo
+from kafscale.metadata.segments import SegmentInfo
 
 log = logging.getLogger("kafscale.metadata")
 

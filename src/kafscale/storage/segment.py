@@ -14,6 +14,7 @@ import struct
 import time
 from dataclasses import dataclass
 
+from kafscale.metadata.segments import SegmentInfo  # re-exported: the codec produces it
 from kafscale.protocol import records
 from kafscale.storage.objectstore import ObjectNotFound
 
@@ -57,18 +58,6 @@ def parse_segment_key(key: str) -> int | None:
         return None
     digits = name[len("segment-") : -len(".kfs")]
     return int(digits) if digits.isdigit() else None
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """What the metadata store records about one sealed segment."""
-
-    base_offset: int
-    last_offset: int
-    size: int  # bytes of the .kfs object
-    record_count: int
-    max_timestamp: int
-    created_ms: int
 
 
 @dataclass(slots=True)
