@@ -130,8 +130,6 @@ def test_graph_sees_the_known_packages():
     assert "storage" in graph["broker"] and "errors" in graph["protocol"]
 
 
-# Target of issue #14 item 3; the marks go as the moves land.
-@pytest.mark.xfail(strict=True, reason="ops/cli.py imports the broker, which imports ops (#14.3)")
 def test_no_cycle_between_top_level_packages():
     graph = import_graph()
     cycle = find_cycle(graph)
@@ -145,7 +143,6 @@ def test_metadata_imports_no_storage():
     assert _edges_to(graph, "metadata", {"storage"}) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="the CLI lives in ops/ (#14.3)")
 def test_ops_imports_no_broker():
     """ops (metrics, health, logging) is imported by the broker, never the other way."""
     graph = import_graph()

@@ -1,3 +1,3 @@
-from kafscale.ops.cli import main
+from kafscale.cli.main import main
 
 raise SystemExit(main())

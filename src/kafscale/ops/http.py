@@ -244,8 +244,6 @@ class OpsHandle:
 async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_interval: float = 10.0) -> OpsHandle:
     """Register the metrics on `broker` and serve /metrics, /healthz, /readyz on
     `broker.config.http` ('' disables the HTTP server and the samplers)."""
-    from kafscale.broker.config import BrokerConfig
-
     metrics = BrokerMetrics(broker)
     handle = OpsHandle(broker, metrics, lag_interval, health_interval)
     broker.server.request_hooks.append(metrics.on_request)
@@ -253,7 +251,7 @@ async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_inte
     spec = broker.config.http
     if not spec:
         return handle
-    host, port = BrokerConfig.split_hostport(spec)
+    host, port = broker.config.split_hostport(spec)  # through the instance: ops never imports broker
     # Imported here: aiohttp.web costs ~0.2 s of imports, which brokers without --http skip.
     from aiohttp import web
 

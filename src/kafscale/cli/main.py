@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a broker")
     broker_config.add_arguments(b)
     b.set_defaults(func=_run_broker)
-    from kafscale.ops import admin_cli
+    from kafscale.cli import admin as admin_cli
     from kafscale.pipeline import cli as pipeline_cli
 
     admin_cli.add_commands(sub)
