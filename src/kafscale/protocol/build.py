@@ -1,14 +1,20 @@
-"""Build kio response entities without per-version code.
+"""Build kio entities (responses, and requests in tests) without per-version code.
 
 Fields differ between versions of one API; `make` keeps the values the version's class
-has, drops the rest, and converts plain ints for timedelta, error-code and UUID fields.
+has, drops the rest, fills required fields not given with Kafka's zero value, builds
+nested arrays given as dicts, and converts plain ints for timedelta, datetime,
+error-code and UUID fields. A field name that no version of the entity has is a typo
+and raises TypeError: before, it was dropped silently and the client saw a zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
+import pkgutil
 import sys
+import typing
 import uuid
 from functools import lru_cache
 
@@ -16,9 +22,93 @@ from kafscale.errors import ErrorCode
 from kafscale.protocol.codec import schema
 
 
+@dataclasses.dataclass(frozen=True)
+class _FieldSpec:
+    name: str
+    kind: str | None  # kio's kafka_type
+    element: type | None  # entity class of an array of entities
+    is_array: bool
+    nullable: bool
+    required: bool
+
+
 @lru_cache(maxsize=None)
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls)}
+def _specs(cls: type) -> dict[str, _FieldSpec]:
+    hints = typing.get_type_hints(cls)
+    specs = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        nullable = type(None) in args
+        if nullable:
+            hint = next(a for a in args if a is not type(None))
+        is_array = typing.get_origin(hint) is tuple
+        element = None
+        if is_array:
+            inner = typing.get_args(hint)[0]
+            element = inner if dataclasses.is_dataclass(inner) else None
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        specs[f.name] = _FieldSpec(f.name, f.metadata.get("kafka_type"), element, is_array, nullable, required)
+    return specs
+
+
+def _walk(cls: type, path: tuple[str, ...], out: dict) -> None:
+    """Record `cls` under `path` (field names from the root entity) and recurse into its
+    entity fields."""
+    out.setdefault(cls, set()).add(path)
+    for spec in _specs(cls).values():
+        child = spec.element
+        if child is None and not spec.is_array:
+            hint = typing.get_type_hints(cls)[spec.name]
+            child = next((a for a in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(a)), None)
+        if child is not None:
+            _walk(child, (*path, spec.name), out)
+
+
+@lru_cache(maxsize=None)
+def _names_by_holder(api_package: str, kind: str) -> dict[tuple[str, ...], frozenset[str]]:
+    """Field names of the entity at each path of one API's request or response, over all
+    versions kio has (kio lays them out as kio.schema.<api>.v<N>.<request|response>).
+    Nested entities are matched by the field that holds them, not by class name or full
+    path: both change between versions (OffsetFetch v1-v7 `topics` of
+    OffsetFetchResponseTopic, v8+ `groups` -> `topics` of OffsetFetchResponseTopics)."""
+    names: dict[tuple[str, ...], set[str]] = {}
+    package = importlib.import_module(api_package)
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("v"):
+            continue
+        try:
+            module = importlib.import_module(f"{api_package}.{info.name}.{kind}")
+        except ImportError:
+            continue
+        for root in vars(module).values():
+            if isinstance(root, type) and dataclasses.is_dataclass(root) and root.__module__ == module.__name__ \
+                    and root.__name__.endswith(("Request", "Response")):
+                paths: dict = {}
+                _walk(root, (), paths)
+                for entity, entity_paths in paths.items():
+                    for path in entity_paths:
+                        names.setdefault(path[-1:], set()).update(_specs(entity))
+    return {path: frozenset(n) for path, n in names.items()}
+
+
+@lru_cache(maxsize=None)
+def _names_in_any_version(cls: type) -> frozenset[str]:
+    """Field names that `cls`, or the entity in its place in any other version of its
+    API, has."""
+    names = set(_specs(cls))
+    parts = cls.__module__.split(".")
+    if len(parts) >= 5 and parts[:2] == ["kio", "schema"] and parts[-2].startswith("v"):
+        module = sys.modules[cls.__module__]
+        by_holder = _names_by_holder(".".join(parts[:-2]), parts[-1])
+        for root in vars(module).values():
+            if isinstance(root, type) and dataclasses.is_dataclass(root) and root.__module__ == module.__name__ \
+                    and root.__name__.endswith(("Request", "Response")):
+                paths: dict = {}
+                _walk(root, (), paths)
+                for path in paths.get(cls, ()):
+                    names.update(by_holder.get(path[-1:], ()))
+    return frozenset(names)
 
 
 def nested(cls: type, name: str) -> type:
@@ -30,23 +120,65 @@ def response(api_key: int, version: int) -> type:
     return schema(api_key, version, "response")
 
 
-def _convert(f: dataclasses.Field, value):
-    kind = f.metadata.get("kafka_type")
+def has_field(cls_or_obj, name: str) -> bool:
+    """Does this version of the entity have field `name`?"""
+    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
+    return name in _specs(cls)
+
+
+def _zero(spec: _FieldSpec):
+    if spec.is_array:
+        return ()
+    if spec.nullable:
+        return None
+    return {
+        "string": "",
+        "bytes": b"",
+        "bool": False,
+        "error_code": ErrorCode.none,
+        "timedelta_i32": datetime.timedelta(0),
+        "timedelta_i64": datetime.timedelta(0),
+        "uuid": uuid.UUID(int=0),
+        "float64": 0.0,
+    }.get(spec.kind, 0)
+
+
+def _convert(spec: _FieldSpec, value):
+    if value is None:
+        return None if spec.nullable else _zero(spec)
+    if spec.is_array:
+        if spec.element is not None:
+            return tuple(make(spec.element, **v) if isinstance(v, dict) else v for v in value)
+        return tuple(value)
+    kind = spec.kind
     if kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
         return datetime.timedelta(milliseconds=value)
     if kind == "datetime_i64" and isinstance(value, int):
         # Kafka's -1 ("none", e.g. log_append_time under CreateTime) is null in kio.
         return None if value < 0 else datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc)
-    if kind == "error_code" and isinstance(value, int) and not isinstance(value, ErrorCode):
-        return ErrorCode(value)
+    if kind == "error_code" and not isinstance(value, ErrorCode):
+        return ErrorCode(int(value))
     if kind == "uuid" and isinstance(value, str):
         return uuid.UUID(value)
+    if kind == "bytes" and not isinstance(value, bytes):
+        return bytes(value)
     return value
 
 
 def make(cls: type, **values):
-    fields = _fields(cls)
-    kwargs = {name: _convert(fields[name], v) for name, v in values.items() if name in fields}
+    """An instance of kio entity `cls` from `values` (see the module docstring)."""
+    specs = _specs(cls)
+    unknown = [name for name in values if name not in specs]
+    if unknown:
+        typos = sorted(set(unknown) - _names_in_any_version(cls))
+        if typos:
+            raise TypeError(f"{cls.__qualname__} has no field {', '.join(typos)} in any version")
+    kwargs = {}
+    for name, spec in specs.items():
+        if name in values:
+            kwargs[name] = _convert(spec, values[name])
+        elif spec.required:
+            kwargs[name] = _zero(spec)
     return cls(**kwargs)
 
 

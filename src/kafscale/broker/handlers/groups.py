@@ -8,15 +8,13 @@ translates requests and responses, which differ by version, through `build()`.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import typing
 import uuid
-from functools import lru_cache
 
 from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
+from kafscale.protocol.build import has_field, make
 from kafscale.protocol.codec import schema
 from kafscale.storage.logs import STORE_FAILURES, StorageError
 
@@ -47,84 +45,9 @@ CLASSIC_GROUP_TYPE = "classic"
 # -- building version-specific responses ----------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class _FieldSpec:
-    name: str
-    kind: str | None  # kio's kafka_type
-    element: type | None  # entity class of an array of entities
-    is_array: bool
-    nullable: bool
-    required: bool
-
-
-@lru_cache(maxsize=None)
-def _specs(cls: type) -> tuple[_FieldSpec, ...]:
-    hints = typing.get_type_hints(cls)
-    specs = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        args = typing.get_args(hint)
-        nullable = type(None) in args
-        if nullable:
-            hint = next(a for a in args if a is not type(None))
-        is_array = typing.get_origin(hint) is tuple
-        element = None
-        if is_array:
-            inner = typing.get_args(hint)[0]
-            element = inner if dataclasses.is_dataclass(inner) else None
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        specs.append(_FieldSpec(f.name, f.metadata.get("kafka_type"), element, is_array, nullable, required))
-    return tuple(specs)
-
-
-def _zero(spec: _FieldSpec):
-    if spec.is_array:
-        return ()
-    if spec.nullable:
-        return None
-    return {
-        "string": "",
-        "bytes": b"",
-        "bool": False,
-        "error_code": ErrorCode.none,
-        "timedelta_i32": datetime.timedelta(0),
-        "timedelta_i64": datetime.timedelta(0),
-        "uuid": uuid.UUID(int=0),
-        "float64": 0.0,
-    }.get(spec.kind, 0)
-
-
-def _convert(spec: _FieldSpec, value):
-    if value is None:
-        return None if spec.nullable else _zero(spec)
-    if spec.is_array:
-        if spec.element is not None:
-            return tuple(build(spec.element, **v) if isinstance(v, dict) else v for v in value)
-        return tuple(value)
-    if spec.kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
-        return datetime.timedelta(milliseconds=value)
-    if spec.kind == "error_code" and not isinstance(value, ErrorCode):
-        return ErrorCode(int(value))
-    if spec.kind == "bytes":
-        return bytes(value)
-    return value
-
-
-def build(cls: type, **values):
-    """An instance of kio entity `cls` from `values`: fields the version lacks are dropped,
-    required fields not given get Kafka's zero value, nested arrays may be given as dicts."""
-    kwargs = {}
-    for spec in _specs(cls):
-        if spec.name in values:
-            kwargs[spec.name] = _convert(spec, values[spec.name])
-        elif spec.required:
-            kwargs[spec.name] = _zero(spec)
-    return cls(**kwargs)
-
-
-def _has(cls_or_obj, name: str) -> bool:
-    cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
-    return any(s.name == name for s in _specs(cls))
+# One builder for every handler (kafscale.protocol.build); `build` is its name here.
+build = make
+_has = has_field
 
 
 def _response(api_key: int, ctx) -> type:
