@@ -135,13 +135,33 @@ async def _alter_configs(broker: "Broker", name: str, change, validate_only: boo
 
 
 class TopicIdResolver:
-    """Names for requests that name topics by id (Produce v13+, Fetch v13+, DeleteTopics
-    v6+, Metadata v10+), from the log manager's id table (LogManager.topic_name)."""
+    """The one topic-id resolver, one per request: names for requests that name topics by
+    id (Produce v13+, Fetch v13+, DeleteTopics v6+, Metadata v10+, the offset APIs v10+)
+    from the log manager's id table (LogManager.topic_name), and topics by name or id from
+    the metadata store, each read once per request."""
 
     def __init__(self, broker: "Broker"):
         self.broker = broker
+        self._by_name: dict[str, TopicMeta | None] = {}
 
     async def name(self, name: str | None, topic_id) -> str | None:
+        """`name` when the request gave one, else the name of the topic with `topic_id`."""
         if name is not None or topic_id is None:
             return name
         return await self.broker.logs.topic_name(topic_id)
+
+    async def by_name(self, name: str) -> TopicMeta | None:
+        if name not in self._by_name:
+            self._by_name[name] = await self.broker.metadata.get_topic(name)
+        return self._by_name[name]
+
+    async def by_id(self, topic_id) -> TopicMeta | None:
+        """The topic with `topic_id`; None when there is none (or the name now belongs to
+        a topic created again, with a new id)."""
+        name = await self.name(None, topic_id)
+        meta = await self.by_name(name) if name is not None else None
+        return meta if meta is not None and meta.uuid == topic_id else None
+
+    async def id_of(self, name: str):
+        meta = await self.by_name(name)
+        return meta.uuid if meta is not None else None

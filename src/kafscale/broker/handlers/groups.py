@@ -9,8 +9,8 @@ translates requests and responses, which differ by version, through `build()`.
 from __future__ import annotations
 
 import datetime
-import uuid
 
+from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
@@ -241,34 +241,11 @@ async def leave_group(ctx, req):
 # -- OffsetCommit / OffsetFetch / OffsetDelete ---------------------------------------------------
 
 
-class _TopicCatalog:
-    """Topic lookups for one request: by name, and by id for v10 of the offset APIs."""
-
-    def __init__(self, broker):
-        self.broker = broker
-        self.metadata = broker.metadata
-        self._by_name: dict[str, object] = {}
-
-    async def by_name(self, name: str):
-        if name not in self._by_name:
-            self._by_name[name] = await self.metadata.get_topic(name)
-        return self._by_name[name]
-
-    async def by_id(self, topic_id: uuid.UUID | None):
-        name = await self.broker.logs.topic_name(topic_id) if topic_id is not None else None
-        meta = await self.by_name(name) if name is not None else None
-        return meta if meta is not None and meta.uuid == topic_id else None
-
-    async def id_of(self, name: str) -> uuid.UUID | None:
-        meta = await self.by_name(name)
-        return meta.uuid if meta is not None else None
-
-
 async def offset_commit(ctx, req):
     cls = _response(OFFSET_COMMIT, ctx)
     groups = _coordinator(ctx)
     by_id = ctx.version >= 10
-    catalog = _TopicCatalog(ctx.broker)
+    resolver = TopicIdResolver(ctx.broker)
     group_id = req.group_id
 
     # Per partition: (topic key for the response, partition, error or None when committable).
@@ -277,7 +254,7 @@ async def offset_commit(ctx, req):
     too_large: list[int] = []
     try:
         for t in req.topics:
-            meta = await (catalog.by_id(t.topic_id) if by_id else catalog.by_name(t.name))
+            meta = await (resolver.by_id(t.topic_id) if by_id else resolver.by_name(t.name))
             for p in t.partitions:
                 if meta is None or not 0 <= p.partition_index < meta.partitions:
                     missing = ErrorCode.unknown_topic_id if by_id and meta is None else ErrorCode.unknown_topic_or_partition
@@ -330,7 +307,7 @@ async def offset_commit(ctx, req):
     return build(cls, throttle_time=0, topics=topics)
 
 
-async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_id: bool, with_epoch: bool):
+async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_id: bool, with_epoch: bool):
     """(group error, response topics) for one group of an OffsetFetch."""
     if groups is None or not await _owned(ctx, group_id):
         return ErrorCode.not_coordinator, None
@@ -352,7 +329,7 @@ async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_i
             by_topic.setdefault(topic, []).append(partition(p, o))
         for topic, parts in by_topic.items():
             if by_id:
-                topic_id = await catalog.id_of(topic)
+                topic_id = await resolver.id_of(topic)
                 if topic_id is None:
                     continue
                 out.append(dict(topic_id=topic_id, partitions=parts))
@@ -361,7 +338,7 @@ async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_i
         return ErrorCode.none, out
     for t in topics:
         if by_id:
-            meta = await catalog.by_id(t.topic_id)
+            meta = await resolver.by_id(t.topic_id)
             if meta is None:
                 parts = [dict(partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
                               error_code=ErrorCode.unknown_topic_id) for p in t.partition_indexes]
@@ -378,20 +355,20 @@ async def _fetch_group_offsets(ctx, groups, catalog, group_id: str, topics, by_i
 async def offset_fetch(ctx, req):
     cls = _response(OFFSET_FETCH, ctx)
     groups = _coordinator(ctx)
-    catalog = _TopicCatalog(ctx.broker)
+    resolver = TopicIdResolver(ctx.broker)
     by_id = ctx.version >= 10
     with_epoch = ctx.version >= 5
     if _has(req, "groups"):  # v8+: several groups per request
         results = []
         for g in req.groups:
             try:
-                error, topics = await _fetch_group_offsets(ctx, groups, catalog, g.group_id, g.topics, by_id, with_epoch)
+                error, topics = await _fetch_group_offsets(ctx, groups, resolver, g.group_id, g.topics, by_id, with_epoch)
             except STORE_DOWN:
                 error, topics = ErrorCode.coordinator_not_available, None
             results.append(dict(group_id=g.group_id, error_code=error, topics=topics or []))
         return build(cls, throttle_time=0, groups=results)
     try:
-        error, topics = await _fetch_group_offsets(ctx, groups, catalog, req.group_id, req.topics, False, with_epoch)
+        error, topics = await _fetch_group_offsets(ctx, groups, resolver, req.group_id, req.topics, False, with_epoch)
     except STORE_DOWN:
         error, topics = ErrorCode.coordinator_not_available, None
     if topics is None:
@@ -412,12 +389,12 @@ async def offset_delete(ctx, req):
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
         return build(cls, throttle_time=0, error_code=error)
-    catalog = _TopicCatalog(ctx.broker)
+    resolver = TopicIdResolver(ctx.broker)
     try:
         known: list[tuple[str, int]] = []
         unknown: set[tuple[str, int]] = set()
         for t in req.topics:
-            meta = await catalog.by_name(t.name)
+            meta = await resolver.by_name(t.name)
             for p in t.partitions:
                 tp = (t.name, p.partition_index)
                 if meta is None or not 0 <= p.partition_index < meta.partitions:
