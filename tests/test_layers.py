@@ -172,3 +172,75 @@ def test_parser_reads_imports(tmp_path, monkeypatch, source, expected):
     monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "PACKAGE_ROOT", fake_root)
     modules = [m for m, _ in _imported_modules(path)]
     assert modules == ([expected] if expected else [])
+
+
+def _dotted(node: ast.AST) -> str:
+    """`self.broker.logs` for an attribute chain; '?' for anything else at its root."""
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Subscript):
+        return _dotted(node.value) + "[]"
+    return "?"
+
+
+def _reaches_into_the_broker(source: str, filename: str) -> list[str]:
+    """Private attributes of broker objects read, and broker objects patched, by ops code.
+
+    A broker object is anything reached through a name or attribute called `broker` (or `b`,
+    the collector's name for it), or a local name bound to one (`logs = self.broker.logs`)."""
+    tree = ast.parse(source, filename=filename)
+    aliases: set[str] = set()
+
+    def on_broker(chain: str) -> bool:
+        parts = chain.replace("[]", "").split(".")
+        return parts[0] in aliases or any(part in ("broker", "b") for part in parts)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute) and on_broker(_dotted(node.value)):
+            aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if on_broker(_dotted(node.value)):
+                found.append(f"{filename}:{node.lineno} reads {_dotted(node)}")
+        elif isinstance(node, ast.Attribute) and node.attr == "__dict__" and on_broker(_dotted(node.value)):
+            found.append(f"{filename}:{node.lineno} reads {_dotted(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr"):
+            if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and str(node.args[1].value).startswith("_"):
+                found.append(f"{filename}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and on_broker(_dotted(target.value)):
+                    found.append(f"{filename}:{node.lineno} patches {_dotted(target)}")
+    return found
+
+
+def test_ops_observes_the_broker_through_public_hooks_only():
+    """Subsystems own their counters and hooks: ops neither replaces a router handler or a
+    method of a broker object, nor reads a private attribute (`broker.server._server`)."""
+    found = []
+    for path in sorted((PACKAGE_ROOT / "ops").glob("*.py")):
+        found += _reaches_into_the_broker(path.read_text(), path.name)
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'srv = getattr(self.broker.server, "_server", None)',
+        "x = self.broker.logs._topics",
+        "logs = self.broker.logs\nlogs.metrics_flushed = f",
+        "self.broker.router.apis[key] = api",
+        'self.broker.logs.__dict__.pop("metrics_flushed", None)',
+    ],
+)
+def test_reach_check_sees_patching_and_private_reads(source):
+    assert _reaches_into_the_broker(source, "m.py"), source
+
+
+def test_reach_check_leaves_own_state_alone():
+    source = "self.broker = broker\nself._runner = None\nhooks = self.broker.server.request_hooks\nhooks.remove(f)\nhandle._tasks = []"
+    assert _reaches_into_the_broker(source, "m.py") == []

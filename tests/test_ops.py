@@ -386,6 +386,26 @@ async def test_stop_unhooks_everything():
     shutil.rmtree(r.data_dir, ignore_errors=True)
 
 
+async def test_metrics_observe_through_public_hooks_and_leave_none_behind():
+    """Produce/Fetch bytes and flush sizes come from the server's response hooks and the
+    log manager's flush hooks, registered by start_ops and gone after stop."""
+    r = await start_broker()
+    try:
+        server, logs = r.broker.server, r.broker.logs
+        assert sorted(server.response_hooks) == [0, 1]  # Produce, Fetch
+        assert r.ops.metrics.on_flush in logs.flush_hooks
+        topic = f"hooks-{os.getpid()}-{time.monotonic_ns()}"
+        await asyncio.to_thread(_produce, r.bootstrap, topic, 3)
+        text = await scrape(r)
+        assert value(text, "kafscale_topic_bytes_in_total", topic=topic) > 0
+        assert value(text, "kafscale_flush_size_bytes_count") >= 1
+        await r.ops.stop()
+        assert server.response_hooks == {}
+        assert logs.flush_hooks == []
+    finally:
+        await stop_broker(r)
+
+
 async def test_two_brokers_in_one_process_do_not_clash():
     a, b = await start_broker(), await start_broker(broker_id=7)
     try:

@@ -281,6 +281,9 @@ class KafkaServer:
         self._housekeeper: asyncio.Task | None = None
         self.address: tuple[str, int] = ("", 0)
         self.request_hooks: list = []  # called as hook(api_key, version, seconds, error) by ops/metrics
+        # api_key -> [hook(request, response)], called after that API's handler answered
+        # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
+        self.response_hooks: dict[int, list] = {}
 
     async def start(self) -> None:
         host, port = self.config.split_hostport(self.config.listen)
@@ -290,6 +293,10 @@ class KafkaServer:
         self.address = (sock[0], sock[1])
         memory.limit_arenas()
         self._housekeeper = loop.create_task(self._housekeeping(), name="connection-housekeeping")
+
+    def is_serving(self) -> bool:
+        """True while the Kafka listener accepts connections (readiness checks read it)."""
+        return self._server is not None and self._server.is_serving()
 
     async def stop_accepting(self) -> None:
         if self._server is not None:
@@ -423,6 +430,10 @@ class KafkaServer:
         error = None
         try:
             response = await api.handler(ctx, request)
+            observers = self.response_hooks.get(api_key)
+            if observers:
+                for hook in observers:
+                    hook(request, response)
         except Exception as e:
             error = e
             response = self._error_response(ctx, conn, request, e)

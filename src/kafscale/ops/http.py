@@ -63,8 +63,7 @@ class OpsHandle:
     # -- readiness --------------------------------------------------------------------------
 
     def _listener_up(self) -> bool:
-        srv = getattr(self.broker.server, "_server", None)
-        return srv is not None and srv.is_serving()
+        return self.broker.server.is_serving()
 
     async def _probe(self, what: str, coro) -> str | None:
         """None when the dependency answered, else the reason it is considered down."""

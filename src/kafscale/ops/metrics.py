@@ -5,9 +5,10 @@ benchmarks) never clash. Almost everything is read from live broker state at scr
 by `_LiveCollector`; only what has no live source is counted as it happens:
 
 * request counts and latencies, via `KafkaServer.request_hooks`;
-* per-topic bytes in/out and per-partition error codes, via thin wrappers ("taps") around
-  the Produce and Fetch entries of the broker's router, which see the request and the
-  response without the handler modules knowing;
+* per-topic bytes in/out and per-partition error codes, via `KafkaServer.response_hooks`
+  for Produce and Fetch, which see the request and the response without the handler
+  modules knowing;
+* flush times and sizes, via `LogManager.flush_hooks`;
 * consumer lag and group states, sampled by a background task (they need awaits, a scrape
   is synchronous).
 """
@@ -90,6 +91,7 @@ class BrokerMetrics:
         # Label children cached per key: resolving labels costs more than the increment.
         self._req_children: dict[tuple[int, int], tuple] = {}
         self._topic_children: dict[tuple[str, str], Any] = {}
+        self._response_hooks: dict[int, Any] = {}  # api key -> the hook install_taps registered
         r.register(_LiveCollector(broker, self))
 
     # -- request hook (hot path: dictionary lookups and increments only) ------------------
@@ -168,55 +170,45 @@ class BrokerMetrics:
         name = self.topic_names.get(topic_id)
         if name is None:
             # Fetch by id already loaded the topic into the log manager's cache.
-            for meta in list(getattr(self.broker.logs, "_topics", {}).values()):
-                if meta.uuid == topic_id:
-                    name = self.topic_names[topic_id] = meta.name
-                    break
+            name = self.broker.logs.cached_topic_name(topic_id)
+            if name is not None:
+                self.topic_names[topic_id] = name
         return name
 
+    def on_flush(self, info, seconds: float, puts: int) -> None:
+        self.flush_seconds.observe(seconds)
+        self.flush_bytes.observe(info.size)
+
     def install_taps(self) -> None:
-        """Wrap the router's Produce and Fetch handlers and the log manager's flush hook;
-        `remove_taps` puts them back."""
-        from dataclasses import replace
-
-        logs = self.broker.logs
-        flushed = getattr(logs, "metrics_flushed", None)
-        if flushed is not None:
-            def metrics_flushed(info, seconds, puts, _orig=flushed):
-                _orig(info, seconds, puts)
-                self.flush_seconds.observe(seconds)
-                self.flush_bytes.observe(getattr(info, "size", 0))
-
-            logs.metrics_flushed = metrics_flushed  # instance attribute shadows the method
-            self._flush_tapped = True
-        router = self.broker.router
-        self._original_apis = {}
-        for key, account in ((PRODUCE, self.account_produce), (FETCH, self.account_fetch)):
-            api = router.apis.get(key)
-            if api is None:
-                continue
-            self._original_apis[key] = api
-            router.apis[key] = replace(api, handler=_tap(api.handler, account))
+        """Register on the server's Produce and Fetch response hooks and the log manager's
+        flush hooks; `remove_taps` unregisters."""
+        self.remove_taps()
+        self._response_hooks = {PRODUCE: _never_raising(self.account_produce), FETCH: _never_raising(self.account_fetch)}
+        for key, hook in self._response_hooks.items():
+            self.broker.server.response_hooks.setdefault(key, []).append(hook)
+        self.broker.logs.flush_hooks.append(self.on_flush)
 
     def remove_taps(self) -> None:
-        for key, api in getattr(self, "_original_apis", {}).items():
-            self.broker.router.apis[key] = api
-        self._original_apis = {}
-        if getattr(self, "_flush_tapped", False):
-            self.broker.logs.__dict__.pop("metrics_flushed", None)
-            self._flush_tapped = False
+        hooks = self.broker.server.response_hooks
+        for key, hook in self._response_hooks.items():
+            observers = hooks.get(key, [])
+            if hook in observers:
+                observers.remove(hook)
+            if not observers:
+                hooks.pop(key, None)  # an API with no observers costs the request path nothing
+        self._response_hooks = {}
+        if self.on_flush in self.broker.logs.flush_hooks:
+            self.broker.logs.flush_hooks.remove(self.on_flush)
 
 
-def _tap(handler, account):
-    async def tapped(ctx, req):
-        resp = await handler(ctx, req)
+def _never_raising(account):
+    def hook(req, resp):
         try:
             account(req, resp)
         except Exception:  # noqa: BLE001 - metrics must never fail a request
             log.debug("metrics tap failed", exc_info=True)
-        return resp
 
-    return tapped
+    return hook
 
 
 def _state_name(state) -> str:

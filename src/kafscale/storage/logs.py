@@ -562,6 +562,8 @@ class LogManager:
             self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000, config.merge_max_pending_objects, config.merge_min_grace_ms / 1000
         )
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
+        # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
+        self.flush_hooks: list = []
 
     # -- metrics hooks (ops/metrics reads these) -----------------------------------------
 
@@ -573,6 +575,8 @@ class LogManager:
         self.stats["flushes"] += 1
         self.stats["puts"] += puts
         self.stats["segment_bytes"] += info.size
+        for hook in self.flush_hooks:
+            hook(info, seconds, puts)
 
     def segment_objects(self, topic: str, partition: int, enc: segment.EncodedSegment) -> list[tuple[str, list]]:
         """The objects to upload for one sealed segment: the .kfs, plus its .index when it
@@ -661,6 +665,14 @@ class LogManager:
                         if topic_id not in self._topic_ids:
                             raise store_failure(e, "looking up a topic id") from e
         return self._topic_ids.get(topic_id)
+
+    def cached_topic_name(self, topic_id) -> str | None:
+        """Name of the topic with this id if this broker has already seen it, with no I/O
+        (metrics name Fetch v13+ topics, which arrive by id, with it)."""
+        name = self._topic_ids.get(topic_id)
+        if name is None:
+            name = next((m.name for m in list(self._topics.values()) if m.uuid == topic_id), None)
+        return name
 
     def topic_changed(self, meta: TopicMeta) -> None:
         self._topics[meta.name] = meta
