@@ -244,3 +244,21 @@ def test_reach_check_sees_patching_and_private_reads(source):
 def test_reach_check_leaves_own_state_alone():
     source = "self.broker = broker\nself._runner = None\nhooks = self.broker.server.request_hooks\nhooks.remove(f)\nhandle._tasks = []"
     assert _reaches_into_the_broker(source, "m.py") == []
+
+
+def test_cluster_is_wired_by_construction():
+    """The cluster gets what it calls on ownership loss as constructor arguments: nothing
+    assigns an attribute of a cluster afterwards, and cluster/ names no storage type, not
+    even for type checking."""
+    patched = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        if _unit_of(path) == "cluster":
+            text = path.read_text()
+            assert "kafscale.storage" not in text, path
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and _dotted(target.value).split(".")[-1] == "cluster":
+                        patched.append(f"{path.name}:{node.lineno} {_dotted(target)}")
+    assert patched == []

@@ -29,11 +29,16 @@ class Broker:
         if config.metadata.startswith("etcd://"):
             from kafscale.cluster.etcd_cluster import EtcdCluster
 
-            self.cluster = EtcdCluster(local, self.metadata.kv, self.metadata, config.lease_ttl_s, resync_interval_s=config.ownership_resync_ms / 1000)
+            # The cluster stops the logs of partitions it loses. The log manager (built
+            # next: it asks the cluster who owns what) exists before the cluster starts,
+            # which is when it can first lose one.
+            self.cluster = EtcdCluster(
+                local, self.metadata.kv, self.metadata, config.lease_ttl_s, resync_interval_s=config.ownership_resync_ms / 1000,
+                on_release=self._release_log, on_topic_deleted=self._stop_topic_logs,
+            )
         else:
             self.cluster = SingleNodeCluster(local)
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
-        self.cluster.logs = self.logs
         self.router = build_router()
         self.groups = GroupCoordinator(self.metadata, config, self.cluster)
         self.server = KafkaServer(self, config)
@@ -61,6 +66,12 @@ class Broker:
         await self.metadata.close()
         await self.store.close()
         self.stopped.set()
+
+    async def _release_log(self, topic: str, partition: int, flush: bool) -> None:
+        await self.logs.release(topic, partition, flush=flush)
+
+    async def _stop_topic_logs(self, topic: str) -> None:
+        await self.logs.stop_topic(topic)
 
     @property
     def listen_address(self) -> tuple[str, int]:

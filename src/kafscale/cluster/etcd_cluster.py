@@ -33,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from kafscale.cluster.membership import BrokerIdInUse, BrokerNode, Cluster
 from kafscale.metadata import keys
@@ -42,7 +42,6 @@ from kafscale.metadata.store import MetadataStore
 
 if TYPE_CHECKING:
     from kafscale.metadata.etcd import EtcdKV
-    from kafscale.storage.logs import LogManager
 
 log = logging.getLogger("kafscale.cluster")
 RESYNC_INTERVAL_S = 5.0  # full re-read when nothing changed (the watches see changes)
@@ -97,12 +96,26 @@ def assign_topic(topic: str, partitions: int, node_ids: list[int], current: dict
 
 
 class EtcdCluster(Cluster):
-    def __init__(self, local: BrokerNode, kv: "EtcdKV", metadata: MetadataStore, lease_ttl_s: int, resync_interval_s: float = RESYNC_INTERVAL_S):
+    def __init__(
+        self,
+        local: BrokerNode,
+        kv: "EtcdKV",
+        metadata: MetadataStore,
+        lease_ttl_s: int,
+        resync_interval_s: float = RESYNC_INTERVAL_S,
+        *,
+        on_release: Callable[[str, int, bool], Awaitable[None]] | None = None,
+        on_topic_deleted: Callable[[str], Awaitable[None]] | None = None,
+    ):
+        """`on_release(topic, partition, flush)` and `on_topic_deleted(topic)` stop this
+        broker's logs of partitions it no longer owns (the broker passes its log manager's;
+        None: a cluster with no logs, as in tests of membership alone)."""
         super().__init__(local)
         self.kv = kv
         self.metadata = metadata
         self.ttl = lease_ttl_s
-        self.logs: "LogManager | None" = None  # set by the broker after construction
+        self.on_release = on_release
+        self.on_topic_deleted = on_topic_deleted
         self.lease = 0
         self._write_deadline = 0.0  # monotonic time until which we may write (lease surely alive)
         self._lease_lock = threading.Lock()  # lease and deadline, set by the loop and the keeper thread
@@ -300,8 +313,8 @@ class EtcdCluster(Cluster):
         """Our lease is (or may be) gone: others may own our partitions now. Never flush."""
         for key in list(self._owned):
             self._owned.discard(key)
-            if self.logs is not None:
-                await self.logs.release(*key, flush=False)
+            if self.on_release is not None:
+                await self.on_release(*key, False)
         self._wake()  # unsettled now: retried until the lease lets us take them back
 
     def _wake(self) -> None:
@@ -407,8 +420,8 @@ class EtcdCluster(Cluster):
                     if current is None or current[0] != me:
                         # Someone removed our key (etcd restored, or a lease mix-up): stop.
                         self._owned.discard(key)
-                        if self.logs is not None:
-                            await self.logs.release(*key, flush=False)
+                        if self.on_release is not None:
+                            await self.on_release(*key, False)
                     elif desired != me:
                         await self._release(*key, flush=True)
                 elif desired == me and (current is None or current[0] == me):
@@ -419,8 +432,8 @@ class EtcdCluster(Cluster):
         names = set(self._partition_counts)
         for key in [k for k in self._owned if k[0] not in names]:
             self._owned.discard(key)
-            if self.logs is not None:
-                await self.logs.stop_topic(key[0])
+            if self.on_topic_deleted is not None:
+                await self.on_topic_deleted(key[0])
         return all((owner == me) == ((topic, p) in self._owned) for topic, owners in self._desired.items() for p, owner in enumerate(owners))
 
     async def _acquire(self, topic: str, partition: int) -> None:
@@ -429,7 +442,7 @@ class EtcdCluster(Cluster):
             return
         epoch = st.leader_epoch + 1
         okey, pkey = keys.owner(topic, partition), keys.partition(topic, partition)
-        state_doc = MetadataStore._state_doc(st)
+        state_doc = MetadataStore.state_doc(st)
         state_doc.update(leader_epoch=epoch, owner=self.local.node_id, epoch_start_offset=st.high_watermark)
         held = await self.kv.get(okey)
         if held is not None and json.loads(held.value).get("node") != self.local.node_id:
@@ -447,8 +460,8 @@ class EtcdCluster(Cluster):
             log.info("took ownership of %s-%d at epoch %d (high watermark %d)", topic, partition, epoch, st.high_watermark)
 
     async def _release(self, topic: str, partition: int, flush: bool) -> None:
-        if self.logs is not None:
-            await self.logs.release(topic, partition, flush=flush)
+        if self.on_release is not None:
+            await self.on_release(topic, partition, flush)
         self._owned.discard((topic, partition))
         okey = keys.owner(topic, partition)
         kv = await self.kv.get(okey)

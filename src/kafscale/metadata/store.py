@@ -175,7 +175,7 @@ class MetadataStore:
     # -- partitions and segments -------------------------------------------------------
 
     @staticmethod
-    def _state_doc(st: PartitionState) -> dict:
+    def state_doc(st: PartitionState) -> dict:
         return {
             "log_start_offset": st.log_start_offset,
             "high_watermark": st.high_watermark,
@@ -210,7 +210,7 @@ class MetadataStore:
         txn = Txn(
             compares=[(key, st.version)],
             puts=[
-                (key, _dump(self._state_doc(new))),
+                (key, _dump(self.state_doc(new))),
                 (keys.segment(st.topic, st.partition, seg.base_offset), _dump(asdict(seg))),
             ],
         )
@@ -245,7 +245,7 @@ class MetadataStore:
             st.epoch_start_offset if leader_epoch is None or leader_epoch == st.leader_epoch else st.high_watermark,
         )
         key = keys.partition(st.topic, st.partition)
-        txn = Txn(compares=[(key, st.version)], puts=[(key, _dump(self._state_doc(new)))])
+        txn = Txn(compares=[(key, st.version)], puts=[(key, _dump(self.state_doc(new)))])
         removed = set(remove_segments)
         txn.deletes = [keys.segment(st.topic, st.partition, b) for b in removed]
         txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), _dump(asdict(s))) for s in add_segments]
