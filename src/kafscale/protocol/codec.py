@@ -18,7 +18,7 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from kafscale.protocol import validate
+from kafscale.protocol import validate, varint
 
 _I16I16I32 = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
@@ -64,21 +64,6 @@ def _writer(cls: type):
     return entity_writer(cls)
 
 
-def _read_uvarint(buf, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise MalformedRequest("truncated varint in request header")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise MalformedRequest("varint too long in request header")
-
-
 def decode_header(payload: memoryview, flexible: bool | None) -> RequestHeader:
     """Parse the request header. `flexible` None: decide from the api key/version."""
     if len(payload) < 10:
@@ -93,11 +78,10 @@ def decode_header(payload: memoryview, flexible: bool | None) -> RequestHeader:
         client_id = bytes(payload[pos : pos + n]).decode("utf-8", "replace")
         pos += n
     if flexible:
-        count, pos = _read_uvarint(payload, pos)
-        for _ in range(count):
-            _tag, pos = _read_uvarint(payload, pos)
-            size, pos = _read_uvarint(payload, pos)
-            pos += size
+        try:
+            pos = varint.skip_tagged_fields(payload, pos)
+        except varint.VarintError as e:
+            raise MalformedRequest(f"{e} in request header") from None
         if pos > len(payload):
             raise MalformedRequest("tagged fields run past the end of the frame")
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos)
@@ -116,13 +100,14 @@ def is_flexible(api_key: int, version: int) -> bool:
 
 def decode_body(api_key: int, version: int, payload: memoryview, offset: int) -> Any:
     cls = schema(api_key, version, "request")
+    payload = memoryview(payload).toreadonly()  # kio's readers (the validator's varints too) take read-only buffers
     try:
         # Bounds first: kio's native decoder aborts the process on a huge array count.
         validate.check(cls, payload, offset)
     except validate.InvalidRequestBody as e:
         raise MalformedRequest(f"{cls.__name__} v{version}: {e}") from None
     try:
-        value, size = _reader(cls)(payload.toreadonly(), offset)
+        value, size = _reader(cls)(payload, offset)
     except Exception as e:  # kio raises various errors on short/garbled input
         raise MalformedRequest(f"cannot decode {cls.__name__} v{version}: {e}") from e
     if offset + size > len(payload):

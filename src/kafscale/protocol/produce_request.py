@@ -13,6 +13,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from kafscale.protocol import varint
 from kafscale.protocol.codec import MalformedRequest
 
 _I16 = struct.Struct(">h")
@@ -42,10 +43,11 @@ class ProduceRequest:
 
 
 class _Reader:
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "readonly", "pos", "end")
 
     def __init__(self, buf: memoryview, pos: int):
         self.buf, self.pos, self.end = buf, pos, len(buf)
+        self.readonly = memoryview(buf).toreadonly()  # kio's varint reader takes read-only buffers only
 
     def need(self, n: int) -> None:
         if n < 0 or self.pos + n > self.end:
@@ -64,17 +66,11 @@ class _Reader:
         return v
 
     def uvarint(self) -> int:
-        result = shift = 0
-        while True:
-            self.need(1)
-            b = self.buf[self.pos]
-            self.pos += 1
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise MalformedRequest("varint too long in Produce request")
+        try:
+            value, self.pos = varint.read_uvarint(self.readonly, self.pos)
+        except varint.VarintError as e:
+            raise MalformedRequest(f"{e} in Produce request at byte {self.pos}") from None
+        return value
 
     def take(self, n: int) -> memoryview:
         self.need(n)

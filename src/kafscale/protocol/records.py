@@ -14,6 +14,7 @@ from typing import Iterator
 import crc32c as _crc32c
 
 from kafscale.errors import ErrorCode, KafkaError
+from kafscale.protocol.varint import read_varlong
 
 # Offsets of the v2 batch header fields (see the spec's "Message Batch Format").
 BASE_OFFSET = 0
@@ -183,23 +184,8 @@ class Record:
     headers: tuple[tuple[str, bytes | None], ...]
 
 
-def _read_varint(buf, pos: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
-    return (result >> 1) ^ -(result & 1), pos
-
-
 def _read_varbytes(buf, pos: int) -> tuple[bytes | None, int]:
-    n, pos = _read_varint(buf, pos)
+    n, pos = read_varlong(buf, pos)
     if n < 0:
         return None, pos
     return bytes(buf[pos : pos + n]), pos + n
@@ -259,17 +245,19 @@ def decode_records(buf, pos: int = 0, header: BatchHeader | None = None, verify_
     body = buf[pos + HEADER_SIZE : end]
     if header.compression != COMPRESSION_NONE:
         body = decompress(header.compression, body)
+    elif not isinstance(body, bytes):
+        body = memoryview(body).toreadonly()  # kio's varint reader takes read-only buffers
     records = []
     p = 0
     for _ in range(header.record_count):
-        length, p = _read_varint(body, p)
+        length, p = read_varlong(body, p)
         rec_end = p + length
         p += 1  # attributes
-        ts_delta, p = _read_varint(body, p)
-        off_delta, p = _read_varint(body, p)
+        ts_delta, p = read_varlong(body, p)
+        off_delta, p = read_varlong(body, p)
         key, p = _read_varbytes(body, p)
         value, p = _read_varbytes(body, p)
-        n_headers, p = _read_varint(body, p)
+        n_headers, p = read_varlong(body, p)
         hdrs = []
         for _ in range(n_headers):
             hk, p = _read_varbytes(body, p)

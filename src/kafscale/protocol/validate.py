@@ -42,6 +42,8 @@ from kio.serial._introspect import (
     is_optional,
 )
 
+from kafscale.protocol import varint
+
 
 class InvalidRequestBody(ValueError):
     """The body does not fit its schema (bounds, nulls, varints); the message says where."""
@@ -278,19 +280,17 @@ def _emit_value(op: tuple, where: str, ind: str, namespace: dict, functions: dic
 
 
 def _uvarint(buf, pos: int, end: int, where: str) -> tuple[int, int]:
-    result = shift = 0
-    while shift < 35:
-        if pos >= end:
-            raise InvalidRequestBody(f"{where}: truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            if result > 0xFFFFFFFF:
-                raise InvalidRequestBody(f"{where}: varint over 32 bits")
-            return result, pos
-        shift += 7
-    raise InvalidRequestBody(f"{where}: varint longer than 5 bytes")
+    try:
+        result, after = varint.read_uvarint(buf, pos)
+    except varint.TruncatedVarint:
+        raise InvalidRequestBody(f"{where}: truncated varint") from None
+    except varint.VarintTooLong:
+        raise InvalidRequestBody(f"{where}: varint longer than 5 bytes") from None
+    if after > end:  # ran past the enclosing field (a tagged field's bytes)
+        raise InvalidRequestBody(f"{where}: truncated varint")
+    if result > 0xFFFFFFFF:
+        raise InvalidRequestBody(f"{where}: varint over 32 bits")
+    return result, after
 
 
 def _entity(plan: Plan, buf, pos: int, end: int, where: str) -> int:
