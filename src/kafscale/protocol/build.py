@@ -143,42 +143,97 @@ def _zero(spec: _FieldSpec):
     }.get(spec.kind, 0)
 
 
-def _convert(spec: _FieldSpec, value):
-    if value is None:
-        return None if spec.nullable else _zero(spec)
-    if spec.is_array:
-        if spec.element is not None:
-            return tuple(make(spec.element, **v) if isinstance(v, dict) else v for v in value)
-        return tuple(value)
-    kind = spec.kind
-    if kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
-        return datetime.timedelta(milliseconds=value)
-    if kind == "datetime_i64" and isinstance(value, int):
+def _to_timedelta(value):
+    return datetime.timedelta(milliseconds=value) if isinstance(value, int) else value
+
+
+def _to_datetime(value):
+    if isinstance(value, int):
         # Kafka's -1 ("none", e.g. log_append_time under CreateTime) is null in kio.
         return None if value < 0 else datetime.datetime.fromtimestamp(value / 1000, tz=datetime.timezone.utc)
-    if kind == "error_code" and not isinstance(value, ErrorCode):
-        return ErrorCode(int(value))
-    if kind == "uuid" and isinstance(value, str):
-        return uuid.UUID(value)
-    if kind == "bytes" and not isinstance(value, bytes):
-        return bytes(value)
     return value
+
+
+def _to_error_code(value):
+    return value if isinstance(value, ErrorCode) else ErrorCode(int(value))
+
+
+def _to_uuid(value):
+    return uuid.UUID(value) if isinstance(value, str) else value
+
+
+def _to_bytes(value):
+    return value if isinstance(value, bytes) else bytes(value)
+
+
+def _converter(spec: _FieldSpec):
+    """The conversion a given value goes through for this field; None: taken as it is."""
+    if spec.is_array:
+        if spec.element is not None:
+            element = spec.element
+
+            def entities(value):
+                # A tuple of entities (the usual case) is taken as it is.
+                if type(value) is tuple and (not value or not isinstance(value[0], dict)):
+                    return value
+                return tuple(make(element, **v) if isinstance(v, dict) else v for v in value)
+
+            return entities
+        return tuple
+    return {
+        "timedelta_i32": _to_timedelta,
+        "timedelta_i64": _to_timedelta,
+        "datetime_i64": _to_datetime,
+        "error_code": _to_error_code,
+        "uuid": _to_uuid,
+        "bytes": _to_bytes,
+    }.get(spec.kind)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Plan:
+    fields: dict[str, tuple[object, object, bool]]  # name -> (converter, value for None, required)
+    required: tuple[tuple[str, object], ...]  # (name, Kafka's zero) of fields without a default
+
+
+@lru_cache(maxsize=None)
+def _plan(cls: type) -> _Plan:
+    """Computed once per class: make runs for every partition of every Produce response."""
+    fields, required = {}, []
+    for spec in _specs(cls).values():
+        fields[spec.name] = (_converter(spec), None if spec.nullable else _zero(spec), spec.required)
+        if spec.required:
+            required.append((spec.name, _zero(spec)))
+    return _Plan(fields, tuple(required))
 
 
 def make(cls: type, **values):
     """An instance of kio entity `cls` from `values` (see the module docstring)."""
-    specs = _specs(cls)
-    unknown = [name for name in values if name not in specs]
-    if unknown:
-        typos = sorted(set(unknown) - _names_in_any_version(cls))
+    plan = _plan(cls)
+    fields = plan.fields
+    kwargs = {}
+    required_given = 0
+    absent = None  # names this version lacks: another version's fields, or typos
+    for name, value in values.items():
+        entry = fields.get(name)
+        if entry is None:
+            absent = [name] if absent is None else [*absent, name]
+            continue
+        convert, none_value, required = entry
+        if value is None:
+            kwargs[name] = none_value
+        else:
+            kwargs[name] = convert(value) if convert is not None else value
+        required_given += required
+    if absent is not None:
+        known = _names_in_any_version(cls)
+        typos = [name for name in absent if name not in known]
         if typos:
             raise TypeError(f"{cls.__qualname__} has no field {', '.join(typos)} in any version")
-    kwargs = {}
-    for name, spec in specs.items():
-        if name in values:
-            kwargs[name] = _convert(spec, values[name])
-        elif spec.required:
-            kwargs[name] = _zero(spec)
+    if required_given < len(plan.required):
+        for name, zero in plan.required:
+            if name not in kwargs:
+                kwargs[name] = zero
     return cls(**kwargs)
 
 

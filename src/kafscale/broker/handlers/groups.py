@@ -14,8 +14,7 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
-from kafscale.protocol.build import has_field, make
-from kafscale.protocol.codec import schema
+from kafscale.protocol.build import has_field, make, response
 from kafscale.storage.logs import STORE_FAILURES, StorageError
 
 OFFSET_COMMIT = 8
@@ -51,7 +50,7 @@ _has = has_field
 
 
 def _response(api_key: int, ctx) -> type:
-    return schema(api_key, ctx.version, "response")
+    return response(api_key, ctx.version)
 
 
 def _ms(value, default: int = -1) -> int:
