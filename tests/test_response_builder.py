@@ -17,7 +17,8 @@ PRODUCE = 0
 
 def test_a_field_no_version_has_is_refused():
     with pytest.raises(TypeError, match="topicz"):
-        make(response(METADATA, 12), brokers=(), topicz=())
+        make(response(METADATA, 12), throttle_time=0, brokers=(), topics=(), cluster_id="c", controller_id=0,
+             cluster_authorized_operations=0, topicz=())
 
 
 def test_a_nested_typo_is_refused_too():
