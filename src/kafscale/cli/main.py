@@ -49,12 +49,22 @@ def _run_broker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        # From here on a repeated SIGTERM/SIGINT changes nothing: the shutdown under way
+        # flushes and hands over (asyncio's handler only sets `stop` again). Once the loop
+        # is closed, the process ignores them (see below).
         log.info("shutting down: stop accepting, flush buffers")
         await broker.stop()
         log.info("stopped")
         return 0
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        # Closing the loop puts the default handlers back, and the interpreter may take a
+        # while to exit after "stopped" (worker threads, gRPC channels): a second SIGTERM
+        # (a supervisor repeating itself) must not turn a clean exit 0 into a kill.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def build_parser() -> argparse.ArgumentParser:
