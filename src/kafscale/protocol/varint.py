@@ -43,38 +43,33 @@ def _retry_readonly(reader, buf, pos: int, error: ValueError):
     raise VarintTooLong("varint too long") from error
 
 
-def read_uvarint(buf, pos: int) -> tuple[int, int]:
-    """(value, position after it) of the unsigned varint at buf[pos] (at most 5 bytes:
-    Kafka's compact lengths, array counts and tags)."""
+def _read(reader, buf, pos: int) -> tuple[int, int]:
+    """(value, position after it) through a native kio reader; kio takes read-only buffers
+    only, so a writable one is retried as a read-only view (see _retry_readonly)."""
     try:
-        value, size = _native_uvarint(buf, pos)
+        value, size = reader(buf, pos)
     except BufferUnderflow:
         raise TruncatedVarint("truncated varint") from None
     except ValueError as e:
         try:
-            value, size = _retry_readonly(_native_uvarint, buf, pos, e)
+            value, size = _retry_readonly(reader, buf, pos, e)
         except BufferUnderflow:
             raise TruncatedVarint("truncated varint") from None
         except ValueError as e2:
             raise VarintTooLong("varint too long") from e2
     return value, pos + size
+
+
+def read_uvarint(buf, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the unsigned varint at buf[pos] (at most 5 bytes:
+    Kafka's compact lengths, array counts and tags)."""
+    return _read(_native_uvarint, buf, pos)
 
 
 def read_varlong(buf, pos: int) -> tuple[int, int]:
     """(value, position after it) of the zigzag varint at buf[pos] (at most 10 bytes:
     record fields)."""
-    try:
-        value, size = _native_varlong(buf, pos)
-    except BufferUnderflow:
-        raise TruncatedVarint("truncated varint") from None
-    except ValueError as e:
-        try:
-            value, size = _retry_readonly(_native_varlong, buf, pos, e)
-        except BufferUnderflow:
-            raise TruncatedVarint("truncated varint") from None
-        except ValueError as e2:
-            raise VarintTooLong("varint too long") from e2
-    return value, pos + size
+    return _read(_native_varlong, buf, pos)
 
 
 def skip_tagged_fields(buf, pos: int) -> int:
