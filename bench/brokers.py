@@ -72,8 +72,8 @@ _EVENT = struct.Struct("iIII")
 
 
 class InotifyPutCounter:
-    """Counts objects written into a directory tree: files renamed into place (IN_MOVED_TO)
-    or closed after writing (IN_CLOSE_WRITE), ignoring the store's `.tmp-` files.
+    """Counts objects written into a directory tree: names renamed into place (IN_MOVED_TO)
+    or linked into place (IN_CREATE: the store's conditional create), ignoring its `.tmp-` files.
     New subdirectories are watched as they appear (and scanned, to catch a file written
     before the watch was added)."""
 
@@ -133,7 +133,9 @@ class InotifyPutCounter:
                         if mask & _IN_CREATE:
                             self._add_tree(parent / name, count_existing=True)
                         continue
-                    if mask & (_IN_MOVED_TO | _IN_CLOSE_WRITE) and not name.startswith(".tmp-"):
+                    # Every write goes through a `.tmp-` file: a new object's name appears by
+                    # rename (put, replace: IN_MOVED_TO) or by link(2) (create: IN_CREATE).
+                    if mask & (_IN_MOVED_TO | _IN_CREATE) and not name.startswith(".tmp-"):
                         self.count += 1
 
     def read(self) -> int:
