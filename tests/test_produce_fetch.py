@@ -60,7 +60,10 @@ def timestamped_topic(broker, topic_name):
     seg_dir = broker.data_dir + f"/objects/default/{topic_name}/0"
     import os
 
-    assert len([f for f in os.listdir(seg_dir) if f.endswith(".kfs")]) == 3
+    # At least one segment per group (the lookups below cross segments). More is possible:
+    # librdkafka sent a group's first record in a request of its own once in a full run (4
+    # segments: offsets 0, 1-3, 4-6, 7-9), which the broker stored correctly.
+    assert len([f for f in os.listdir(seg_dir) if f.endswith(".kfs")]) >= 3
     return topic_name, ts
 
 
