@@ -15,6 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.raw import RawClient, error_code
 from tests.support.wait import wait_until
+from tests.support.broker import wait_for_leader
 
 EARLIEST, LATEST, MAX_TIMESTAMP = -2, -1, -3
 OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION = 1, 3
@@ -31,6 +32,7 @@ def produce_timestamped(bootstrap: str, topic: str, groups: list[list[tuple[byte
     # a long linger and a flush per group: each group leaves as one batch in one request
     # (flush() sends at once), whatever the scheduling of this process
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2000, "acks": "all"})
+    wait_for_leader(p, topic)
     offsets: list[int] = []
     for group in groups:
         reports = {}

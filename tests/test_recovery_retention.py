@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
-from tests.support.broker import free_port
+from tests.support.broker import free_port, wait_for_leader
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 
@@ -56,6 +56,7 @@ def produce_segments(bootstrap: str, topic: str, groups: list[list[tuple[bytes |
     # a long linger and a flush per group: each group leaves as one batch in one request
     # (flush() sends at once), whatever the scheduling of this process
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2000, "acks": "all"})
+    wait_for_leader(p, topic, partition)
     out = []
     for g in groups:
         reports = {}
