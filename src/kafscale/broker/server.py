@@ -216,19 +216,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     # -- requests ------------------------------------------------------------------------
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, level: int = logging.WARNING) -> None:
         if not self.closing:
-            log.warning("closing connection from %s: %s", self.peer, reason, extra={"peer": self.peer})
+            log.log(level, "closing connection from %s: %s", self.peer, reason, extra={"peer": self.peer})
         self.closing = True
         if self.transport is not None:
             self.transport.close()
 
     def close_idle(self, idle_s: float) -> None:
-        if not self.closing:
-            log.info("closing connection from %s: idle for %.0f s (connections.max.idle.ms)", self.peer, idle_s, extra={"peer": self.peer})
-        self.closing = True
-        if self.transport is not None:
-            self.transport.close()
+        self._close(f"idle for {idle_s:.0f} s (connections.max.idle.ms)", logging.INFO)
 
     def _dispatch(self, frame: bytearray) -> None:
         # The frame's reservation now belongs to its request: given back when it is done.
