@@ -17,6 +17,7 @@ from kafscale.protocol import records
 from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage.producers import ProducerStateTable
 from tests.support.raw import RawClient, error_code, req
+from tests.test_idempotence import fetch_values, idem_batch
 
 INIT_PRODUCER_ID = 22
 NONE = ErrorCode.none.value
@@ -33,18 +34,6 @@ def init_producer_id_v5(client: RawClient, producer_id: int, producer_epoch: int
     resp = client.request(INIT_PRODUCER_ID, 5, body)
     assert error_code(resp.error_code) == NONE
     return resp.producer_id, resp.producer_epoch
-
-
-def idempotent_batch(values: list[bytes], pid: int, epoch: int, seq: int) -> bytes:
-    return records.build_batch([(None, v) for v in values], producer_id=pid, producer_epoch=epoch, base_sequence=seq, timestamp=int(time.time() * 1000))
-
-
-def read_all(client: RawClient, topic: str) -> list[tuple[int, bytes]]:
-    data = client.fetch(topic, 0, 0).records or b""
-    out = []
-    for pos, h in records.iter_batches(data):
-        out += [(r.offset, r.value) for r in records.decode_records(data, pos, h)]
-    return out
 
 
 def test_init_producer_id_without_transactional_id_ignores_sent_id_and_epoch(broker):
@@ -64,11 +53,11 @@ def test_two_producers_initialised_with_id_0_epoch_0_keep_every_acknowledged_rec
         for seq in range(3):
             for client, pid, epoch, name in producers:  # interleaved: a0 b0 a1 b1 a2 b2
                 value = f"{name}-{seq}".encode()
-                r = client.produce(topic_name, 0, idempotent_batch([value], pid, epoch, seq))
+                r = client.produce(topic_name, 0, idem_batch([value], pid, epoch, seq))
                 assert error_code(r.error_code) == NONE, f"{value!r} refused with {error_code(r.error_code)}"
                 assert r.base_offset not in acknowledged, f"{value!r} acknowledged at the offset of {acknowledged.get(r.base_offset)!r}"
                 acknowledged[r.base_offset] = value
-        assert sorted(read_all(a, topic_name)) == sorted(acknowledged.items())
+        assert sorted(fetch_values(a, topic_name)) == sorted(acknowledged.items())
         assert len(acknowledged) == 6
 
 
@@ -76,18 +65,18 @@ def test_record_set_mixing_a_retried_and_a_new_batch_is_refused_not_half_dropped
     with RawClient(broker.bootstrap) as c:
         c.metadata([topic_name])
         pid, epoch = init_producer_id_v5(c, -1, -1)
-        first = idempotent_batch([b"one"], pid, epoch, 0)
+        first = idem_batch([b"one"], pid, epoch, 0)
         assert error_code(c.produce(topic_name, 0, first).error_code) == NONE
-        mixed = c.produce(topic_name, 0, first + idempotent_batch([b"two"], pid, epoch, 1))
+        mixed = c.produce(topic_name, 0, first + idem_batch([b"two"], pid, epoch, 1))
         assert error_code(mixed.error_code) == OUT_OF_ORDER_SEQUENCE_NUMBER
         # Two new consecutive batches of one producer in one set are both stored.
-        both = c.produce(topic_name, 0, idempotent_batch([b"two"], pid, epoch, 1) + idempotent_batch([b"three", b"four"], pid, epoch, 2))
+        both = c.produce(topic_name, 0, idem_batch([b"two"], pid, epoch, 1) + idem_batch([b"three", b"four"], pid, epoch, 2))
         assert (error_code(both.error_code), both.base_offset) == (NONE, 1)
-        assert read_all(c, topic_name) == [(0, b"one"), (1, b"two"), (2, b"three"), (3, b"four")]
+        assert fetch_values(c, topic_name) == [(0, b"one"), (1, b"two"), (2, b"three"), (3, b"four")]
 
 
 def _header(pid: int, epoch: int, seq: int, count: int = 1) -> records.BatchHeader:
-    data = idempotent_batch([b"v"] * count, pid, epoch, seq)
+    data = idem_batch([b"v"] * count, pid, epoch, seq)
     return records.read_header(memoryview(data), 0)
 
 
