@@ -27,7 +27,8 @@ from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.logs import LogManager, StorageError
+from kafscale.storage.failures import StorageError
+from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import ObjectExistsError, open_store
 from kafscale.storage.s3 import S3ObjectStore
 from tests.support.broker import BrokerProcess

@@ -35,7 +35,7 @@ import pytest
 from kafscale.errors import ErrorCode, KafkaError, retriable
 from kafscale.protocol.error_response import RequestError, error_code_for
 from kafscale.protocol.records import InvalidRecordError
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 

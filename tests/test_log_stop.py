@@ -27,7 +27,7 @@ from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import merger
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectStoreError
 from tests.support.broker import free_port
 from tests.support.raw import RawClient, decode_response, error_code, req

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
 from kafscale.metadata.store import TopicExistsError, TopicMeta, UnknownTopicError
-from kafscale.storage.logs import STORE_FAILURES, StorageError
+from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker

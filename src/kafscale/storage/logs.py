@@ -13,17 +13,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-import sqlite3
 import time
 from dataclasses import dataclass
 
-from kafscale.errors import ErrorCode, KafkaError
-from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.errors import ErrorCode
 from kafscale.metadata.store import ConflictError, MetadataStore, PartitionState, TopicMeta
 from kafscale.metadata.topic_config import LogSettings
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentCache, SegmentView
+from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.merger import SegmentMerger
 from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.producers import ProducerStateTable
@@ -39,32 +38,6 @@ WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
 
 def _base_offset(seg: segment.SegmentInfo) -> int:
     return seg.base_offset
-
-
-class StorageError(KafkaError):
-    """A partition log refusing a request; KAFKA_STORAGE_ERROR unless told otherwise."""
-
-    def __init__(self, message: str, error_code: ErrorCode = ErrorCode.kafka_storage_error):
-        super().__init__(error_code, message)
-
-
-# What the metadata and object stores raise when they fail or someone else changed the state
-# first; store_failure() turns each into the StorageError a client retries on.
-STORE_FAILURES = (MetadataUnavailable, ConflictError, ObjectStoreError, sqlite3.Error)
-
-
-def store_failure(error: BaseException, what: str) -> StorageError:
-    """The retriable Kafka error for a store failure while doing `what`: a concurrent change
-    of the partition (its ownership moved) is NOT_LEADER_OR_FOLLOWER, so the client asks
-    for the owner again; an unreachable or failing store is KAFKA_STORAGE_ERROR, which
-    clients retry after refreshing their metadata."""
-    if isinstance(error, StorageError):
-        return error
-    if isinstance(error, ConflictError):
-        return StorageError(f"{what}: changed concurrently (ownership moved?): {error}", ErrorCode.not_leader_or_follower)
-    if isinstance(error, ObjectStoreError):
-        return StorageError(f"{what}: object store unavailable: {error}", ErrorCode.kafka_storage_error)
-    return StorageError(f"{what}: metadata unavailable: {error}", ErrorCode.kafka_storage_error)
 
 
 @dataclass(slots=True)

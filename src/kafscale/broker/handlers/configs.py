@@ -9,7 +9,7 @@ from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER = 2, 4

@@ -9,7 +9,7 @@ import time
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.protocol import fetch_response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 
 FETCH = 1
 

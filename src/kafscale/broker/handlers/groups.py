@@ -15,7 +15,7 @@ from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
-from kafscale.storage.logs import STORE_FAILURES, StorageError
+from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 OFFSET_COMMIT = 8
 OFFSET_FETCH = 9

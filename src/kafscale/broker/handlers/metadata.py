@@ -8,7 +8,7 @@ from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.protocol.error_response import RequestError
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 
 METADATA = 3
 DESCRIBE_CLUSTER = 60

@@ -6,7 +6,7 @@ import asyncio
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import STORE_FAILURES, StorageError, store_failure
+from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 
 LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5

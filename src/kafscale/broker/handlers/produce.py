@@ -10,7 +10,7 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.protocol import produce_request, records
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 
 PRODUCE = 0
 log = logging.getLogger("kafscale.produce")

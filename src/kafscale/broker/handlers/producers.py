@@ -15,7 +15,7 @@ import logging
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.logs import STORE_FAILURES, StorageError
+from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
 BLOCK_SIZE = 1000

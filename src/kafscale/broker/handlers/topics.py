@@ -8,7 +8,7 @@ from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
-from kafscale.storage.logs import StorageError
+from kafscale.storage.failures import StorageError
 
 CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 log = logging.getLogger("kafscale.admin")
