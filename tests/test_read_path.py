@@ -11,7 +11,7 @@ from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
-from kafscale.storage import logs as logs_mod
+from kafscale.storage import reader as reader_mod
 from kafscale.storage import segment
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import LocalObjectStore
@@ -54,7 +54,7 @@ async def test_large_segment_is_read_by_ranges(tmp_path, monkeypatch):
     writer = _manager(tmp_path, index_min_bytes=0)  # index every segment
     await _write_segments(writer, "big", 1, 2000)
     await writer.stop()
-    monkeypatch.setattr(logs_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # every segment is "large"
+    monkeypatch.setattr(reader_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # every segment is "large"
     reader = _manager(tmp_path)
     lg = await reader.get_log("big", 0)
     reader.cache.drop_prefix(("big",))
@@ -88,7 +88,7 @@ async def test_large_segment_without_usable_index_is_read_whole(tmp_path, monkey
     assert not list(pdir.glob("*.index"))
     # A stale index for the second segment: its one entry points at no batch of this object.
     (pdir / f"segment-{500:020d}.index").write_bytes(segment.INDEX_HEADER.pack(segment.INDEX_MAGIC, 1, 1, 1, 0) + segment.INDEX_ENTRY.pack(777, 40))
-    monkeypatch.setattr(logs_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # both count as large
+    monkeypatch.setattr(reader_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # both count as large
     reader = _manager(tmp_path)
     lg = await reader.get_log("noidx", 0)
     reader.cache.drop_prefix(("noidx",))

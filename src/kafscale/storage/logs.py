@@ -11,7 +11,6 @@ handed out twice and nothing acknowledged is ever renumbered.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import time
 from dataclasses import dataclass
@@ -21,23 +20,16 @@ from kafscale.metadata.store import ConflictError, MetadataStore, PartitionState
 from kafscale.metadata.topic_config import LogSettings
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.cache import SegmentCache, SegmentView
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.merger import SegmentMerger
 from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.producers import ProducerStateTable
+from kafscale.storage.reader import SegmentReader
 
 log = logging.getLogger("kafscale.storage")
 
 # Producer state is rebuilt from the batch headers of this much of the log's tail.
 PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
-# Segments up to this size are read whole into the cache; larger ones by index-guided ranges
-# (config.index_min_bytes decides which segments get an index; one without is read whole).
-WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
-
-
-def _base_offset(seg: segment.SegmentInfo) -> int:
-    return seg.base_offset
 
 
 @dataclass(slots=True)
@@ -232,7 +224,7 @@ class PartitionLog:
             self._in_flight = []
             try:
                 mgr.metrics_flushed(enc.info, time.monotonic() - started, len(objects))
-                mgr.cache.put((self.topic, self.partition, base), SegmentView(base, body))
+                mgr.reader.cache_segment(self.topic, self.partition, base, body)
             except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
                 log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
             self._answer(taken, None)
@@ -378,41 +370,19 @@ class PartitionLog:
         st = self.state
         if offset < st.log_start_offset or offset > st.high_watermark:
             raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", ErrorCode.offset_out_of_range)
-        return await self.manager.read_segments(self.topic, self.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
+        return await self.manager.reader.read(self.topic, self.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
         """Begin loading the stored segment holding `offset` if it is not cached (None: nothing to wait for)."""
-        return self.manager.start_segment_load(self.topic, self.partition, self.state.segments, offset)
+        return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
-        """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1).
-
-        Batch max timestamps pick the batch; only that batch is decoded."""
-        for seg in self.state.segments:
-            if seg.max_timestamp < timestamp:
-                continue
-            view = await self.manager._segment_view(self.topic, self.partition, seg, seg.base_offset, seg.size)
-            for i, pos in enumerate(view.positions):
-                if view.max_timestamps[i] < timestamp:
-                    continue
-                for rec in records.decode_records(view.data, pos):
-                    if rec.timestamp >= timestamp and rec.offset >= self.state.log_start_offset:
-                        return rec.offset, rec.timestamp
-        return -1, -1
+        """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1)."""
+        return await self.manager.reader.offset_for_timestamp(self.topic, self.partition, self.state.segments, self.state.log_start_offset, timestamp)
 
     async def max_timestamp_offset(self) -> tuple[int, int]:
         """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
-        best = None
-        for seg in self.state.segments:
-            if best is None or seg.max_timestamp > best.max_timestamp:
-                best = seg
-        if best is None or best.max_timestamp < 0:
-            return -1, -1
-        view = await self.manager._segment_view(self.topic, self.partition, best, best.base_offset, best.size)
-        i = max(range(len(view.positions)), key=lambda j: view.max_timestamps[j])
-        recs = records.decode_records(view.data, view.positions[i])
-        top = max(recs, key=lambda r: r.timestamp)  # first record holding the max
-        return top.offset, top.timestamp
+        return await self.manager.reader.max_timestamp_offset(self.topic, self.partition, self.state.segments)
 
     # -- retention and deletion -----------------------------------------------------------
 
@@ -519,14 +489,12 @@ class LogManager:
         self.config = config
         self.cluster = cluster
         self.namespace = config.namespace
-        self.cache = SegmentCache(config.cache_bytes)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         self._topics: dict[str, TopicMeta] = {}
         self._topic_ids: dict = {}  # uuid -> topic name
         self._topic_ids_at = float("-inf")
         self._topic_ids_lock = asyncio.Lock()
-        self._segment_loads: dict[tuple, asyncio.Future] = {}
         self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
@@ -535,6 +503,8 @@ class LogManager:
             self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000, config.merge_max_pending_objects, config.merge_min_grace_ms / 1000
         )
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
+        self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.stats)
+        self.cache = self.reader.cache
         # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
         self.flush_hooks: list = []
 
@@ -676,7 +646,7 @@ class LogManager:
                 log.warning("topic %s deleted while an upload of partition %d hangs: its object may be left behind", name, lg.partition)
         for key in [k for k in self._readers if k[0] == name]:
             del self._readers[key]
-        self.cache.drop_prefix((name,))
+        self.reader.drop(name)
 
     # -- partition logs ------------------------------------------------------------------
 
@@ -685,7 +655,7 @@ class LogManager:
         lg = self.logs.get((topic, partition))
         if lg is not None:
             await self._stop_log(lg, StorageError(f"{topic}-{partition} moved to another broker", ErrorCode.not_leader_or_follower), flush)
-        self.cache.drop_prefix((topic, partition))
+        self.reader.drop(topic, partition)
 
     def forget(self, topic: str, partition: int) -> None:
         """Ownership lost or fenced, seen by the log itself: stop it now (no flush)."""
@@ -773,7 +743,7 @@ class LogManager:
         now_ms = int(time.time() * 1000)
         for seg in reversed(tail):
             try:
-                view = await self._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
+                view = await self.reader.segment_view(lg.topic, lg.partition, seg)
             except StorageError as e:
                 if e.error_code == ErrorCode.offset_out_of_range:
                     continue  # deleted by retention meanwhile
@@ -823,137 +793,6 @@ class LogManager:
             st = await self.metadata.commit_segment(st, decoded.info)
             log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
         return st
-
-    # -- shared read path (owned or not: segments come from the metadata) ----------------
-
-    async def read_segments(
-        self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int, high_watermark: int, max_bytes: int, at_least_one: bool
-    ) -> list[memoryview]:
-        out: list[memoryview] = []
-        if offset >= high_watermark or not segments:
-            return out
-        i = max(bisect.bisect_right(segments, offset, key=_base_offset) - 1, 0)
-        remaining = max_bytes
-        while i < len(segments) and offset < high_watermark:
-            seg = segments[i]
-            if seg.last_offset < offset:
-                i += 1
-                continue
-            cached = self.cache.contains((topic, partition, seg.base_offset))
-            view = await self._segment_view(topic, partition, seg, offset, remaining)
-            if not cached and i + 1 < len(segments):
-                self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
-            chunk = view.read(offset, remaining, at_least_one and not out)
-            if not chunk:
-                break
-            out.append(chunk)
-            remaining -= len(chunk)
-            for _pos, h in records.iter_batches(chunk):
-                offset = h.last_offset + 1
-            if remaining <= 0 or offset <= seg.last_offset:
-                break  # the byte budget ended inside this segment: never skip ahead
-            i += 1
-        return out
-
-    def start_segment_load(self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int) -> asyncio.Future | None:
-        """Start loading the segment holding `offset` unless it is cached (or read by ranges):
-        a fetch warms all its partitions at once, then reads them in order from the cache."""
-        i = bisect.bisect_right(segments, offset, key=_base_offset) - 1
-        if i < 0 or segments[i].last_offset < offset:
-            return None
-        seg = segments[i]
-        key = (topic, partition, seg.base_offset)
-        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key):
-            return None
-        if key not in self._segment_loads and i + 1 < len(segments):
-            self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
-        return self._whole_segment_load(topic, partition, seg)
-
-    def _whole_segment_load(self, topic: str, partition: int, seg: segment.SegmentInfo) -> asyncio.Future:
-        """The one load of a whole segment into the cache, started if not running yet."""
-        key = (topic, partition, seg.base_offset)
-        fut = self._segment_loads.get(key)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_task(self._load_segment(topic, partition, seg))
-            self._segment_loads[key] = fut
-
-            def done(f: asyncio.Future) -> None:
-                self._segment_loads.pop(key, None)
-                if not f.cancelled():
-                    f.exception()  # retrieved: whoever awaits the load reports it
-
-            fut.add_done_callback(done)
-        return fut
-
-    def _read_ahead(self, topic: str, partition: int, seg: segment.SegmentInfo) -> None:
-        """Load the next segment in the background, so a sequential reader finds it cached."""
-        key = (topic, partition, seg.base_offset)
-        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key) or key in self._segment_loads:
-            return
-        self._whole_segment_load(topic, partition, seg)  # a failed read-ahead is harmless
-        self.stats["read_aheads"] = self.stats.get("read_aheads", 0) + 1
-
-    async def _segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
-        key = (topic, partition, seg.base_offset)
-        view = self.cache.get(key)
-        if view is not None:
-            return view
-        if seg.size > WHOLE_SEGMENT_READ_BYTES:
-            return await self._ranged_view(topic, partition, seg, offset, max_bytes)
-        return await asyncio.shield(self._whole_segment_load(topic, partition, seg))
-
-    async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
-        key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
-        try:
-            data = await self.store.get(key)
-            self.stats["gets"] += 1
-        except ObjectNotFound as e:
-            raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
-        except ObjectStoreError as e:
-            raise StorageError(f"object store unavailable: {e}") from e
-        try:
-            decoded = segment.decode(data, name=key)
-            got = decoded.info
-            if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
-                # Another writer's object under the committed key (a store without
-                # conditional creates, see s3.py): refuse it rather than serve other records
-                # at acknowledged offsets. A merge keeps created_ms and only adds offsets.
-                raise segment.SegmentFormatError(f"{key}: the object is not the committed segment (created {got.created_ms}, offsets {got.base_offset}-{got.last_offset}; committed: created {seg.created_ms}, offsets {seg.base_offset}-{seg.last_offset})")
-        except segment.SegmentFormatError as e:
-            log.error("corrupt segment: %s", e, extra={"topic": topic, "partition": partition})
-            raise StorageError(str(e)) from e
-        view = SegmentView(seg.base_offset, decoded.batches)
-        self.cache.put((topic, partition, seg.base_offset), view)
-        return view
-
-    async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
-        """Large segment: look the position up in the sparse index, then read a byte range."""
-        skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
-        ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
-        try:
-            index = await segment.read_index(self.store, ikey)
-            if index is None or not index.offsets:
-                # Written without an index (a larger index_min_bytes back then), or the
-                # index is unusable: the segment itself is the truth, read it whole.
-                log.warning("segment %s has no usable index: reading it whole", skey)
-                return await self._load_segment(topic, partition, seg)
-            start = index.lookup(offset)
-            end_limit = seg.size - segment.FOOTER_SIZE
-            want = max(max_bytes, 1 << 20) + (1 << 20)
-            data = await self.store.get(skey, start, min(end_limit, start + want))
-            first = records.read_header(data, 0)
-            if first.base_offset not in index.offsets or first.magic != 2:
-                log.warning("index of %s does not match the segment (stale?): reading it whole", skey)
-                return await self._load_segment(topic, partition, seg)
-            if first.size > len(data):  # one batch bigger than the range: read it whole
-                data = await self.store.get(skey, start, min(end_limit, start + first.size))
-            self.stats["gets"] += 2
-        except ObjectStoreError as e:
-            raise StorageError(f"object store unavailable: {e}") from e
-        for pos, h in records.iter_batches(data):
-            if records.crc32c(memoryview(data)[pos + records.CRC_START : pos + h.size]) != h.crc:
-                raise StorageError(f"corrupt batch at offset {h.base_offset} in {skey}")
-        return SegmentView(records.read_header(data, 0).base_offset, data)
 
     # -- retention ------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.cache import SegmentView
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
 if TYPE_CHECKING:
@@ -131,7 +130,7 @@ class SegmentMerger:
             return False
         bodies = [_batches_through(decoded.batches, run[0].last_offset)]
         for seg in run[1:]:
-            view = await mgr._segment_view(lg.topic, lg.partition, seg, seg.base_offset, seg.size)
+            view = await mgr.reader.segment_view(lg.topic, lg.partition, seg)
             # A view may hold more than the segment (its key was replaced by an earlier
             # merge that never committed): keep exactly this segment's offsets.
             bodies.append(_batches_through(view.data, seg.last_offset))
@@ -145,7 +144,7 @@ class SegmentMerger:
         # batches at the same offsets plus the run's later ones, which readers bound by
         # offset. Only an owner merges, and only over the version it read: an old owner's
         # late merge would replace the new owner's longer merged object with a shorter one
-        # (readers then refuse it as not the committed segment, see LogManager._load_segment).
+        # (readers then refuse it as not the committed segment, see SegmentReader._load_segment).
         if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
             return False
         try:
@@ -163,9 +162,7 @@ class SegmentMerger:
             lg.state = await mgr.metadata.update_partition(
                 lg.state, remove_segments=[s.base_offset for s in run], add_segments=[enc.info]
             )
-        for seg in run:
-            mgr.cache.drop((lg.topic, lg.partition, seg.base_offset))
-        mgr.cache.put((lg.topic, lg.partition, base), SegmentView(base, body))
+        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body)
         keys = []
         for seg in run[1:]:
             keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]

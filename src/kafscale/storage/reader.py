@@ -1,0 +1,225 @@
+"""The shared read path: owned or not, a partition's segments come from the metadata, and
+its batches from the object store through the segment cache.
+
+A segment up to WHOLE_SEGMENT_READ_BYTES is loaded whole into the cache (one load per
+segment however many fetches wait for it) and a cold read of one loads the next one ahead,
+for a consumer catching up; a larger one is read by index-guided byte ranges. Every loaded
+object is checked to be the committed segment before it is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+
+from kafscale.errors import ErrorCode
+from kafscale.protocol import records
+from kafscale.storage import segment
+from kafscale.storage.cache import SegmentCache, SegmentView
+from kafscale.storage.failures import StorageError
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+
+log = logging.getLogger("kafscale.storage")
+
+# Segments up to this size are read whole into the cache; larger ones by index-guided ranges
+# (config.index_min_bytes decides which segments get an index; one without is read whole).
+WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
+
+
+def _base_offset(seg: segment.SegmentInfo) -> int:
+    return seg.base_offset
+
+
+class SegmentReader:
+    """Reads stored batches of any partition, through the segment cache."""
+
+    def __init__(self, store: ObjectStore, namespace: str, cache_bytes: int, stats: dict):
+        self.store = store
+        self.namespace = namespace
+        self.cache = SegmentCache(cache_bytes)
+        self.stats = stats  # the LogManager's: "gets" and "read_aheads" are counted here
+        self._segment_loads: dict[tuple, asyncio.Future] = {}
+
+    async def read(
+        self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int, high_watermark: int, max_bytes: int, at_least_one: bool
+    ) -> list[memoryview]:
+        out: list[memoryview] = []
+        if offset >= high_watermark or not segments:
+            return out
+        i = max(bisect.bisect_right(segments, offset, key=_base_offset) - 1, 0)
+        remaining = max_bytes
+        while i < len(segments) and offset < high_watermark:
+            seg = segments[i]
+            if seg.last_offset < offset:
+                i += 1
+                continue
+            cached = self.cache.contains((topic, partition, seg.base_offset))
+            view = await self.segment_view(topic, partition, seg, offset, remaining)
+            if not cached and i + 1 < len(segments):
+                self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
+            chunk = view.read(offset, remaining, at_least_one and not out)
+            if not chunk:
+                break
+            out.append(chunk)
+            remaining -= len(chunk)
+            for _pos, h in records.iter_batches(chunk):
+                offset = h.last_offset + 1
+            if remaining <= 0 or offset <= seg.last_offset:
+                break  # the byte budget ended inside this segment: never skip ahead
+            i += 1
+        return out
+
+    def start_load(self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int) -> asyncio.Future | None:
+        """Start loading the segment holding `offset` unless it is cached (or read by ranges):
+        a fetch warms all its partitions at once, then reads them in order from the cache."""
+        i = bisect.bisect_right(segments, offset, key=_base_offset) - 1
+        if i < 0 or segments[i].last_offset < offset:
+            return None
+        seg = segments[i]
+        key = (topic, partition, seg.base_offset)
+        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key):
+            return None
+        if key not in self._segment_loads and i + 1 < len(segments):
+            self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
+        return self._whole_segment_load(topic, partition, seg)
+
+    def _whole_segment_load(self, topic: str, partition: int, seg: segment.SegmentInfo) -> asyncio.Future:
+        """The one load of a whole segment into the cache, started if not running yet."""
+        key = (topic, partition, seg.base_offset)
+        fut = self._segment_loads.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_task(self._load_segment(topic, partition, seg))
+            self._segment_loads[key] = fut
+
+            def done(f: asyncio.Future) -> None:
+                self._segment_loads.pop(key, None)
+                if not f.cancelled():
+                    f.exception()  # retrieved: whoever awaits the load reports it
+
+            fut.add_done_callback(done)
+        return fut
+
+    def _read_ahead(self, topic: str, partition: int, seg: segment.SegmentInfo) -> None:
+        """Load the next segment in the background, so a sequential reader finds it cached."""
+        key = (topic, partition, seg.base_offset)
+        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key) or key in self._segment_loads:
+            return
+        self._whole_segment_load(topic, partition, seg)  # a failed read-ahead is harmless
+        self.stats["read_aheads"] = self.stats.get("read_aheads", 0) + 1
+
+    async def segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int | None = None, max_bytes: int | None = None) -> SegmentView:
+        """The batches of `seg` from the cache, or loaded; a segment read by ranges gives the
+        range from `offset` (default: its base offset) of about `max_bytes` (default: its size)."""
+        if offset is None:
+            offset = seg.base_offset
+        if max_bytes is None:
+            max_bytes = seg.size
+        key = (topic, partition, seg.base_offset)
+        view = self.cache.get(key)
+        if view is not None:
+            return view
+        if seg.size > WHOLE_SEGMENT_READ_BYTES:
+            return await self._ranged_view(topic, partition, seg, offset, max_bytes)
+        return await asyncio.shield(self._whole_segment_load(topic, partition, seg))
+
+    async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
+        key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        try:
+            data = await self.store.get(key)
+            self.stats["gets"] += 1
+        except ObjectNotFound as e:
+            raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        try:
+            decoded = segment.decode(data, name=key)
+            got = decoded.info
+            if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
+                # Another writer's object under the committed key (a store without
+                # conditional creates, see s3.py): refuse it rather than serve other records
+                # at acknowledged offsets. A merge keeps created_ms and only adds offsets.
+                raise segment.SegmentFormatError(f"{key}: the object is not the committed segment (created {got.created_ms}, offsets {got.base_offset}-{got.last_offset}; committed: created {seg.created_ms}, offsets {seg.base_offset}-{seg.last_offset})")
+        except segment.SegmentFormatError as e:
+            log.error("corrupt segment: %s", e, extra={"topic": topic, "partition": partition})
+            raise StorageError(str(e)) from e
+        view = SegmentView(seg.base_offset, decoded.batches)
+        self.cache.put((topic, partition, seg.base_offset), view)
+        return view
+
+    async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
+        """Large segment: look the position up in the sparse index, then read a byte range."""
+        skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
+        try:
+            index = await segment.read_index(self.store, ikey)
+            if index is None or not index.offsets:
+                # Written without an index (a larger index_min_bytes back then), or the
+                # index is unusable: the segment itself is the truth, read it whole.
+                log.warning("segment %s has no usable index: reading it whole", skey)
+                return await self._load_segment(topic, partition, seg)
+            start = index.lookup(offset)
+            end_limit = seg.size - segment.FOOTER_SIZE
+            want = max(max_bytes, 1 << 20) + (1 << 20)
+            data = await self.store.get(skey, start, min(end_limit, start + want))
+            first = records.read_header(data, 0)
+            if first.base_offset not in index.offsets or first.magic != 2:
+                log.warning("index of %s does not match the segment (stale?): reading it whole", skey)
+                return await self._load_segment(topic, partition, seg)
+            if first.size > len(data):  # one batch bigger than the range: read it whole
+                data = await self.store.get(skey, start, min(end_limit, start + first.size))
+            self.stats["gets"] += 2
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        for pos, h in records.iter_batches(data):
+            if records.crc32c(memoryview(data)[pos + records.CRC_START : pos + h.size]) != h.crc:
+                raise StorageError(f"corrupt batch at offset {h.base_offset} in {skey}")
+        return SegmentView(records.read_header(data, 0).base_offset, data)
+
+    # -- timestamps (ListOffsets) ---------------------------------------------------------
+
+    async def offset_for_timestamp(self, topic: str, partition: int, segments: list[segment.SegmentInfo], log_start_offset: int, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1).
+
+        Batch max timestamps pick the batch; only that batch is decoded."""
+        for seg in segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            view = await self.segment_view(topic, partition, seg)
+            for i, pos in enumerate(view.positions):
+                if view.max_timestamps[i] < timestamp:
+                    continue
+                for rec in records.decode_records(view.data, pos):
+                    if rec.timestamp >= timestamp and rec.offset >= log_start_offset:
+                        return rec.offset, rec.timestamp
+        return -1, -1
+
+    async def max_timestamp_offset(self, topic: str, partition: int, segments: list[segment.SegmentInfo]) -> tuple[int, int]:
+        """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
+        best = None
+        for seg in segments:
+            if best is None or seg.max_timestamp > best.max_timestamp:
+                best = seg
+        if best is None or best.max_timestamp < 0:
+            return -1, -1
+        view = await self.segment_view(topic, partition, best)
+        i = max(range(len(view.positions)), key=lambda j: view.max_timestamps[j])
+        recs = records.decode_records(view.data, view.positions[i])
+        top = max(recs, key=lambda r: r.timestamp)  # first record holding the max
+        return top.offset, top.timestamp
+
+    # -- the cache, as writers change segments --------------------------------------------
+
+    def cache_segment(self, topic: str, partition: int, base_offset: int, body) -> None:
+        """A segment just made durable (a flush): its batches are cached for the readers."""
+        self.cache.put((topic, partition, base_offset), SegmentView(base_offset, body))
+
+    def replace_cached(self, topic: str, partition: int, old_bases: list[int], base_offset: int, body) -> None:
+        """A merge swapped the segments at `old_bases` for the one at `base_offset`."""
+        for base in old_bases:
+            self.cache.drop((topic, partition, base))
+        self.cache.put((topic, partition, base_offset), SegmentView(base_offset, body))
+
+    def drop(self, topic: str, partition: int | None = None) -> None:
+        """Forget the cached segments of a topic, or of one of its partitions."""
+        self.cache.drop_prefix((topic,) if partition is None else (topic, partition))
