@@ -22,14 +22,12 @@ from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.merger import SegmentMerger
-from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.objectstore import ObjectExistsError, ObjectStore
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import SegmentReader
+from kafscale.storage.recovery import rebuild_producer_state, recover
 
 log = logging.getLogger("kafscale.storage")
-
-# Producer state is rebuilt from the batch headers of this much of the log's tail.
-PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -724,75 +722,12 @@ class LogManager:
                 raise StorageError(f"unknown topic or partition {topic}-{partition}", ErrorCode.unknown_topic_or_partition)
             # Recovery commits adopted segments: another owner's commit in between is a
             # ConflictError, answered as NOT_LEADER_OR_FOLLOWER like any store failure here.
-            st = await self._recover(await self._partition_state(topic, partition))
+            st = await recover(self.store, self.metadata, self.namespace, await self._partition_state(topic, partition), self.merger.schedule_delete)
             lg = PartitionLog(self, meta, st)
-            await self._rebuild_producers(lg)
+            await rebuild_producer_state(self.reader, topic, partition, lg.state.segments, lg.producers)
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
-
-    async def _rebuild_producers(self, lg: PartitionLog) -> None:
-        """Idempotent-producer state comes back from the batch headers of the log's tail,
-        so a producer retrying across a restart or ownership move gets no duplicate."""
-        tail, size = [], 0
-        for seg in reversed(lg.state.segments):
-            if size >= PRODUCER_STATE_REPLAY_BYTES:
-                break
-            tail.append(seg)
-            size += seg.size
-        now_ms = int(time.time() * 1000)
-        for seg in reversed(tail):
-            try:
-                view = await self.reader.segment_view(lg.topic, lg.partition, seg)
-            except StorageError as e:
-                if e.error_code == ErrorCode.offset_out_of_range:
-                    continue  # deleted by retention meanwhile
-                raise
-            for pos in view.positions:
-                h = records.read_header(view.data, pos)
-                if h.producer_id >= 0:
-                    lg.producers.record(h, h.base_offset, h.max_timestamp if h.max_timestamp > 0 else now_ms, 1 << 62)
-
-    async def _recover(self, st: PartitionState) -> PartitionState:
-        """Adopt segments that reached the object store but not the metadata (a crash
-        between upload and commit): each must start exactly at the high watermark and pass
-        its checks; anything else is ignored, so no offset is ever served twice."""
-        prefix = segment.partition_prefix(self.namespace, st.topic, st.partition)
-        try:
-            keys = await self.store.list(prefix + "segment-")
-        except ObjectStoreError as e:
-            raise StorageError(f"object store unavailable: {e}") from e
-        bases = {b for k in keys if (b := segment.parse_segment_key(k)) is not None}
-        listed = {s.base_offset for s in st.segments}
-        orphans = sorted(b for b in bases if b < st.high_watermark and b not in listed)
-        if orphans:
-            # Left behind by a merge (or an old failed flush): never served, swept after grace.
-            self.merger.schedule_delete(
-                [k for b in orphans for k in (segment.segment_key(self.namespace, st.topic, st.partition, b), segment.index_key(self.namespace, st.topic, st.partition, b))]
-            )
-        candidates = sorted(b for b in bases if b >= st.high_watermark)
-        for base in candidates:
-            if base != st.high_watermark:
-                break
-            key = segment.segment_key(self.namespace, st.topic, st.partition, base)
-            try:
-                decoded = segment.decode(await self.store.get(key), name=key)
-                body = decoded.batches
-                for pos, h in records.iter_batches(body):  # each batch must be intact too
-                    if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
-                        raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
-            except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
-                log.warning("recovery: deleting unusable uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
-                # Never acknowledged, and segments are created only where no object is:
-                # left in place it would refuse every flush at the high watermark.
-                try:
-                    await self.store.delete([key, segment.index_key(self.namespace, st.topic, st.partition, base)])
-                except ObjectStoreError as de:
-                    raise StorageError(f"object store unavailable: {de}") from de
-                break
-            st = await self.metadata.commit_segment(st, decoded.info)
-            log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
-        return st
 
     # -- retention ------------------------------------------------------------------------
 

@@ -1,0 +1,90 @@
+"""What loading an owned partition log recovers: segments that reached the object store but
+not the metadata (a crash between upload and commit), and the idempotent producers' state."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from kafscale.errors import ErrorCode
+from kafscale.metadata.store import MetadataStore, PartitionState
+from kafscale.protocol import records
+from kafscale.storage import segment
+from kafscale.storage.failures import StorageError
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.producers import ProducerStateTable
+
+if TYPE_CHECKING:
+    from kafscale.storage.reader import SegmentReader
+
+log = logging.getLogger("kafscale.storage")
+
+# Producer state is rebuilt from the batch headers of this much of the log's tail.
+PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
+
+
+async def recover(store: ObjectStore, metadata: MetadataStore, namespace: str, state: PartitionState, schedule_delete: Callable[[list[str]], None]) -> PartitionState:
+    """Adopt segments that reached the object store but not the metadata (a crash
+    between upload and commit): each must start exactly at the high watermark and pass
+    its checks; anything else is ignored, so no offset is ever served twice."""
+    st = state
+    prefix = segment.partition_prefix(namespace, st.topic, st.partition)
+    try:
+        keys = await store.list(prefix + "segment-")
+    except ObjectStoreError as e:
+        raise StorageError(f"object store unavailable: {e}") from e
+    bases = {b for k in keys if (b := segment.parse_segment_key(k)) is not None}
+    listed = {s.base_offset for s in st.segments}
+    orphans = sorted(b for b in bases if b < st.high_watermark and b not in listed)
+    if orphans:
+        # Left behind by a merge (or an old failed flush): never served, swept after grace.
+        schedule_delete(
+            [k for b in orphans for k in (segment.segment_key(namespace, st.topic, st.partition, b), segment.index_key(namespace, st.topic, st.partition, b))]
+        )
+    candidates = sorted(b for b in bases if b >= st.high_watermark)
+    for base in candidates:
+        if base != st.high_watermark:
+            break
+        key = segment.segment_key(namespace, st.topic, st.partition, base)
+        try:
+            decoded = segment.decode(await store.get(key), name=key)
+            body = decoded.batches
+            for pos, h in records.iter_batches(body):  # each batch must be intact too
+                if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
+                    raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
+        except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
+            log.warning("recovery: deleting unusable uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
+            # Never acknowledged, and segments are created only where no object is:
+            # left in place it would refuse every flush at the high watermark.
+            try:
+                await store.delete([key, segment.index_key(namespace, st.topic, st.partition, base)])
+            except ObjectStoreError as de:
+                raise StorageError(f"object store unavailable: {de}") from de
+            break
+        st = await metadata.commit_segment(st, decoded.info)
+        log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
+    return st
+
+
+async def rebuild_producer_state(reader: "SegmentReader", topic: str, partition: int, segments: list[segment.SegmentInfo], producers: ProducerStateTable) -> None:
+    """Idempotent-producer state comes back from the batch headers of the log's tail,
+    so a producer retrying across a restart or ownership move gets no duplicate."""
+    tail, size = [], 0
+    for seg in reversed(segments):
+        if size >= PRODUCER_STATE_REPLAY_BYTES:
+            break
+        tail.append(seg)
+        size += seg.size
+    now_ms = int(time.time() * 1000)
+    for seg in reversed(tail):
+        try:
+            view = await reader.segment_view(topic, partition, seg)
+        except StorageError as e:
+            if e.error_code == ErrorCode.offset_out_of_range:
+                continue  # deleted by retention meanwhile
+            raise
+        for pos in view.positions:
+            h = records.read_header(view.data, pos)
+            if h.producer_id >= 0:
+                producers.record(h, h.base_offset, h.max_timestamp if h.max_timestamp > 0 else now_ms, 1 << 62)
