@@ -26,6 +26,7 @@ from kafscale.storage.objectstore import ObjectExistsError, ObjectStore
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import SegmentReader
 from kafscale.storage.recovery import rebuild_producer_state, recover
+from kafscale.storage.retention import Retention, segments_past_retention
 
 log = logging.getLogger("kafscale.storage")
 
@@ -394,25 +395,7 @@ class PartitionLog:
 
     async def enforce_retention(self, now_ms: int) -> int:
         """Delete whole segments past retention.ms / retention.bytes. Returns how many."""
-        s = self.settings
-        segs = self.state.segments
-        doomed = []
-        if s.retention_ms >= 0:
-            for seg in segs:
-                if seg.max_timestamp >= 0 and seg.max_timestamp < now_ms - s.retention_ms:
-                    doomed.append(seg)
-                elif seg.max_timestamp < 0 and seg.created_ms < now_ms - s.retention_ms:
-                    doomed.append(seg)
-                else:
-                    break
-        if s.retention_bytes >= 0:
-            total = sum(seg.size for seg in segs)
-            for seg in segs:
-                if total - seg.size < s.retention_bytes and seg not in doomed:
-                    break
-                total -= seg.size
-                if seg not in doomed:
-                    doomed.append(seg)
+        doomed = segments_past_retention(self.state.segments, self.settings, now_ms)
         if not doomed:
             return 0
         async with self._flush_lock:
@@ -503,6 +486,7 @@ class LogManager:
         self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
         self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.stats)
         self.cache = self.reader.cache
+        self.retention = Retention(self, config.retention_check_interval_ms / 1000)
         # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
         self.flush_hooks: list = []
 
@@ -535,7 +519,7 @@ class LogManager:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._retention_task = loop.create_task(self._retention_loop(), name="retention")
+        self._retention_task = loop.create_task(self.retention.run_forever(), name="retention")
         if self.config.merge_interval_ms > 0:
             self._merge_task = loop.create_task(self.merger.run_forever(), name="merger")
 
@@ -728,34 +712,6 @@ class LogManager:
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
-
-    # -- retention ------------------------------------------------------------------------
-
-    async def _retention_loop(self) -> None:
-        interval = self.config.retention_check_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            await self.run_retention()
-
-    async def run_retention(self) -> int:
-        now_ms = int(time.time() * 1000)
-        deleted = 0
-        try:
-            for meta in await self.metadata.list_topics():
-                for p in range(meta.partitions):
-                    if (meta.name, p) not in self.logs and self.cluster.owns(meta.name, p):
-                        await self.get_log(meta.name, p)
-        except Exception as e:  # noqa: BLE001 - stores unavailable: retry next round
-            log.warning("retention: cannot load partitions: %s", e)
-        for lg in list(self.logs.values()):
-            if lg.closed:
-                continue
-            lg.producers.expire(now_ms, self.config.producer_id_expiration_ms)
-            try:
-                deleted += await lg.enforce_retention(now_ms)
-            except Exception as e:  # noqa: BLE001 - retry next round
-                log.warning("retention of %s-%s failed: %s", lg.topic, lg.partition, e, extra={"topic": lg.topic, "partition": lg.partition})
-        return deleted
 
     def epoch_end_offset(self, lg: PartitionLog, epoch: int) -> tuple[int, int]:
         """(end offset, epoch) for OffsetForLeaderEpoch: the current epoch ends at the high
