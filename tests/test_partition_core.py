@@ -379,6 +379,17 @@ def test_retry_of_a_buffered_batch_shares_its_answer():
     assert answered(done) == [(["orig", "retry", "other"], None)]
 
 
+def test_retry_with_acks_of_a_buffered_acks_0_batch_makes_it_wait_for_group_commit():
+    core = make_core()
+    append(core, idem(0), waiter=None)  # acks=0: nobody waits, the flush interval applies
+    assert core.flush_due_in(T0) == pytest.approx(FLUSH_INTERVAL)
+    append(core, idem(0), waiter="retry")
+    assert core.waiting_acks == 1  # now someone waits: group commit
+    assert core.flush_due_in(T0) <= 0
+    out = core.begin_flush(T0, owned=True)
+    assert core.waiting_acks == 0 and out.upload.batches[0].waiters == ["retry"]
+
+
 def test_retry_of_an_in_flight_batch_shares_its_answer():
     core = make_core()
     append(core, idem(0), waiter="orig")
@@ -488,21 +499,17 @@ def test_halt_with_no_upload_running_answers_batches_left_in_flight():
     assert (core.in_flight, core.buffer) == ([], [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PartitionLog.flush_once halted on lost ownership while holding its flush lock, so "
-    "halt() kept batches left in _in_flight by an earlier crashed flush; PartitionCore.begin_flush"
-    "(owned=False) halts with uploading False and answers them too",
-)
-def test_old_flush_without_ownership_left_batches_stranded_in_flight():
+def test_ownership_loss_also_answers_batches_a_crashed_flush_left_in_flight():
+    # The old PartitionLog kept these unanswered (it halted while holding its flush lock);
+    # nothing else would ever answer them, so the core rejects them with the stop reason.
     core = make_core()
     for i in range(4):
         append(core, plain(), waiter=f"w{i}")
     core.begin_flush(T0, owned=True)  # takes w0..w2
     core.uploading = False  # the driver's flush died without an outcome (a bug)
     out = core.begin_flush(T0 + 1, owned=False)
-    assert answered(out) == [(["w3"], E.not_leader_or_follower)]
-    assert [b.waiters for b in core.in_flight] == [["w0"], ["w1"], ["w2"]]
+    assert answered(out) == [(["w0", "w1", "w2", "w3"], E.not_leader_or_follower)]
+    assert out.forget and core.in_flight == []
 
 
 def shutdown() -> StorageError:

@@ -1,0 +1,285 @@
+"""The decisions of one partition log, without I/O and without asyncio.
+
+`PartitionCore` owns what a log decides: which offsets an append gets, when the write buffer
+is due for a flush and what that flush takes, what becomes durable and who is answered with
+what, what an upload failure drops, and how the log stops. The driver
+(`storage/partition_log.py`) does the I/O around it: it uploads the segment a flush takes,
+commits it to the metadata store, and delivers the `Answer`s each step returns to the
+producers waiting on them. Waiters are opaque to the core (the driver's futures); time is
+passed in (`now`, monotonic seconds; `now_ms`, wall-clock milliseconds), so tests drive it
+with a fake clock.
+
+The rules:
+- Offsets are assigned on append, in arrival order; the high watermark moves only when the
+  segment holding a batch is committed (`flush_committed`).
+- One upload at a time takes the oldest buffered batches, up to `segment.bytes` (it may end
+  one record set past it, which keeps segments full).
+- A failed upload drops every batch not yet durable (in flight and buffered): their offsets
+  are handed out again, so nothing acknowledged is ever renumbered, and every waiter gets a
+  retriable error.
+- Every way a log stops (topic deleted, ownership lost or moved, fenced, shutdown) is
+  `halt`: no more appends, buffered batches rejected with the stop reason, an upload in
+  flight answered by its own outcome. Once stopping, the stop reason wins over any other
+  error, since it tells the client where to go next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kafscale.errors import ErrorCode
+from kafscale.metadata.segments import SegmentInfo
+from kafscale.metadata.store import ConflictError, PartitionState
+from kafscale.metadata.topic_config import LogSettings
+from kafscale.protocol import records
+from kafscale.storage.failures import StorageError
+from kafscale.storage.objectstore import ObjectExistsError
+from kafscale.storage.producers import ProducerStateTable
+
+
+@dataclass(slots=True)
+class BufferedBatch:
+    """A record set with its offsets assigned, not yet durable."""
+
+    data: memoryview
+    nbytes: int
+    base_offset: int
+    waiters: list[Any]  # the driver's waiters (futures): answered together
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Waiters to resolve: acknowledged when `error` is None (durable), else rejected."""
+
+    waiters: list[Any]
+    error: StorageError | None
+
+
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """What a flush takes: these batches, as one segment starting at `base_offset`."""
+
+    batches: list[BufferedBatch]
+    base_offset: int
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the driver does after a step, in this order: start `upload`; deliver `answers`;
+    wake long-poll readers when `notify_readers`; drop the log from the registry when
+    `forget` (ownership lost or fenced: the next request re-reads ownership and state)."""
+
+    answers: list[Answer] = field(default_factory=list)
+    upload: Upload | None = None
+    notify_readers: bool = False
+    forget: bool = False
+    rejected_batches: int = 0  # batches a failed upload dropped (for the driver's log line)
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """An append's result: the base offset, the log append time (-1 unless the topic uses
+    LogAppendTime), whether the record set was buffered (False: a retried duplicate), and
+    for a duplicate an answer already decided (None: the waiter is answered with the batch
+    it repeats, or nobody waits)."""
+
+    base_offset: int
+    append_time: int
+    buffered: bool
+    answer: Answer | None = None
+
+
+class PartitionCore:
+    def __init__(self, name: str, state: PartitionState, settings: LogSettings, flush_interval_s: float, min_flush_interval_s: float):
+        self.name = name  # "topic-partition", for messages
+        self.state = state  # the committed state: segments, high watermark, epoch
+        self.settings = settings
+        self.flush_interval_s = flush_interval_s
+        self.min_flush_interval_s = min_flush_interval_s
+        self.next_offset = state.high_watermark
+        self.producers = ProducerStateTable()
+        self.buffer: list[BufferedBatch] = []
+        self.buffered_bytes = 0
+        self.buffer_since = 0.0
+        self.waiting_acks = 0  # buffered batches someone waits on
+        self.last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
+        self.in_flight: list[BufferedBatch] = []
+        self.uploading = False
+        self.closed = False  # no more appends: the log is stopping or stopped
+        self.stopped_by: StorageError | None = None  # why: what every waiter left is answered with
+
+    # -- append ---------------------------------------------------------------------------
+
+    def append(self, data: memoryview, headers: list[records.BatchHeader], waiter: Any, now: float, now_ms: int) -> Appended:
+        """Assign offsets to already-validated batches (patched in place) and buffer them.
+        `waiter` (None: acks=0) is answered when they are durable. Raises StorageError once
+        the log is stopping, InvalidRecordError for a bad producer sequence."""
+        if self.closed:
+            raise self.refusal()
+        duplicate = self.producers.check_record_set(headers)
+        if duplicate is not None:
+            return self._duplicate(duplicate.base_offset, waiter)
+        base = offset = self.next_offset
+        append_time = now_ms if self.settings.log_append_time else -1
+        pos = 0
+        for h in headers:
+            if h.producer_id >= 0:
+                self.producers.record(h, offset, now_ms, self.state.high_watermark)
+            records.patch_batch(data, pos, offset, self.state.leader_epoch)
+            if append_time >= 0:
+                records.set_max_timestamp(data, pos, h.size, append_time)
+            offset += h.last_offset_delta + 1
+            pos += h.size
+        self.next_offset = offset
+        if not self.buffer:
+            self.buffer_since = now
+        self.buffer.append(BufferedBatch(data, len(data), base, [waiter] if waiter is not None else []))
+        self.buffered_bytes += len(data)
+        if waiter is not None:
+            self.waiting_acks += 1
+        return Appended(base, append_time, True)
+
+    def _duplicate(self, base_offset: int, waiter: Any) -> Appended:
+        """A retried batch already appended: answered at its original offset once durable."""
+        if waiter is None:
+            return Appended(base_offset, -1, False)
+        if base_offset < self.state.high_watermark:
+            return Appended(base_offset, -1, False, Answer([waiter], None))
+        pending = next((b for b in self.buffer if b.base_offset == base_offset), None)
+        if pending is not None and not pending.waiters:
+            self.waiting_acks += 1  # first to wait on a buffered acks=0 batch: group commit applies
+        elif pending is None:
+            pending = next((b for b in self.in_flight if b.base_offset == base_offset), None)
+        if pending is None:
+            return Appended(base_offset, -1, False, Answer([waiter], StorageError("retried batch is neither durable nor pending")))
+        pending.waiters.append(waiter)  # answered with the batch it repeats
+        return Appended(base_offset, -1, False)
+
+    # -- flush ----------------------------------------------------------------------------
+
+    def flush_due_in(self, now: float) -> float | None:
+        """Seconds until the buffer must be flushed (<= 0: now; None: nothing buffered)."""
+        if not self.buffer:
+            return None
+        if self.buffered_bytes >= self.settings.segment_bytes:
+            return 0.0
+        due = self.buffer_since + self.flush_interval_s
+        if self.waiting_acks:
+            # Group commit: someone waits for an ack; flush as soon as the last upload is
+            # min_flush_interval old.
+            due = min(due, self.last_flush + self.min_flush_interval_s)
+        return due - now
+
+    def begin_flush(self, now: float, owned: bool) -> Outcome | None:
+        """Take the next segment to upload (None: nothing buffered). Without ownership (lease
+        lost or moved: another broker may write this partition now) the log halts instead."""
+        if not self.buffer:
+            return None
+        self.last_flush = now
+        if not owned:
+            out = self.halt(StorageError(f"{self.name} is no longer owned here", ErrorCode.not_leader_or_follower))
+            out.forget = True
+            return out
+        taken, size = [], 0
+        while self.buffer and size < self.settings.segment_bytes:
+            b = self.buffer.pop(0)
+            taken.append(b)
+            size += b.nbytes
+        self.buffered_bytes -= size
+        self.buffer_since = now
+        self.waiting_acks -= sum(1 for b in taken if b.waiters)
+        self.in_flight = taken
+        self.uploading = True
+        return Outcome(upload=Upload(taken, self.state.high_watermark))
+
+    def commit_landed(self, latest: PartitionState | None, info: SegmentInfo) -> bool:
+        """After an ambiguous failure: does `latest` (the metadata re-read) hold this very
+        segment, committed by this log's epoch?"""
+        return (
+            latest is not None
+            and latest.leader_epoch == self.state.leader_epoch
+            and latest.high_watermark == info.last_offset + 1
+            and any(s == info for s in latest.segments)  # this segment, not another writer's at its offset
+        )
+
+    def flush_committed(self, state: PartitionState) -> Outcome:
+        """The upload is durable and committed as `state`: acknowledge its batches."""
+        self.state = state
+        done, self.in_flight = self.in_flight, []
+        self.uploading = False
+        return Outcome([self._answer(done, None)], notify_readers=True)
+
+    def flush_failed(self, error: BaseException, latest: PartitionState | None = None) -> Outcome:
+        """The upload did not become durable: drop everything not durable (its offsets are
+        handed out again) and reject it. `latest` is the metadata re-read after the failure,
+        adopted when the failure was a concurrent change of the partition."""
+        if isinstance(error, ConflictError) and latest is not None:
+            self.state = latest
+        code, what = self._flush_failure(error)
+        dropped = self.in_flight + self.buffer
+        self.in_flight, self.buffer = [], []
+        self.uploading = False
+        self.buffered_bytes = 0
+        self.waiting_acks = 0
+        self.next_offset = self.state.high_watermark
+        self.producers.roll_back(self.next_offset)
+        return Outcome([self._answer(dropped, StorageError(what, code))], forget=code == ErrorCode.not_leader_or_follower, rejected_batches=len(dropped))
+
+    def _flush_failure(self, error: BaseException) -> tuple[ErrorCode, str]:
+        if isinstance(error, ConflictError):
+            return ErrorCode.not_leader_or_follower, "partition state changed under us (fenced)"
+        if isinstance(error, ObjectExistsError):
+            # Another writer's segment holds this base offset. Forgetting the log makes the
+            # next produce re-read ownership and the partition state (recovery adopts that
+            # segment if nobody committed it): clients retry on the owner's new offsets.
+            return ErrorCode.not_leader_or_follower, f"lost the race for segment {self.state.high_watermark} to another writer"
+        return ErrorCode.kafka_storage_error, f"flush failed: {error}"
+
+    # -- stopping -------------------------------------------------------------------------
+    # Who gets what when a log stops:
+    #   buffered batches         -> the stop reason (this log never uploads them);
+    #   the upload in flight     -> its outcome: acknowledged if it committed, else the reason;
+    #   retried duplicates       -> with the batch they wait on (they share its waiters);
+    #   long-poll fetches        -> woken; their next look finds the log gone.
+    # Reasons: UNKNOWN_TOPIC_OR_PARTITION for a deleted topic, NOT_LEADER_OR_FOLLOWER for lost
+    # ownership and for whatever a shutdown or hand-over could not flush (both retriable).
+
+    def begin_stop(self, reason: StorageError, flush: bool) -> bool:
+        """Start stopping for `reason`. True: the driver flushes what is buffered first
+        (shutdown, graceful hand-over); appends are refused from now on either way once
+        halt() runs, and from now on already when flushing."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
+        if flush and not self.closed:
+            self.closed = True  # new appends go elsewhere while the last flush runs
+            return True
+        return False
+
+    def halt(self, reason: StorageError) -> Outcome:
+        """Stop now: no more appends, every buffered batch rejected with the stop reason; an
+        upload in flight is answered by its own outcome when it ends."""
+        if self.stopped_by is None:
+            self.stopped_by = reason
+        self.closed = True
+        dropped, self.buffer = self.buffer, []
+        if not self.uploading:
+            # No upload runs: batches still marked in flight were left by a flush that
+            # failed unexpectedly (a bug), and nothing else would ever answer them.
+            dropped, self.in_flight = self.in_flight + dropped, []
+        self.buffered_bytes = 0
+        self.waiting_acks = 0
+        return Outcome([self._answer(dropped, reason)], notify_readers=True)
+
+    def refusal(self) -> StorageError:
+        """The error for a request reaching this log after it stopped."""
+        reason = self.stopped_by
+        code = reason.error_code if reason is not None else ErrorCode.not_leader_or_follower
+        return StorageError(f"{self.name} is not served here: {reason or 'stopped'}", code)
+
+    def _answer(self, batches: list[BufferedBatch], error: StorageError | None) -> Answer:
+        """The one place that decides what waiting producers get: None acknowledges; an error
+        rejects, and once the log is stopping its stop reason wins."""
+        if error is not None and self.stopped_by is not None:
+            error = self.stopped_by
+        return Answer([w for b in batches for w in b.waiters], error)
