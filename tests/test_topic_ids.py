@@ -54,7 +54,7 @@ async def test_topic_id_table_is_kept_and_read_again_on_a_miss_or_when_old(tmp_p
     reads it again for an id it does not know (a topic created through another broker) and
     once it is older than its time to live (a topic deleted through another broker)."""
     from kafscale.metadata.store import TopicMeta
-    from kafscale.storage import logs as logs_mod
+    from kafscale.storage import topic_cache as topic_cache_mod
     from tests.test_read_path import _manager
 
     mgr = _manager(tmp_path)
@@ -69,14 +69,14 @@ async def test_topic_id_table_is_kept_and_read_again_on_a_miss_or_when_old(tmp_p
     monkeypatch.setattr(md, "list_topics", counted_list)
     a = await md.create_topic(TopicMeta("a", 1))
     for _ in range(50):
-        assert await mgr.topic_name(a.uuid) == "a"
+        assert await mgr.topics.name_for_id(a.uuid) == "a"
     assert len(listings) == 1
-    monkeypatch.setattr(logs_mod, "TOPIC_IDS_MISS_REREAD_S", 0.0)
+    monkeypatch.setattr(topic_cache_mod, "TOPIC_IDS_MISS_REREAD_S", 0.0)
     b = await md.create_topic(TopicMeta("b", 1))  # as another broker would
-    assert await mgr.topic_name(b.uuid) == "b" and len(listings) == 2
-    assert await mgr.topic_name(uuid.uuid4()) is None and len(listings) == 3
+    assert await mgr.topics.name_for_id(b.uuid) == "b" and len(listings) == 2
+    assert await mgr.topics.name_for_id(uuid.uuid4()) is None and len(listings) == 3
     await md.delete_topic("a")  # as another broker would
-    assert await mgr.topic_name(a.uuid) == "a" and len(listings) == 3  # a known id: kept until the TTL
-    monkeypatch.setattr(logs_mod, "TOPIC_IDS_TTL_S", 0.0)
-    assert await mgr.topic_name(a.uuid) is None and len(listings) == 4
+    assert await mgr.topics.name_for_id(a.uuid) == "a" and len(listings) == 3  # a known id: kept until the TTL
+    monkeypatch.setattr(topic_cache_mod, "TOPIC_IDS_TTL_S", 0.0)
+    assert await mgr.topics.name_for_id(a.uuid) is None and len(listings) == 4
     await mgr.stop()

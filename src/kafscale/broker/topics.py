@@ -61,7 +61,7 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
     try:
         if validate_only:
-            if await broker.logs.topic(name) is not None:
+            if await broker.logs.topics.get(name) is not None:
                 raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
             return meta
         await broker.metadata.create_topic(meta)
@@ -96,7 +96,7 @@ async def add_partitions(broker: "Broker", name: str, count: int, validate_only:
 
 
 async def _add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
-    meta = await broker.logs.topic(name, refresh=True)
+    meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     if count <= meta.partitions:
@@ -119,7 +119,7 @@ async def alter_configs(broker: "Broker", name: str, change, validate_only: bool
 
 
 async def _alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
-    meta = await broker.logs.topic(name, refresh=True)
+    meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     new = change(dict(meta.configs))
@@ -148,7 +148,7 @@ class TopicIdResolver:
         """`name` when the request gave one, else the name of the topic with `topic_id`."""
         if name is not None or topic_id is None:
             return name
-        return await self.broker.logs.topic_name(topic_id)
+        return await self.broker.logs.topics.name_for_id(topic_id)
 
     async def by_name(self, name: str) -> TopicMeta | None:
         if name not in self._by_name:

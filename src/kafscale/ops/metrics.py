@@ -170,7 +170,7 @@ class BrokerMetrics:
         name = self.topic_names.get(topic_id)
         if name is None:
             # Fetch by id already loaded the topic into the log manager's cache.
-            name = self.broker.logs.cached_topic_name(topic_id)
+            name = self.broker.logs.topics.cached_name_for_id(topic_id)
             if name is not None:
                 self.topic_names[topic_id] = name
         return name

@@ -27,6 +27,7 @@ from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import SegmentReader
 from kafscale.storage.recovery import rebuild_producer_state, recover
 from kafscale.storage.retention import Retention, segments_past_retention
+from kafscale.storage.topic_cache import TopicCache
 
 log = logging.getLogger("kafscale.storage")
 
@@ -455,12 +456,6 @@ class FlushedPartition:
         pass
 
 
-# How long a broker trusts its table of topic ids (another broker may delete a topic), and
-# how soon after reading it a miss may read it again (a topic created elsewhere meanwhile).
-TOPIC_IDS_TTL_S = 2.0
-TOPIC_IDS_MISS_REREAD_S = 0.1
-
-
 class LogManager:
     """The partition logs this broker owns, plus the shared read path and retention."""
 
@@ -472,10 +467,7 @@ class LogManager:
         self.namespace = config.namespace
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
-        self._topics: dict[str, TopicMeta] = {}
-        self._topic_ids: dict = {}  # uuid -> topic name
-        self._topic_ids_at = float("-inf")
-        self._topic_ids_lock = asyncio.Lock()
+        self.topics = TopicCache(metadata)
         self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
@@ -543,65 +535,8 @@ class LogManager:
 
     # -- topics -------------------------------------------------------------------------
 
-    async def topic(self, name: str, refresh: bool = False) -> TopicMeta | None:
-        meta = None if refresh else self._topics.get(name)
-        if meta is None:
-            try:
-                meta = await self.metadata.get_topic(name)
-            except STORE_FAILURES as e:
-                raise store_failure(e, f"reading topic {name}") from e
-            if meta is None:
-                self._topics.pop(name, None)
-                return None
-            self._topics[name] = meta
-        return meta
-
-    async def list_topics(self) -> list[TopicMeta]:
-        """Every topic (Metadata for all topics). While the metadata store cannot be read,
-        the topics this broker knows, as a Kafka broker answers from its metadata cache;
-        StorageError if it knows none."""
-        try:
-            metas = await self.metadata.list_topics()
-        except STORE_FAILURES as e:
-            if not self._topics:
-                raise store_failure(e, "listing topics") from e
-            log.warning("listing topics: metadata unavailable, answering with the %d topics known here: %s", len(self._topics), e)
-            return list(self._topics.values())
-        self._topics = {m.name: m for m in metas}
-        return metas
-
-    async def topic_name(self, topic_id) -> str | None:
-        """Name of the topic with this id (Fetch v13+, Produce v13+, ... name topics by id).
-
-        The id table is kept for TOPIC_IDS_TTL_S and read again on a miss, so a request by
-        id costs no listing of every topic in the metadata store (milliseconds per request
-        with hundreds of topics, an etcd range on etcd)."""
-        stale = time.monotonic() - self._topic_ids_at
-        if stale > TOPIC_IDS_TTL_S or (topic_id not in self._topic_ids and stale > TOPIC_IDS_MISS_REREAD_S):
-            async with self._topic_ids_lock:  # concurrent misses: one read
-                if time.monotonic() - self._topic_ids_at > TOPIC_IDS_MISS_REREAD_S:
-                    read_at = time.monotonic()
-                    try:
-                        self._topic_ids = {m.uuid: m.name for m in await self.metadata.list_topics()}
-                        self._topic_ids_at = read_at
-                    except STORE_FAILURES as e:
-                        # A known id keeps its name (topic ids never change); an unknown one
-                        # cannot be told from a new topic: a retriable error, not "unknown".
-                        if topic_id not in self._topic_ids:
-                            raise store_failure(e, "looking up a topic id") from e
-        return self._topic_ids.get(topic_id)
-
-    def cached_topic_name(self, topic_id) -> str | None:
-        """Name of the topic with this id if this broker has already seen it, with no I/O
-        (metrics name Fetch v13+ topics, which arrive by id, with it)."""
-        name = self._topic_ids.get(topic_id)
-        if name is None:
-            name = next((m.name for m in list(self._topics.values()) if m.uuid == topic_id), None)
-        return name
-
     def topic_changed(self, meta: TopicMeta) -> None:
-        self._topics[meta.name] = meta
-        self._topic_ids[meta.uuid] = meta.name
+        self.topics.put(meta)
         for (t, _p), lg in self.logs.items():
             if t == meta.name:
                 lg.apply_configs(meta)
@@ -615,8 +550,7 @@ class LogManager:
     async def stop_topic(self, name: str) -> None:
         """A topic was deleted (here, or by another broker): stop its logs, answering their
         waiting produces UNKNOWN_TOPIC_OR_PARTITION, and forget its cached state."""
-        self._topics.pop(name, None)
-        self._topic_ids = {i: n for i, n in self._topic_ids.items() if n != name}
+        self.topics.forget(name)
         reason = StorageError(f"topic {name!r} was deleted", ErrorCode.unknown_topic_or_partition)
         doomed = [lg for (t, _p), lg in self.logs.items() if t == name]
         for lg in doomed:  # without flush: every waiting produce is answered before any I/O
@@ -699,9 +633,9 @@ class LogManager:
 
     async def _load(self, topic: str, partition: int) -> PartitionLog:
         try:
-            meta = await self.topic(topic)
+            meta = await self.topics.get(topic)
             if meta is None or not 0 <= partition < meta.partitions:
-                meta = await self.topic(topic, refresh=True)
+                meta = await self.topics.get(topic, refresh=True)
             if meta is None or not 0 <= partition < meta.partitions:
                 raise StorageError(f"unknown topic or partition {topic}-{partition}", ErrorCode.unknown_topic_or_partition)
             # Recovery commits adopted segments: another owner's commit in between is a

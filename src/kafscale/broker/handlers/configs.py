@@ -49,7 +49,7 @@ async def describe_configs(ctx, req):
         entries = []
         if r.resource_type == TOPIC:
             try:
-                meta = await ctx.broker.logs.topic(r.resource_name, refresh=True)
+                meta = await ctx.broker.logs.topics.get(r.resource_name, refresh=True)
             except StorageError as e:  # metadata store unreachable: retriable
                 results.append(make(res_cls, error_code=ErrorCode.request_timed_out, error_message=str(e), resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue

@@ -46,7 +46,7 @@ async def metadata(ctx, req):
     requested = req.topics
     if requested is None or (ctx.version == 0 and len(requested) == 0):
         try:
-            listed = await broker.logs.list_topics()
+            listed = await broker.logs.topics.list_all()
         except StorageError as e:
             # The store is unreachable and this broker knows no topic yet (list_topics answers
             # with the known ones otherwise): what it knows is nothing, as a Kafka broker with
@@ -69,7 +69,7 @@ async def metadata(ctx, req):
             if name is None and getattr(t, "topic_id", None) is not None:
                 try:
                     name = await names.name(None, t.topic_id)
-                    meta = await broker.logs.topic(name) if name is not None else None
+                    meta = await broker.logs.topics.get(name) if name is not None else None
                 except StorageError as e:
                     log.warning("metadata for topic id %s from client %s: %s", t.topic_id, ctx.client_id, e)
                     results.append(make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=t.topic_id, partitions=()))
@@ -80,9 +80,9 @@ async def metadata(ctx, req):
                     results.append(_topic_entry(ctx, cls, meta))
                 continue
             try:
-                meta = await broker.logs.topic(name)
+                meta = await broker.logs.topics.get(name)
                 if meta is None:
-                    meta = await broker.logs.topic(name, refresh=True)
+                    meta = await broker.logs.topics.get(name, refresh=True)
             except StorageError as e:
                 # The metadata store cannot say whether the topic exists: LEADER_NOT_AVAILABLE,
                 # on which clients wait and ask again (as while a topic is being created).
@@ -99,7 +99,7 @@ async def metadata(ctx, req):
                 except topics.TopicError as e:
                     if e.code == ErrorCode.topic_already_exists:
                         try:
-                            meta = await broker.logs.topic(name, refresh=True)
+                            meta = await broker.logs.topics.get(name, refresh=True)
                         except StorageError:
                             code = ErrorCode.leader_not_available
                     elif e.code == ErrorCode.request_timed_out:
