@@ -1,11 +1,20 @@
-"""Partition logs: the write buffer, group-commit flushes to the object store, the read path,
-recovery of uncommitted segments, and retention.
+"""The registry of the partition logs this broker owns (LogManager): loading a log on first
+use, with recovery on load; releasing, forgetting and stopping logs; topic deletion. Also,
+for now, the owned log itself (PartitionLog: the write buffer and group-commit flushes) and
+the read-only view of a partition owned elsewhere (FlushedPartition).
 
 Offsets are assigned when a batch enters the write buffer; the high watermark (what
 consumers see and what is acknowledged) only moves once the segment holding the batch is in
 the object store and committed to the metadata store. If an upload fails, every batch not
 yet durable is dropped and its producers get a retriable error, so offsets are never
 handed out twice and nothing acknowledged is ever renumbered.
+
+Split out of here:
+  failures.py     StorageError, and how store failures become retriable Kafka errors
+  reader.py       SegmentReader: the shared read path (cache, whole and ranged segment loads)
+  recovery.py     adopting uncommitted segments and rebuilding producer state on load
+  retention.py    which segments are past retention, and the task that deletes them
+  topic_cache.py  TopicCache: topic metadata and the topic-id table
 """
 
 from __future__ import annotations
@@ -457,7 +466,8 @@ class FlushedPartition:
 
 
 class LogManager:
-    """The partition logs this broker owns, plus the shared read path and retention."""
+    """The partition logs this broker owns; the read path (self.reader), the topic cache
+    (self.topics), retention (self.retention) and the merger (self.merger) hang off it."""
 
     def __init__(self, metadata: MetadataStore, store: ObjectStore, config, cluster):
         self.metadata = metadata
