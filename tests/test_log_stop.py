@@ -397,7 +397,7 @@ async def test_an_upload_in_flight_is_answered_by_its_outcome(local_broker, monk
 
     monkeypatch.setattr(logs.metadata, "commit_segment", slow_commit)
     flushing = asyncio.ensure_future(lg.flush())
-    await wait_until_async(lambda: lg._in_flight, 5, "the upload to take the batch", interval=0.01)
+    await wait_until_async(lambda: lg.core.in_flight, 5, "the upload to take the batch", interval=0.01)
     _, _, buffered = _append(lg, b"buffered", producer_id=-1)
 
     stopping = asyncio.ensure_future(logs.stop_topic(topic))  # waits for the upload to end

@@ -11,6 +11,7 @@ from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.groups.coordinator import GroupCoordinator
 from kafscale.metadata.kv import open_kv
+from kafscale.metadata.producer_ids import ProducerIdAllocator
 from kafscale.metadata.store import MetadataStore
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import open_store
@@ -39,6 +40,7 @@ class Broker:
         else:
             self.cluster = SingleNodeCluster(local)
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
+        self.producer_ids = ProducerIdAllocator(self.metadata)
         self.router = build_router()
         self.groups = GroupCoordinator(self.metadata, config, self.cluster)
         self.server = KafkaServer(self, config)

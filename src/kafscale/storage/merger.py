@@ -154,14 +154,9 @@ class SegmentMerger:
             return False
         if len(objects) > 1:
             await mgr.store.put_many(objects[1:])  # the index, only once the segment is ours
-        mgr.stats["puts"] += len(objects)
-        async with lg._flush_lock:
-            current = {s.base_offset: s for s in lg.state.segments}
-            if any(current.get(s.base_offset) != s for s in run):
-                return False  # retention or DeleteRecords changed the run meanwhile
-            lg.state = await mgr.metadata.update_partition(
-                lg.state, remove_segments=[s.base_offset for s in run], add_segments=[enc.info]
-            )
+        mgr.metrics_uploaded(len(objects))
+        if not await lg.swap_segments(run, enc.info):
+            return False  # retention or DeleteRecords changed the run meanwhile, or the log stopped
         mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body)
         keys = []
         for seg in run[1:]:

@@ -1,6 +1,6 @@
 """InitProducerId (22) for idempotent producers and DescribeProducers (61).
 
-Producer ids come in blocks from the MetadataStore, so they are unique across brokers.
+Producer ids come from the broker's allocator (metadata/producer_ids.py), unique across brokers.
 Without a transactional id, every InitProducerId gets a fresh producer id with epoch 0,
 as in Kafka: the producer id/epoch a client sends (KIP-360) are ignored, because they
 only identify a transactional id's current producer. Transactions are not supported: a
@@ -10,7 +10,6 @@ transactional clients fail at start with their own clear error.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from kafscale.errors import ErrorCode
@@ -18,34 +17,7 @@ from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
-BLOCK_SIZE = 1000
 log = logging.getLogger("kafscale.producers")
-
-
-class ProducerIdAllocator:
-    """Hands out ids from a reserved block; reserves the next block when it runs out."""
-
-    def __init__(self, metadata):
-        self.metadata = metadata
-        self._next = 0
-        self._end = 0
-        self._lock = asyncio.Lock()
-
-    async def allocate(self) -> int:
-        async with self._lock:
-            if self._next >= self._end:
-                self._next = await self.metadata.allocate_producer_ids(BLOCK_SIZE)
-                self._end = self._next + BLOCK_SIZE
-            pid = self._next
-            self._next += 1
-            return pid
-
-
-def _allocator(broker) -> ProducerIdAllocator:
-    alloc = getattr(broker, "_producer_ids", None)
-    if alloc is None:
-        alloc = broker._producer_ids = ProducerIdAllocator(broker.metadata)
-    return alloc
 
 
 async def init_producer_id(ctx, req):
@@ -57,7 +29,7 @@ async def init_producer_id(ctx, req):
     # Handing the sent id back (with a bumped epoch) would let two producers that both
     # send (0, 0) share one id, and the second one's batches would pass as duplicates.
     try:
-        new_id = await _allocator(ctx.broker).allocate()
+        new_id = await ctx.broker.producer_ids.allocate()
     except STORE_FAILURES as e:  # unreachable, or still contended after the store's retries
         log.warning("InitProducerId from client %s: metadata store unavailable: %s", ctx.client_id, e, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available, producer_id=-1, producer_epoch=-1)

@@ -1,0 +1,376 @@
+"""The driver of one owned partition log, and the read-only view of one owned elsewhere.
+
+`PartitionLog` does the I/O around its `PartitionCore` (partition_core.py), which makes
+every decision: a flusher task per log uploads the segment each flush takes, commits it to
+the metadata store, and delivers the answers to the producers' futures; the flush lock
+serialises uploads with the other changes of the partition state (retention, DeleteRecords,
+a merge's swap). Reads go to the shared `SegmentReader` (reader.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kafscale.errors import ErrorCode
+from kafscale.metadata.segments import SegmentInfo
+from kafscale.metadata.store import PartitionState, TopicMeta
+from kafscale.metadata.topic_config import LogSettings
+from kafscale.protocol import records
+from kafscale.storage import segment
+from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
+from kafscale.storage.partition_core import Answer, Outcome, PartitionCore
+from kafscale.storage.retention import segments_past_retention
+
+if TYPE_CHECKING:
+    from kafscale.storage.logs import LogManager
+
+log = logging.getLogger("kafscale.storage")
+
+
+class PartitionLog:
+    def __init__(self, manager: "LogManager", meta: TopicMeta, state: PartitionState):
+        self.manager = manager
+        self.topic = meta.name
+        self.partition = state.partition
+        cfg = manager.config
+        self.core = PartitionCore(
+            f"{self.topic}-{self.partition}", state, LogSettings.from_configs(meta.configs), cfg.flush_interval_ms / 1000, cfg.min_flush_interval_ms / 1000
+        )
+        self._wake = asyncio.Event()
+        self._data_waiters: set[asyncio.Future] = set()
+        self._flusher: asyncio.Task | None = None
+        self._flush_lock = asyncio.Lock()
+
+    # -- state (the core's) ---------------------------------------------------------------
+
+    @property
+    def state(self) -> PartitionState:
+        return self.core.state
+
+    @property
+    def settings(self) -> LogSettings:
+        return self.core.settings
+
+    @property
+    def producers(self):
+        return self.core.producers
+
+    @property
+    def next_offset(self) -> int:
+        return self.core.next_offset
+
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
+
+    @property
+    def stopped_by(self) -> StorageError | None:
+        return self.core.stopped_by
+
+    @property
+    def high_watermark(self) -> int:
+        return self.core.state.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.core.state.log_start_offset
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.core.state.leader_epoch
+
+    def apply_configs(self, meta: TopicMeta) -> None:
+        self.core.settings = LogSettings.from_configs(meta.configs)
+
+    def refusal(self) -> StorageError:
+        return self.core.refusal()
+
+    # -- carrying out the core's outcomes -------------------------------------------------
+
+    @staticmethod
+    def _deliver(answer: Answer) -> None:
+        for w in answer.waiters:
+            if w.done():
+                continue
+            if answer.error is None:
+                w.set_result(None)
+            else:
+                w.set_exception(answer.error)
+
+    def _apply(self, out: Outcome) -> None:
+        for answer in out.answers:
+            self._deliver(answer)
+        if out.notify_readers:
+            self._notify_data()
+        if out.forget:
+            self.manager.forget(self.topic, self.partition)
+
+    # -- write path -----------------------------------------------------------------------
+
+    def append(self, data: memoryview, headers: list[records.BatchHeader], want_ack: bool) -> tuple[int, int, asyncio.Future | None]:
+        """Assign offsets to already-validated batches (patched in place) and buffer them.
+
+        Returns (base offset, log append time or -1, future resolved when durable).
+        Runs without awaiting, so offsets are assigned in arrival order.
+        """
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future() if want_ack else None
+        done = self.core.append(data, headers, waiter, time.monotonic(), int(time.time() * 1000))
+        if not done.buffered:  # a retried duplicate: answered now or with its batch
+            if done.answer is not None:
+                self._deliver(done.answer)
+            return done.base_offset, done.append_time, waiter
+        self.manager.metrics_produced(len(data), sum(h.record_count for h in headers))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
+        self._wake.set()
+        return done.base_offset, done.append_time, waiter
+
+    async def _run_flusher(self) -> None:
+        while not self.core.closed:
+            delay = self.core.flush_due_in(time.monotonic())
+            if delay is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if delay > 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
+            try:
+                await self.flush_once()
+            except Exception:  # noqa: BLE001 - a bug must not stop this partition's flushes for good
+                log.exception("partition %s-%s: flush failed unexpectedly", self.topic, self.partition)
+                await asyncio.sleep(0.1)
+
+    async def flush(self) -> None:
+        """Flush everything buffered now, and wait for an upload already in flight
+        (shutdown, ownership hand-over)."""
+        while True:
+            await self.flush_once()  # takes the flush lock: waits for the upload in flight
+            if not self.core.buffer:
+                return
+
+    async def flush_once(self) -> None:
+        async with self._flush_lock:
+            out = self.core.begin_flush(time.monotonic(), self.manager.cluster.owns(self.topic, self.partition))
+            if out is None:
+                return
+            if out.upload is None:  # ownership lost: halted
+                self._apply(out)
+                return
+            await self._upload(out.upload.batches, out.upload.base_offset)
+
+    async def _upload(self, batches, base: int) -> None:
+        """Make one segment durable: upload it, commit it, answer its producers."""
+        body = b"".join(b.data for b in batches)
+        enc = segment.encode([body], base)
+        mgr = self.manager
+        started = time.monotonic()
+        try:
+            objects = mgr.segment_objects(self.topic, self.partition, enc)
+            await mgr.store.create_many(objects)  # never replaces another writer's segment
+            state = await mgr.metadata.commit_segment(self.core.state, enc.info)
+        except asyncio.CancelledError:
+            self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure means "not durable"
+            latest = await self._reread_state()
+            if not self.core.commit_landed(latest, enc.info):
+                self._upload_failed(e, latest)
+                return
+            state = latest
+        out = self.core.flush_committed(state)
+        try:
+            mgr.metrics_flushed(enc.info, time.monotonic() - started, len(objects))
+            mgr.reader.cache_segment(self.topic, self.partition, base, body)
+        except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
+            log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
+        self._apply(out)
+
+    async def _reread_state(self) -> PartitionState | None:
+        """After an ambiguous failure, the metadata as it is now (None: unreadable)."""
+        try:
+            return await self.manager.metadata.get_partition(self.topic, self.partition)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def _upload_failed(self, error: BaseException, latest: PartitionState | None) -> None:
+        out = self.core.flush_failed(error, latest)
+        rejection = out.answers[0].error
+        log.error(
+            "partition %s-%s: %s; %d unacknowledged batches rejected with error %d",
+            self.topic, self.partition, rejection, out.rejected_batches, rejection.error_code,
+            extra={"topic": self.topic, "partition": self.partition},
+        )
+        self.manager.metrics_flush_failed()
+        self._apply(out)
+
+    # -- stopping (the rules: PartitionCore.halt) ----------------------------------------
+
+    def halt(self, reason: StorageError) -> None:
+        """Stop at once, without I/O (see PartitionCore.halt)."""
+        self._apply(self.core.halt(reason))
+        self._wake.set()  # the flusher sees `closed` and ends after any upload in flight
+
+    async def stop(self, reason: StorageError, flush: bool) -> None:
+        """The one way to stop a log. With flush (shutdown, graceful hand-over) everything
+        buffered is made durable and acknowledged first; what cannot be is rejected with
+        `reason`. Without (deleted, fenced) this is halt()."""
+        if self.core.begin_stop(reason, flush):
+            try:
+                await self.flush()
+            except Exception as e:  # noqa: BLE001 - whatever is left is rejected below
+                log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
+        self.halt(reason)
+        if flush and self._flusher is not None:
+            await asyncio.wait([self._flusher], timeout=30)
+
+    async def upload_finished(self) -> None:
+        """Wait for an upload in flight to end (before deleting a topic's objects, so no
+        late segment lands under a name a re-created topic would adopt)."""
+        async with self._flush_lock:
+            pass
+
+    # -- read path ------------------------------------------------------------------------
+
+    def _notify_data(self) -> None:
+        waiters, self._data_waiters = self._data_waiters, set()
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    def add_data_waiter(self, fut: asyncio.Future) -> None:
+        if self.core.closed:  # nothing will be appended here any more: look again now
+            if not fut.done():
+                fut.set_result(None)
+            return
+        self._data_waiters.add(fut)
+
+    def discard_data_waiter(self, fut: asyncio.Future) -> None:
+        self._data_waiters.discard(fut)
+
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
+        """Stored batches from `offset` up to the high watermark, at most max_bytes
+        (the first batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
+        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one)
+
+    def start_load(self, offset: int) -> asyncio.Future | None:
+        """Begin loading the stored segment holding `offset` if it is not cached (None: nothing to wait for)."""
+        return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
+
+    async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1)."""
+        st = self.state
+        return await self.manager.reader.offset_for_timestamp(self.topic, self.partition, st.segments, st.log_start_offset, timestamp)
+
+    async def max_timestamp_offset(self) -> tuple[int, int]:
+        """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
+        return await self.manager.reader.max_timestamp_offset(self.topic, self.partition, self.state.segments)
+
+    # -- changes of the segment list (retention, DeleteRecords, merges) -------------------
+    # Each runs under the flush lock, so it never races an upload's commit of the state.
+
+    async def advance_log_start(self, new_start: int) -> None:
+        """DeleteRecords: move the log start offset and drop segments wholly below it."""
+        async with self._flush_lock:
+            if new_start <= self.state.log_start_offset:
+                return
+            doomed = [s for s in self.state.segments if s.last_offset < new_start]
+            await self._drop_segments(doomed, new_start)
+
+    async def enforce_retention(self, now_ms: int) -> int:
+        """Delete whole segments past retention.ms / retention.bytes. Returns how many."""
+        doomed = segments_past_retention(self.state.segments, self.settings, now_ms)
+        if not doomed:
+            return 0
+        async with self._flush_lock:
+            nxt = doomed[-1].last_offset + 1
+            await self._drop_segments(doomed, max(nxt, self.state.log_start_offset))
+        return len(doomed)
+
+    async def _drop_segments(self, doomed: list[SegmentInfo], new_start: int) -> None:
+        mgr = self.manager
+        self.core.state = await mgr.metadata.update_partition(
+            self.state, log_start_offset=new_start, remove_segments=[s.base_offset for s in doomed]
+        )
+        keys = []
+        for seg in doomed:
+            keys.append(segment.segment_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
+            keys.append(segment.index_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
+        if keys:
+            await mgr.store.delete(keys)
+            log.info("partition %s-%s: deleted %d segments, log start offset now %d", self.topic, self.partition, len(doomed), new_start)
+
+    async def swap_segments(self, run: list[SegmentInfo], merged: SegmentInfo) -> bool:
+        """A merge: replace the segments of `run` by `merged` in the committed state, unless
+        retention or DeleteRecords changed the run meanwhile (False)."""
+        async with self._flush_lock:
+            current = {s.base_offset: s for s in self.state.segments}
+            if self.closed or any(current.get(s.base_offset) != s for s in run):
+                return False
+            self.core.state = await self.manager.metadata.update_partition(
+                self.state, remove_segments=[s.base_offset for s in run], add_segments=[merged]
+            )
+            return True
+
+
+async def read_committed(manager: "LogManager", st: PartitionState, offset: int, max_bytes: int, at_least_one: bool) -> list[memoryview]:
+    """Batches of a partition's committed segments from `offset`, owned or not."""
+    if offset < st.log_start_offset or offset > st.high_watermark:
+        raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", ErrorCode.offset_out_of_range)
+    return await manager.reader.read(st.topic, st.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
+
+
+class FlushedPartition:
+    """Read-only view of a partition this broker does not own, from the metadata's segment
+    list; refreshed after a short time so followers see new segments."""
+
+    MAX_AGE_S = 0.5
+
+    def __init__(self, manager: "LogManager", state: PartitionState):
+        self.manager = manager
+        self.state = state
+        self.topic, self.partition = state.topic, state.partition
+        self.loaded = time.monotonic()
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.loaded > self.MAX_AGE_S
+
+    @property
+    def high_watermark(self) -> int:
+        return self.state.high_watermark
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.state.log_start_offset
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.state.leader_epoch
+
+    def start_load(self, offset: int) -> asyncio.Future | None:
+        return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
+
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
+        if self.stale():
+            try:
+                st = await self.manager.metadata.get_partition(self.topic, self.partition)
+            except STORE_FAILURES as e:
+                raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
+            if st is not None:
+                self.state, self.loaded = st, time.monotonic()
+        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one)
+
+    def add_data_waiter(self, fut: asyncio.Future) -> None:
+        # No local appends to wait for: wake the long poll when the view goes stale.
+        asyncio.get_running_loop().call_later(self.MAX_AGE_S, lambda: fut.done() or fut.set_result(None))
+
+    def discard_data_waiter(self, fut: asyncio.Future) -> None:
+        pass
