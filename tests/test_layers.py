@@ -262,3 +262,58 @@ def test_cluster_is_wired_by_construction():
                     if isinstance(target, ast.Attribute) and _dotted(target.value).split(".")[-1] == "cluster":
                         patched.append(f"{path.name}:{node.lineno} {_dotted(target)}")
     assert patched == []
+
+
+def _private_reaches(source: str, filename: str, modules_only: bool) -> list[str]:
+    """`x._name` where x is not self/cls: another object's private state. With
+    modules_only, only where x is a module the file imports (`records._I64`)."""
+    tree = ast.parse(source, filename=filename)
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.update(a.asname or a.name for a in node.names)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if modules_only and not (isinstance(owner, ast.Name) and owner.id in imported and owner.id[:1].islower()):
+                continue
+            found.append(f"{filename}:{node.lineno} reads {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_names():
+    found = []
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        found += _private_reaches(path.read_text(), str(path.relative_to(PACKAGE_ROOT)), modules_only=True)
+    assert found == []
+
+
+def test_storage_and_handlers_use_other_objects_public_members_only():
+    """The merger, retention and recovery work through the partition log's public methods
+    (swap_segments, the reader's segment_view), never its lock or state fields."""
+    found = []
+    for path in sorted([*(PACKAGE_ROOT / "storage").glob("*.py"), *(PACKAGE_ROOT / "broker" / "handlers").glob("*.py")]):
+        found += _private_reaches(path.read_text(), str(path.relative_to(PACKAGE_ROOT)), modules_only=False)
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "source, modules_only",
+    [
+        ("from kafscale.protocol import records\nx = records._I64", True),
+        ("async def merge(mgr, lg):\n    async with lg._flush_lock:\n        pass", False),
+        ("view = await mgr._segment_view(t, p, seg)", False),
+    ],
+)
+def test_private_reach_check_sees_them(source, modules_only):
+    assert _private_reaches(source, "m.py", modules_only)
+
+
+def test_private_reach_check_leaves_own_state_and_objects_alone():
+    source = "import asyncio\nself._lock = asyncio.Lock()\nx = lg.state.segments\nasyncio.get_running_loop()"
+    assert _private_reaches(source, "m.py", modules_only=False) == []

@@ -268,7 +268,7 @@ def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tu
 def _checked_header(key: str, buf, pos: int, end: int, abs_start: int = 0) -> records.BatchHeader:
     """Batch header at `pos`, checked to frame a whole v2 batch inside buf[:end]."""
     if end - pos < records.HEADER_SIZE:
-        base = records._I64.unpack_from(buf, pos)[0] if len(buf) - pos >= 8 else None
+        base = records.read_base_offset(buf, pos) if len(buf) - pos >= 8 else None
         raise CorruptSegmentError(key, f"record batch header cut short ({max(0, end - pos)} bytes left; object truncated?)", byte=abs_start + pos, offset=base)
     h = records.read_header(buf, pos)
     if h.magic != 2:

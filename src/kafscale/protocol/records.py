@@ -48,8 +48,14 @@ _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 
 
-def crc32c(data) -> int:
-    return _crc32c.crc32c(data)
+def crc32c(data, value: int = 0) -> int:
+    """CRC32C of `data`, continuing from `value` (the CRC of the bytes before it)."""
+    return _crc32c.crc32c(data, value)
+
+
+def read_base_offset(buf, pos: int = 0) -> int:
+    """The base offset of the batch at `pos` (its first 8 bytes), for messages about a cut-short header."""
+    return _I64.unpack_from(buf, pos)[0]
 
 
 class InvalidRecordError(KafkaError, ValueError):

@@ -81,7 +81,7 @@ def encode(batches: list, base_offset: int, *, index_interval: int = DEFAULT_IND
     since_entry = index_interval  # force an entry for the first batch
     pos = HEADER_SIZE
     for buf in batches:
-        crc = records._crc32c.crc32c(buf, crc)
+        crc = records.crc32c(buf, crc)
         for bpos, h in records.iter_batches(buf):
             if since_entry >= index_interval:
                 entries.append(INDEX_ENTRY.pack(h.base_offset, pos + bpos))
