@@ -1,0 +1,404 @@
+"""The transaction coordinator's state machine: Kafka's rules, without any I/O.
+
+One `TransactionMetadata` per transactional id: producer id and epoch (and the previous
+ones, for KIP-360 retries), timeout, state, the partitions and consumer groups of the
+ongoing transaction, start and last-update times. Each request is a method that takes the
+current time in milliseconds and returns a `Step`: the error to answer, and, when the
+transaction changes, the new metadata (`Step.new`, a copy: the driver persists it BEFORE it
+installs it and answers) and the markers to write once it is persisted (`Step.markers`).
+The driver (`coordinator.py`) carries out the steps in order under the transactional id's
+lock; nothing here touches a store, a socket or a clock.
+
+States and transitions follow Apache Kafka's TransactionMetadata / TransactionCoordinator:
+
+    Empty ----AddPartitions/AddOffsets----> Ongoing ----EndTxn----> PrepareCommit / PrepareAbort
+    Ongoing --InitProducerId or timeout---> (PrepareEpochFence) --> PrepareAbort, epoch + 1
+    PrepareCommit / PrepareAbort --markers written--> CompleteCommit / CompleteAbort
+    Empty / Complete* --InitProducerId--> Empty (epoch + 1, or a new producer id at exhaustion)
+    Empty / Complete* --transactional.id.expiration.ms without use--> Dead (key removed)
+
+PrepareEpochFence is never persisted here either: Kafka holds it only as a pending state
+on the way to PrepareAbort with the bumped epoch, which is what `fence` returns directly.
+
+Producer ids are allocated by the driver: a request that needs a new one (a new
+transactional id, an exhausted epoch) returns `Step.needs_producer_id` and is called again
+with `new_producer_id`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kafscale.errors import ErrorCode
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+MAX_EPOCH = 32767  # Short.MaxValue
+
+DEFAULT_MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms
+DEFAULT_ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000  # transactional.id.expiration.ms
+
+
+class TxnState(str, Enum):
+    # The values are the names Kafka reports in DescribeTransactions / ListTransactions.
+    EMPTY = "Empty"
+    ONGOING = "Ongoing"
+    PREPARE_COMMIT = "PrepareCommit"
+    PREPARE_ABORT = "PrepareAbort"
+    COMPLETE_COMMIT = "CompleteCommit"
+    COMPLETE_ABORT = "CompleteAbort"
+    DEAD = "Dead"
+    PREPARE_EPOCH_FENCE = "PrepareEpochFence"
+
+
+# Where no transaction is in progress: InitProducerId may bump the epoch, the id may expire.
+IDLE = frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
+PREPARED = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
+
+
+def epoch_exhausted(epoch: int) -> bool:
+    return epoch >= MAX_EPOCH - 1
+
+
+def valid_timeout(timeout_ms: int, max_timeout_ms: int) -> bool:
+    return 0 < timeout_ms <= max_timeout_ms
+
+
+@dataclass(frozen=True)
+class Markers:
+    """Effect: write COMMIT/ABORT markers for this producer to these partitions (and settle
+    the pending offsets of these groups), then complete the transaction."""
+
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    partitions: frozenset[tuple[str, int]]
+    groups: frozenset[str]
+
+
+@dataclass
+class Step:
+    error: ErrorCode = ErrorCode.none
+    new: "TransactionMetadata | None" = None  # persist, then install
+    markers: Markers | None = None  # after the persist
+    needs_producer_id: bool = False  # call again with a freshly allocated producer id
+    # What the response carries (InitProducerId, EndTxn v5+): the producer id and epoch.
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    partition_errors: dict | None = None  # verify-only AddPartitionsToTxn
+
+
+@dataclass
+class TransactionMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    last_producer_epoch: int = NO_PRODUCER_EPOCH
+    previous_producer_id: int = NO_PRODUCER_ID
+    next_producer_id: int = NO_PRODUCER_ID  # transactions v2: the id to move to once complete
+    timeout_ms: int = 60_000
+    state: TxnState = TxnState.EMPTY
+    partitions: set[tuple[str, int]] = field(default_factory=set)
+    groups: set[str] = field(default_factory=set)  # consumer groups of AddOffsetsToTxn
+    start_ms: int = -1
+    last_update_ms: int = 0
+    tv2: bool = False  # the transaction was ended with EndTxn v5+ (KIP-890: epoch bump per end)
+    version: int = 0  # the store's version of this record when read or written (not persisted)
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def to_doc(self) -> dict:
+        return {
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+            "last_producer_epoch": self.last_producer_epoch,
+            "previous_producer_id": self.previous_producer_id,
+            "next_producer_id": self.next_producer_id,
+            "timeout_ms": self.timeout_ms,
+            "state": self.state.value,
+            "partitions": sorted([t, p] for t, p in self.partitions),
+            "groups": sorted(self.groups),
+            "start_ms": self.start_ms,
+            "last_update_ms": self.last_update_ms,
+            "tv2": self.tv2,
+        }
+
+    @classmethod
+    def from_doc(cls, transactional_id: str, doc: dict, version: int = 0) -> "TransactionMetadata":
+        return cls(
+            transactional_id=transactional_id,
+            producer_id=int(doc["producer_id"]),
+            producer_epoch=int(doc["producer_epoch"]),
+            last_producer_epoch=int(doc.get("last_producer_epoch", NO_PRODUCER_EPOCH)),
+            previous_producer_id=int(doc.get("previous_producer_id", NO_PRODUCER_ID)),
+            next_producer_id=int(doc.get("next_producer_id", NO_PRODUCER_ID)),
+            timeout_ms=int(doc["timeout_ms"]),
+            state=TxnState(doc["state"]),
+            partitions={(str(t), int(p)) for t, p in doc.get("partitions", ())},
+            groups=set(doc.get("groups", ())),
+            start_ms=int(doc.get("start_ms", -1)),
+            last_update_ms=int(doc.get("last_update_ms", 0)),
+            tv2=bool(doc.get("tv2", False)),
+            version=version,
+        )
+
+    @classmethod
+    def new(cls, transactional_id: str, producer_id: int, timeout_ms: int, now_ms: float) -> "TransactionMetadata":
+        """A transactional id seen for the first time (epoch -1 until InitProducerId bumps it to 0)."""
+        return cls(transactional_id, producer_id, timeout_ms=timeout_ms, last_update_ms=int(now_ms))
+
+    def _copy(self, now_ms: float, **changes) -> "TransactionMetadata":
+        out = copy.deepcopy(self)
+        for k, v in changes.items():
+            setattr(out, k, v)
+        out.last_update_ms = int(now_ms)
+        return out
+
+    # -- InitProducerId ----------------------------------------------------------------------
+
+    def init_producer_id(
+        self,
+        now_ms: float,
+        timeout_ms: int,
+        expected: tuple[int, int] | None = None,
+        new_producer_id: int | None = None,
+    ) -> Step:
+        """InitProducerId with this transactional id. `expected`: the (producer id, epoch)
+        the request carries (KIP-360), None when it sends (-1, -1). The caller has checked
+        the timeout against transaction.max.timeout.ms."""
+        if expected is not None and not self._valid_expected_producer(expected):
+            return Step(ErrorCode.producer_fenced)
+        state = self.state
+        if state in PREPARED:
+            return Step(ErrorCode.concurrent_transactions)  # the client backs off and retries
+        if state is TxnState.ONGOING:
+            # Abort the running transaction under a bumped epoch (fencing its producer); the
+            # client gets CONCURRENT_TRANSACTIONS and retries, and that retry bumps again.
+            step = self.fence(now_ms)
+            step.error = ErrorCode.concurrent_transactions
+            return step
+        if state not in IDLE:  # Dead, PrepareEpochFence: never held in memory here
+            return Step(ErrorCode.concurrent_transactions)
+        if epoch_exhausted(self.producer_epoch) and (expected is None or expected[1] == self.producer_epoch):
+            if new_producer_id is None:
+                return Step(needs_producer_id=True)
+            new = self._copy(
+                now_ms,
+                previous_producer_id=self.producer_id,
+                producer_id=new_producer_id,
+                producer_epoch=0,
+                last_producer_epoch=self.producer_epoch if expected is not None else NO_PRODUCER_EPOCH,
+                next_producer_id=NO_PRODUCER_ID,
+                timeout_ms=timeout_ms,
+                state=TxnState.EMPTY,
+                partitions=set(),
+                groups=set(),
+                start_ms=-1,
+                tv2=False,
+            )
+            return Step(new=new, producer_id=new.producer_id, producer_epoch=0)
+        bumped = self.producer_epoch + 1
+        if expected is None:
+            epoch, last = bumped, NO_PRODUCER_EPOCH
+        elif self.producer_epoch == NO_PRODUCER_EPOCH or expected[1] == self.producer_epoch:
+            epoch, last = bumped, self.producer_epoch
+        elif expected[1] == self.last_producer_epoch:
+            # A retry of a bump whose answer the producer never got: same epoch again.
+            epoch, last = self.producer_epoch, self.last_producer_epoch
+        else:
+            return Step(ErrorCode.producer_fenced)
+        new = self._copy(
+            now_ms,
+            producer_epoch=epoch,
+            last_producer_epoch=last,
+            next_producer_id=NO_PRODUCER_ID,
+            timeout_ms=timeout_ms,
+            state=TxnState.EMPTY,
+            partitions=set(),
+            groups=set(),
+            start_ms=-1,
+            tv2=False,
+        )
+        return Step(new=new, producer_id=new.producer_id, producer_epoch=epoch)
+
+    def _valid_expected_producer(self, expected: tuple[int, int]) -> bool:
+        pid, epoch = expected
+        return (
+            self.producer_epoch == NO_PRODUCER_EPOCH
+            or pid == self.producer_id
+            or (pid == self.previous_producer_id and epoch_exhausted(epoch))
+        )
+
+    # -- fencing and timeouts ----------------------------------------------------------------
+
+    def fence(self, now_ms: float) -> Step:
+        """Abort the ongoing transaction under a bumped epoch (Kafka's PrepareEpochFence then
+        PrepareAbort): the producer that ran it is fenced from then on."""
+        assert self.state is TxnState.ONGOING, self.state
+        epoch = self.producer_epoch if self.producer_epoch >= MAX_EPOCH else self.producer_epoch + 1
+        new = self._copy(now_ms, producer_epoch=epoch, last_producer_epoch=NO_PRODUCER_EPOCH,
+                         state=TxnState.PREPARE_ABORT, tv2=False)
+        return Step(new=new, markers=new._markers(commit=False))
+
+    def timed_out(self, now_ms: float) -> bool:
+        return self.state is TxnState.ONGOING and self.start_ms + self.timeout_ms < now_ms
+
+    def abort_if_timed_out(self, now_ms: float) -> Step | None:
+        """transaction.timeout.ms: an Ongoing transaction past its timeout is aborted and its
+        producer fenced (as Kafka's coordinator does); None when nothing is due."""
+        return self.fence(now_ms) if self.timed_out(now_ms) else None
+
+    def expired(self, now_ms: float, expiration_ms: int) -> bool:
+        """transactional.id.expiration.ms: an id with no transaction in progress and no use
+        for that long is removed (Kafka writes a tombstone; the driver deletes the key)."""
+        return self.state in IDLE and self.last_update_ms <= now_ms - expiration_ms
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn -----------------------------------------------
+
+    def _check_producer(self, producer_id: int, producer_epoch: int) -> ErrorCode:
+        if self.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        if self.producer_epoch != producer_epoch:
+            return ErrorCode.producer_fenced
+        return ErrorCode.none
+
+    def add_partitions(
+        self,
+        now_ms: float,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: set[tuple[str, int]] = frozenset(),
+        groups: set[str] = frozenset(),
+    ) -> Step:
+        error = self._check_producer(producer_id, producer_epoch)
+        if error is not ErrorCode.none:
+            return Step(error)
+        if self.state in PREPARED or self.state not in IDLE | {TxnState.ONGOING}:
+            return Step(ErrorCode.concurrent_transactions)
+        if self.state is TxnState.ONGOING and set(partitions) <= self.partitions and set(groups) <= self.groups:
+            return Step()  # nothing new: answer at once
+        start = int(now_ms) if self.state in IDLE else self.start_ms
+        new = self._copy(
+            now_ms,
+            state=TxnState.ONGOING,
+            partitions=self.partitions | set(partitions),
+            groups=self.groups | set(groups),
+            start_ms=start,
+        )
+        return Step(new=new)
+
+    def verify_partitions(self, producer_id: int, producer_epoch: int, partitions) -> Step:
+        """AddPartitionsToTxn v4+ verify-only: are these partitions in the transaction?"""
+        error = self._check_producer(producer_id, producer_epoch)
+        if error is ErrorCode.none and self.state in PREPARED:
+            error = ErrorCode.concurrent_transactions
+        if error is not ErrorCode.none:
+            return Step(error, partition_errors={tp: error for tp in partitions})
+        return Step(partition_errors={
+            tp: ErrorCode.none if tp in self.partitions else ErrorCode.transaction_abortable for tp in partitions
+        })
+
+    # -- EndTxn ------------------------------------------------------------------------------
+
+    def end_txn(
+        self,
+        now_ms: float,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        tv2: bool = False,
+        new_producer_id: int | None = None,
+    ) -> Step:
+        """EndTxn from the client. `tv2`: EndTxn v5+ (KIP-890), where every end bumps the epoch."""
+        current_tv2 = self.tv2 and self.state is not TxnState.ONGOING or tv2 and self.state is TxnState.ONGOING
+        retry_on_bump = current_tv2 and self.producer_epoch == producer_epoch + 1
+        retry_on_overflow = (
+            current_tv2
+            and self.previous_producer_id == producer_id
+            and producer_epoch == MAX_EPOCH - 1
+            and self.producer_epoch == 0
+        )
+        if self.producer_id != producer_id and not retry_on_overflow:
+            return Step(ErrorCode.invalid_producer_id_mapping)
+        state = self.state
+        if current_tv2:
+            if state in PREPARED:
+                valid = retry_on_bump
+            elif state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
+                valid = retry_on_bump or retry_on_overflow
+            else:
+                valid = producer_epoch == self.producer_epoch
+        else:
+            valid = producer_epoch == self.producer_epoch
+        if not valid:
+            return Step(ErrorCode.producer_fenced)
+        wanted = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if state is TxnState.ONGOING:
+            next_pid = NO_PRODUCER_ID
+            epoch, last = self.producer_epoch, self.last_producer_epoch
+            if tv2:
+                if epoch_exhausted(self.producer_epoch):
+                    if new_producer_id is None:
+                        return Step(needs_producer_id=True)
+                    next_pid = new_producer_id
+                epoch, last = self.producer_epoch + 1, self.producer_epoch
+            new = self._copy(
+                now_ms,
+                state=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT,
+                producer_epoch=epoch,
+                last_producer_epoch=last,
+                next_producer_id=next_pid,
+                tv2=tv2,
+            )
+            pid, ep = (next_pid, 0) if next_pid != NO_PRODUCER_ID else (new.producer_id, new.producer_epoch)
+            return Step(new=new, markers=new._markers(commit), producer_id=pid, producer_epoch=ep)
+        if state is wanted:
+            return Step(producer_id=self.producer_id, producer_epoch=self.producer_epoch)  # a retry: done
+        if state is (TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT):
+            return Step(ErrorCode.concurrent_transactions)
+        return Step(ErrorCode.invalid_txn_state)
+
+    def _markers(self, commit: bool) -> Markers:
+        return Markers(self.producer_id, self.producer_epoch, commit, frozenset(self.partitions), frozenset(self.groups))
+
+    def markers_to_resend(self) -> Markers | None:
+        """After a coordinator move or restart: the markers a prepared transaction still owes."""
+        if self.state not in PREPARED:
+            return None
+        return self._markers(self.state is TxnState.PREPARE_COMMIT)
+
+    def complete(self, now_ms: float) -> Step:
+        """Every marker is written: PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort.
+        (The driver moves a commit's pending offsets in the same store transaction.)"""
+        assert self.state in PREPARED, self.state
+        changes = {}
+        if self.tv2 and self.next_producer_id != NO_PRODUCER_ID:
+            # The epoch overflowed at this end: the producer continues under the new id.
+            changes = dict(previous_producer_id=self.producer_id, producer_id=self.next_producer_id,
+                           producer_epoch=0, last_producer_epoch=self.producer_epoch)
+        new = self._copy(
+            now_ms,
+            state=TxnState.COMPLETE_COMMIT if self.state is TxnState.PREPARE_COMMIT else TxnState.COMPLETE_ABORT,
+            partitions=set(),
+            groups=set(),
+            next_producer_id=NO_PRODUCER_ID,
+            **changes,
+        )
+        return Step(new=new)
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        by_topic: dict[str, list[int]] = {}
+        for t, p in sorted(self.partitions):
+            by_topic.setdefault(t, []).append(p)
+        return dict(
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            transaction_state=self.state.value,
+            transaction_timeout_ms=self.timeout_ms,
+            transaction_start_time_ms=self.start_ms,
+            topics=by_topic,
+        )
