@@ -114,6 +114,9 @@ def test_parsers_invert_builders(name):
     assert keys.offset_partition_of(keys.offset("g", name, 7)) == (name, 7)
     assert keys.offset_partition_of(keys.offset(name, "t", 7)) == ("t", 7)
     assert keys.owner_partition_of(keys.owner(name, 12)) == (name, 12)
+    assert keys.transactional_id_of(keys.transaction(name)) == name
+    assert keys.pending_offset_of(keys.pending_offset(name, 42, name, 3)) == (42, name, 3)
+    assert keys.pending_offset(name, 42, "t", 3).startswith(keys.producer_pending_offsets_prefix(name, 42))
 
 
 def test_parsers_reject_foreign_keys():
@@ -156,6 +159,33 @@ def store(request, tmp_path):
 
 def _off(n: int) -> CommittedOffset:
     return CommittedOffset(offset=n, leader_epoch=-1, metadata="", commit_ms=n)
+
+
+def test_transactions_and_pending_offsets_per_group_and_producer(store):
+    async def go():
+        from kafscale.metadata.store import ConflictError
+
+        v = await store.put_transaction("tx/1", {"state": "Ongoing"}, 0)
+        with pytest.raises(ConflictError):
+            await store.put_transaction("tx/1", {"state": "Ongoing"}, 0)  # a stale coordinator
+        assert await store.get_transaction("tx/1") == ({"state": "Ongoing"}, v)
+        assert await store.get_transaction("tx") is None
+        for g in ("orders", "orders/eu"):
+            await store.put_pending_offsets(g, 7, {("t", 0): _off(5)})
+            await store.put_pending_offsets(g, 8, {("t", 1): _off(6)})
+        assert await store.pending_offset_partitions("orders") == {("t", 0), ("t", 1)}
+        # Commit producer 7's offsets of "orders" only; "orders/eu" and producer 8 stay pending.
+        v = await store.complete_transaction("tx/1", {"state": "CompleteCommit"}, v, 7, ["orders"], True, 99)
+        assert (await store.fetch_offsets("orders"))[("t", 0)].offset == 5
+        assert (await store.fetch_offsets("orders"))[("t", 0)].commit_ms == 99
+        assert await store.pending_offset_partitions("orders") == {("t", 1)}
+        assert await store.pending_offset_partitions("orders/eu") == {("t", 0), ("t", 1)}
+        await store.complete_transaction("tx/1", {"state": "CompleteAbort"}, v, 7, ["orders/eu"], False, 100)
+        assert await store.fetch_offsets("orders/eu") == {}
+        assert await store.pending_offset_partitions("orders/eu") == {("t", 1)}
+        assert list(await store.list_transactions()) == ["tx/1"]
+
+    asyncio.run(go())
 
 
 def test_store_keeps_hostile_groups_apart(store):

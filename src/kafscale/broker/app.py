@@ -16,6 +16,7 @@ from kafscale.metadata.store import MetadataStore
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import open_store
 from kafscale.ops.http import start_ops
+from kafscale.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger("kafscale.broker")
 
@@ -43,6 +44,12 @@ class Broker:
         self.producer_ids = ProducerIdAllocator(self.metadata)
         self.router = build_router()
         self.groups = GroupCoordinator(self.metadata, config, self.cluster)
+        self.transactions: TransactionCoordinator | None = None
+        if config.transactions:
+            from kafscale.broker.handlers.transactions import register_transaction_apis
+
+            self.transactions = TransactionCoordinator(self.metadata, config, self.cluster, self.logs, self.producer_ids)
+            register_transaction_apis(self.router)
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()
@@ -53,6 +60,8 @@ class Broker:
         await self.cluster.start()
         await self.logs.start()
         await self.groups.start()
+        if self.transactions is not None:
+            await self.transactions.start()
         await self.server.start()
         self.ops = await start_ops(self)
 
@@ -61,6 +70,8 @@ class Broker:
         if self.ops is not None:
             await self.ops.stop()  # readiness fails from the first moment of shutdown
         await self.server.stop_accepting()
+        if self.transactions is not None:
+            await self.transactions.stop()  # markers in flight resume on the next coordinator
         await self.logs.stop()
         await self.groups.stop()
         await self.server.close()

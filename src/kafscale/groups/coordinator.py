@@ -185,8 +185,11 @@ class GroupCoordinator:
         generation_id: int,
         offsets: dict[tuple[str, int], CommittedOffset],
         api_version: int,
+        pending_producer_id: int | None = None,
     ) -> ErrorCode:
-        """Validate the committer against the group, then store the offsets (all or none)."""
+        """Validate the committer against the group, then store the offsets (all or none).
+        With `pending_producer_id` (TxnOffsetCommit) they are held pending for that producer's
+        transaction; its coordinator commits or drops them when the transaction ends."""
         async with self._locks[group_id]:
             now = self.clock()
             group = await self._load(group_id)
@@ -207,7 +210,10 @@ class GroupCoordinator:
                 return error
             if offsets:
                 stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
-                await self.metadata.commit_offsets(group_id, stamped)
+                if pending_producer_id is None:
+                    await self.metadata.commit_offsets(group_id, stamped)
+                else:
+                    await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
             if created:
                 await self._persist(group)
             self._reschedule(group)
@@ -215,6 +221,10 @@ class GroupCoordinator:
 
     async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         return await self.metadata.fetch_offsets(group_id)
+
+    async def pending_offset_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        """Partitions with a transactional offset whose transaction has not ended yet."""
+        return await self.metadata.pending_offset_partitions(group_id)
 
     async def delete_offsets(
         self, group_id: str, partitions: Iterable[tuple[str, int]]

@@ -10,6 +10,9 @@ Layout, relative to the backend's prefix (`/kafscale` on etcd):
     /producer-ids                             next free producer id block
     /brokers/{id}                             live broker registration (etcd lease)
     /owners/{topic}/{p}                       current owner and leader epoch (owner's lease)
+    /transactions/{transactional id}          transaction state (owned by its coordinator)
+    /pending-offsets/{group}/{producer id}/{topic}/{p}
+                                              TxnOffsetCommit offsets until the transaction ends
 
 Every name in a key goes through `escape`: each UTF-8 byte outside [A-Za-z0-9._-] becomes
 %XX (so an escaped name never holds "/", and "%" itself is escaped), and a name made only
@@ -38,6 +41,8 @@ OFFSETS = "/committed-offsets/"
 PRODUCER_IDS = "/producer-ids"
 BROKERS = "/brokers/"
 OWNERS = "/owners/"
+TRANSACTIONS = "/transactions/"
+PENDING_OFFSETS = "/pending-offsets/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -168,6 +173,38 @@ def owner_partition_of(key: str) -> tuple[str, int]:
     """(topic, partition) of an `owner(...)` key."""
     t, p = _split(key, OWNERS, 2)
     return unescape(t), _int(p, key)
+
+
+# -- transactions -----------------------------------------------------------------------------
+
+
+def transaction(transactional_id: str) -> str:
+    return TRANSACTIONS + escape(transactional_id)
+
+
+def transactional_id_of(key: str) -> str:
+    """The transactional id of a `transaction(...)` key."""
+    return unescape(_split(key, TRANSACTIONS, 1)[0])
+
+
+def group_pending_offsets_prefix(group_id: str) -> str:
+    """Every pending (transactional) offset key of exactly this group, of any producer."""
+    return f"{PENDING_OFFSETS}{escape(group_id)}/"
+
+
+def producer_pending_offsets_prefix(group_id: str, producer_id: int) -> str:
+    """The pending offset keys one producer's transaction wrote for this group."""
+    return f"{group_pending_offsets_prefix(group_id)}{int(producer_id)}/"
+
+
+def pending_offset(group_id: str, producer_id: int, topic_name: str, p: int) -> str:
+    return f"{producer_pending_offsets_prefix(group_id, producer_id)}{escape(topic_name)}/{int(p)}"
+
+
+def pending_offset_of(key: str) -> tuple[int, str, int]:
+    """(producer id, topic, partition) of a `pending_offset(...)` key."""
+    _group, pid, t, p = _split(key, PENDING_OFFSETS, 4)
+    return _int(pid, key), unescape(t), _int(p, key)
 
 
 # -- the layout before escaping (migration only) ----------------------------------------------

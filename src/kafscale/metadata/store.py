@@ -12,6 +12,9 @@ that no name's keys can be covered by another's, e.g. group `orders` vs `orders/
     /producer-ids                             next free producer id block
     /brokers/{id}                             live broker registration (etcd lease)
     /owners/{topic}/{p}                       current owner and leader epoch (owner's lease)
+    /transactions/{transactional id}          transaction state (JSON, owned by its coordinator)
+    /pending-offsets/{group}/{producer id}/{topic}/{p}
+                                              CommittedOffset of a TxnOffsetCommit, until its transaction ends
 
 Older stores kept groups under /groups/{raw id} and /offsets/{raw id}/{topic}/{p};
 `migrate_legacy_keys` (run at broker start) moves them.
@@ -24,7 +27,11 @@ delete_offsets) have no compare: each writes whole values without reading them f
 (last writer wins per key, as Kafka's offset commits do), and a group's keys are written
 only by its coordinator under the group's lock (groups/coordinator.py). They are not
 fenced: while a group's coordinator moves between brokers, both may write its keys for a
-moment and the later write wins. On etcd such a write larger than --max-txn-ops is
+moment and the later write wins. Transaction records are written with a compare on the
+version their coordinator read (`put_transaction`), so a coordinator holding a stale copy
+(the transactional id moved to another broker meanwhile) fails instead of overwriting; a
+commit moves the transaction's pending offsets to the committed ones in the same
+transaction that records CompleteCommit (`complete_transaction`). On etcd such a write larger than --max-txn-ops is
 applied in chunks (etcd.py), each key still atomically.
 """
 
@@ -345,6 +352,75 @@ class MetadataStore:
             if old is None:
                 return 0
         raise ConflictError(f"could not migrate {old.key}: it keeps changing")
+
+    # -- transactions ------------------------------------------------------------------
+
+    async def get_transaction(self, transactional_id: str) -> tuple[dict, int] | None:
+        """(state doc, version) of a transactional id, or None."""
+        kv = await self.kv.get(keys.transaction(transactional_id))
+        return (json.loads(kv.value), kv.version) if kv else None
+
+    async def list_transactions(self) -> dict[str, tuple[dict, int]]:
+        out = {}
+        for kv in await self.kv.range(keys.TRANSACTIONS):
+            try:
+                out[keys.transactional_id_of(kv.key)] = (json.loads(kv.value), kv.version)
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
+        return out
+
+    async def put_transaction(self, transactional_id: str, doc: dict, version: int) -> int:
+        """Write the state if the stored version is still `version` (0: absent); returns the
+        new version. ConflictError when another coordinator wrote it meanwhile."""
+        key = keys.transaction(transactional_id)
+        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, _dump(doc))])):
+            raise ConflictError(f"transaction {transactional_id!r} changed concurrently")
+        return version + 1
+
+    async def delete_transaction(self, transactional_id: str, version: int) -> None:
+        key = keys.transaction(transactional_id)
+        if not await self.kv.commit(Txn(compares=[(key, version)], deletes=[key])):
+            raise ConflictError(f"transaction {transactional_id!r} changed concurrently")
+
+    async def complete_transaction(
+        self, transactional_id: str, doc: dict, version: int, producer_id: int, groups, commit: bool, commit_ms: int
+    ) -> int:
+        """Record the end of a transaction and, in the same store transaction, move its
+        pending offsets of `groups` to the committed offsets (commit) or drop them (abort)."""
+        key = keys.transaction(transactional_id)
+        txn = Txn(compares=[(key, version)], puts=[(key, _dump(doc))])
+        for group_id in sorted(groups):
+            prefix = keys.producer_pending_offsets_prefix(group_id, producer_id)
+            if commit:
+                for kv in await self.kv.range(prefix):
+                    try:
+                        _pid, topic, partition = keys.pending_offset_of(kv.key)
+                    except keys.MalformedKey as e:
+                        log.warning("ignoring a key this layout cannot have written: %s", e)
+                        continue
+                    offset = json.loads(kv.value)
+                    offset["commit_ms"] = commit_ms
+                    txn.puts.append((keys.offset(group_id, topic, partition), _dump(offset)))
+            txn.delete_prefixes.append(prefix)
+        if not await self.kv.commit(txn):
+            raise ConflictError(f"transaction {transactional_id!r} changed concurrently")
+        return version + 1
+
+    async def put_pending_offsets(self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
+        txn = Txn(puts=[(keys.pending_offset(group_id, producer_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
+        await self.kv.commit(txn)
+
+    async def pending_offset_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        """The partitions of the group with a transactional offset not yet committed or aborted."""
+        out = set()
+        for kv in await self.kv.range(keys.group_pending_offsets_prefix(group_id)):
+            try:
+                _pid, topic, partition = keys.pending_offset_of(kv.key)
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
+                continue
+            out.add((topic, partition))
+        return out
 
     # -- producer ids -------------------------------------------------------------------
 

@@ -135,3 +135,35 @@ def encode_response(api_key: int, version: int, correlation_id: int, response: A
 def encode_raw_response(correlation_id: int, body: bytes, flexible_header: bool = False) -> bytes:
     header = _I32.pack(correlation_id) + (b"\0" if flexible_header else b"")
     return _I32.pack(len(header) + len(body)) + header + body
+
+
+def encode_request(api_key: int, version: int, correlation_id: int, client_id: str | None, body: Any) -> bytes:
+    """Frame a request (header v1, or v2 for flexible versions), as a broker sends one to
+    another broker (the transaction coordinator's WriteTxnMarkers)."""
+    flexible = bool(type(body).__flexible__)
+    buf = io.BytesIO()
+    buf.write(b"\0\0\0\0")
+    buf.write(_I16I16I32.pack(api_key, version, correlation_id))
+    if client_id is None:
+        buf.write(struct.pack(">h", -1))
+    else:
+        raw = client_id.encode()
+        buf.write(struct.pack(">h", len(raw)) + raw)
+    if flexible:
+        buf.write(b"\0")  # no tagged fields in the request header
+    _writer(type(body))(buf, body)
+    out = buf.getbuffer()
+    _I32.pack_into(out, 0, len(out) - 4)
+    del out
+    return buf.getvalue()
+
+
+def decode_response(api_key: int, version: int, payload: bytes) -> tuple[int, Any]:
+    """(correlation id, response entity) of a response frame's payload (no length prefix)."""
+    cls = schema(api_key, version, "response")
+    (correlation_id,) = _I32.unpack_from(payload, 0)
+    pos = 4
+    if api_key != 18 and cls.__flexible__:
+        pos = varint.skip_tagged_fields(memoryview(payload).toreadonly(), pos)
+    value, _size = _reader(cls)(memoryview(payload).toreadonly(), pos)
+    return correlation_id, value

@@ -102,7 +102,11 @@ async def find_coordinator(ctx, req):
     keys = list(req.coordinator_keys) if _has(req, "coordinator_keys") else [req.key]
     entries = []
     for key in keys:
-        if key_type == COORDINATOR_KEY_GROUP:
+        if key_type == COORDINATOR_KEY_GROUP or (
+            key_type == COORDINATOR_KEY_TRANSACTION and getattr(ctx.broker, "transactions", None) is not None
+        ):
+            # A transactional id goes by the same key hashing: the broker named here is the
+            # one whose TransactionCoordinator owns the id (`is_coordinator`).
             node = ctx.broker.cluster.coordinator_for(key)
             entries.append(dict(key=key, node_id=node.node_id, host=node.host, port=node.port,
                                 error_code=ErrorCode.none, error_message=None))
@@ -306,13 +310,20 @@ async def offset_commit(ctx, req):
     return build(cls, throttle_time=0, topics=topics)
 
 
-async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_id: bool, with_epoch: bool):
+async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_id: bool, with_epoch: bool,
+                              require_stable: bool = False):
     """(group error, response topics) for one group of an OffsetFetch."""
     if groups is None or not await _owned(ctx, group_id):
         return ErrorCode.not_coordinator, None
     committed = await groups.fetch_offsets(group_id)
+    # require_stable (KIP-447): a partition with a transactional offset still pending answers
+    # UNSTABLE_OFFSET_COMMIT (retriable) instead of an offset that may be about to change.
+    unstable = await groups.pending_offset_partitions(group_id) if require_stable else set()
 
-    def partition(p: int, o: CommittedOffset | None) -> dict:
+    def partition(p: int, o: CommittedOffset | None, topic: str | None = None) -> dict:
+        if (topic, p) in unstable:
+            return dict(partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
+                        error_code=ErrorCode.unstable_offset_commit)
         if o is None:
             return dict(partition_index=p, committed_offset=-1, committed_leader_epoch=-1, metadata="",
                         error_code=ErrorCode.none)
@@ -325,7 +336,7 @@ async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_
         # All topics with a committed offset.
         by_topic: dict[str, list] = {}
         for (topic, p), o in sorted(committed.items()):
-            by_topic.setdefault(topic, []).append(partition(p, o))
+            by_topic.setdefault(topic, []).append(partition(p, o, topic))
         for topic, parts in by_topic.items():
             if by_id:
                 topic_id = await resolver.id_of(topic)
@@ -346,7 +357,7 @@ async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_
             name = meta.name
         else:
             name = t.name
-        parts = [partition(p, committed.get((name, p))) for p in t.partition_indexes]
+        parts = [partition(p, committed.get((name, p)), name) for p in t.partition_indexes]
         out.append(dict(name=name, topic_id=getattr(t, "topic_id", None), partitions=parts))
     return ErrorCode.none, out
 
@@ -357,17 +368,20 @@ async def offset_fetch(ctx, req):
     resolver = TopicIdResolver(ctx.broker)
     by_id = ctx.version >= 10
     with_epoch = ctx.version >= 5
+    require_stable = bool(getattr(req, "require_stable", False))
     if _has(req, "groups"):  # v8+: several groups per request
         results = []
         for g in req.groups:
             try:
-                error, topics = await _fetch_group_offsets(ctx, groups, resolver, g.group_id, g.topics, by_id, with_epoch)
+                error, topics = await _fetch_group_offsets(ctx, groups, resolver, g.group_id, g.topics, by_id, with_epoch,
+                                                           require_stable)
             except STORE_DOWN:
                 error, topics = ErrorCode.coordinator_not_available, None
             results.append(dict(group_id=g.group_id, error_code=error, topics=topics or []))
         return build(cls, throttle_time=0, groups=results)
     try:
-        error, topics = await _fetch_group_offsets(ctx, groups, resolver, req.group_id, req.topics, False, with_epoch)
+        error, topics = await _fetch_group_offsets(ctx, groups, resolver, req.group_id, req.topics, False, with_epoch,
+                                                   require_stable)
     except STORE_DOWN:
         error, topics = ErrorCode.coordinator_not_available, None
     if topics is None:

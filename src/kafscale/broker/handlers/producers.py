@@ -3,8 +3,9 @@
 Producer ids come from the broker's allocator (metadata/producer_ids.py), unique across brokers.
 Without a transactional id, every InitProducerId gets a fresh producer id with epoch 0,
 as in Kafka: the producer id/epoch a client sends (KIP-360) are ignored, because they
-only identify a transactional id's current producer. Transactions are not supported: a
-transactional id is refused, and the transaction APIs are not advertised, so
+only identify a transactional id's current producer. A transactional id goes to the
+transaction coordinator (`transactions.py`) when the broker runs with --transactions;
+without it the id is refused and the transaction APIs are not advertised, so
 transactional clients fail at start with their own clear error.
 """
 
@@ -22,6 +23,10 @@ log = logging.getLogger("kafscale.producers")
 
 async def init_producer_id(ctx, req):
     cls = response(INIT_PRODUCER_ID, ctx.version)
+    if req.transactional_id is not None and getattr(ctx.broker, "transactions", None) is not None:
+        from kafscale.broker.handlers.transactions import init_producer_id as transactional_init
+
+        return await transactional_init(ctx, req)
     if req.transactional_id is not None:
         log.warning("client %s asked for transactional id %r: transactions are not supported", ctx.client_id, req.transactional_id, extra=ctx.log_fields())
         return make(cls, throttle_time=0, error_code=ErrorCode.transactional_id_authorization_failed, producer_id=-1, producer_epoch=-1)
