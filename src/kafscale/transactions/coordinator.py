@@ -107,6 +107,18 @@ class TransactionCoordinator:
     def _on_membership_change(self, cluster) -> None:
         for tid in [t for t in self.txns if not self.owns(t)]:
             self._spawn(self.release(tid))
+        if not self._stopping and self._sweep_task is not None:
+            # Ids this broker just took over may hold prepared transactions whose markers
+            # their previous coordinator did not finish: finish them now, not at the next sweep.
+            self._spawn(self._sweep_quietly())
+
+    async def _sweep_quietly(self) -> None:
+        try:
+            await self.sweep()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("transaction sweep after a membership change failed")
 
     async def release(self, transactional_id: str) -> None:
         """Another broker coordinates this id now: stop its markers and forget it."""
