@@ -189,3 +189,22 @@ def test_timeout_sweep_fences_and_stale_coordinator_is_refused(env):
         await e.store.close()
 
     asyncio.run(go())
+
+
+def test_markers_refused_as_stale_stop_and_drop_the_copy(env):
+    async def go():
+        e = await env()
+        c = e.coord
+
+        async def refuse(marker):
+            return {tp: ErrorCode.invalid_producer_epoch for tp in marker.partitions}
+
+        e.logs.write_txn_markers = refuse
+        step = await c.init_producer_id("tx-s", 10_000, None)
+        assert await c.add_partitions("tx-s", step.producer_id, 0, [("local", 0)]) is ErrorCode.none
+        assert (await c.end_txn("tx-s", step.producer_id, 0, commit=True)).error is ErrorCode.none
+        await wait_until_async(lambda: "tx-s" not in c.txns, 10, "the stale copy dropped")
+        await c.stop()
+        await e.store.close()
+
+    asyncio.run(go())

@@ -50,6 +50,9 @@ log = logging.getLogger("kafscale.transactions")
 WRITE_TXN_MARKERS = 27
 WRITE_TXN_MARKERS_VERSION = 1
 MARKER_DONE = frozenset({ErrorCode.none, ErrorCode.unknown_topic_or_partition})
+# A partition that has seen a newer epoch of this producer (or a newer coordinator) refuses
+# the marker: this coordinator's copy is stale. Kafka's coordinator stops sending then.
+MARKER_FENCED = frozenset({ErrorCode.invalid_producer_epoch, ErrorCode.transaction_coordinator_fenced})
 MARKER_RETRY_MIN_S = 0.05
 MARKER_RETRY_MAX_S = 2.0
 COORDINATOR_EPOCH = 0  # ownership is fenced by the guarded store writes, not by an epoch
@@ -307,6 +310,14 @@ class TransactionCoordinator:
             except Exception as e:
                 log.warning("transactional id %s: writing markers failed (%s); retrying", tid, e)
                 results = {}
+            fenced = {tp: e for tp, e in results.items() if e in MARKER_FENCED}
+            if fenced:
+                log.warning("transactional id %s: markers for producer %d epoch %d refused as stale (%s); "
+                            "this coordinator's copy is out of date, dropping it", tid, markers.producer_id,
+                            markers.producer_epoch, fenced)
+                async with self._locks[tid]:
+                    self.txns.pop(tid, None)
+                return
             remaining = {tp for tp in remaining if results.get(tp) not in MARKER_DONE}
             if remaining:
                 await asyncio.sleep(delay)
