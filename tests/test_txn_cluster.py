@@ -1,0 +1,70 @@
+"""The transaction coordinator in a cluster (3 brokers, real etcd, S3 on moto): one broker
+coordinates a transactional id (FindCoordinator key type 1), the others answer
+NOT_COORDINATOR; TxnOffsetCommit goes to the group's coordinator, possibly another broker;
+after a kill -9 of the transaction's coordinator another broker takes the id over with its
+state from etcd and finishes the transaction."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from tests.support.raw import RawClient, error_code, req
+from tests.support.servers import ETCD_BIN
+from tests.support.wait import wait_until
+from tests.test_cluster import backends, cluster_factory  # noqa: F401  (fixtures)
+from tests.test_txn_coordinator import add_offsets, describe, end, fetch_offset, init, txn_offset_commit
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(ETCD_BIN), reason="etcd binary not installed (make system-deps)"),
+    pytest.mark.timeout(150),
+]
+
+FIND_COORDINATOR = 10
+
+
+def coordinator_of(b, key: str, key_type: int) -> int:
+    with RawClient(b.bootstrap, timeout=5) as c:
+        r = c.request(FIND_COORDINATOR, 3, req(FIND_COORDINATOR, 3, key=key, key_type=key_type))
+    assert error_code(r.error_code) == 0
+    return r.node_id
+
+
+def test_coordinator_moves_with_its_state_after_kill9(cluster_factory):  # noqa: F811
+    cl = cluster_factory("txn", broker_args=("--transactions", "true"))
+    topic, group, tid = f"t-{cl.tag}", f"g-{cl.tag}", f"tx-{cl.tag}"
+    cl.create_topic(topic, 1)
+    cl.wait_owned(topic, 1)
+    views = {i: coordinator_of(b, tid, 1) for i, b in cl.brokers.items()}
+    assert len(set(views.values())) == 1, views  # every broker names the same coordinator
+    coord_id = views[0]
+    coord = cl.brokers[coord_id]
+    other = next(b for i, b in cl.brokers.items() if i != coord_id)
+    with RawClient(other.bootstrap) as c:
+        assert init(c, tid)[0] == ErrorCode.not_coordinator
+    with RawClient(coord.bootstrap) as c:
+        err, pid, epoch = init(c, tid)
+        assert err == 0
+        assert add_offsets(c, tid, pid, epoch, group) == 0
+    group_coord = cl.brokers[coordinator_of(coord, group, 0)]
+    with RawClient(group_coord.bootstrap) as c:
+        assert txn_offset_commit(c, tid, pid, epoch, group, topic, 11) == 0
+        assert fetch_offset(c, group, topic, require_stable=True) == (ErrorCode.unstable_offset_commit, -1)
+
+    coord.kill9()
+    survivors = {i: b for i, b in cl.brokers.items() if i != coord_id}
+    new_id = wait_until(
+        lambda: (lambda ids: ids.pop() if len(ids) == 1 and coord_id not in ids else None)(
+            {coordinator_of(b, tid, 1) for b in survivors.values()}),
+        30, "a surviving broker to coordinate the transactional id")
+    with RawClient(survivors[new_id].bootstrap) as c:
+        st = describe(c, tid)
+        assert (st.producer_id, st.producer_epoch, st.transaction_state) == (pid, epoch, "Ongoing")
+        assert end(c, tid, pid, epoch, True) == 0
+        wait_until(lambda: describe(c, tid).transaction_state == "CompleteCommit", 20, "the commit")
+    group_coord = survivors[wait_until(lambda: (lambda n: n if n in survivors else None)(
+        coordinator_of(survivors[new_id], group, 0)), 30, "the group's coordinator")]
+    with RawClient(group_coord.bootstrap) as c:
+        assert fetch_offset(c, group, topic, require_stable=True) == (0, 11)
