@@ -19,3 +19,13 @@ class SegmentInfo:
     record_count: int
     max_timestamp: int
     created_ms: int
+    # The transactions aborted by the ABORT markers this segment holds, as (producer id,
+    # first offset, last offset = the marker's offset); a read_committed fetch hands them to
+    # the consumer so it drops their records. Absent in metadata written before transactions.
+    aborted: tuple[tuple[int, int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.aborted and not isinstance(self.aborted[0], tuple):  # loaded from JSON: lists
+            object.__setattr__(self, "aborted", tuple(tuple(a) for a in self.aborted))
+        elif not isinstance(self.aborted, tuple):
+            object.__setattr__(self, "aborted", tuple(self.aborted))

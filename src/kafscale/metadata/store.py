@@ -100,6 +100,13 @@ def _dump(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def _segment_json(seg: SegmentInfo) -> bytes:
+    d = asdict(seg)
+    if not seg.aborted:
+        del d["aborted"]  # the common case stays as compact as before transactions
+    return _dump(d)
+
+
 def _segment_from(kv: KeyValue) -> SegmentInfo:
     return SegmentInfo(**json.loads(kv.value))
 
@@ -218,7 +225,7 @@ class MetadataStore:
             compares=[(key, st.version)],
             puts=[
                 (key, _dump(self.state_doc(new))),
-                (keys.segment(st.topic, st.partition, seg.base_offset), _dump(asdict(seg))),
+                (keys.segment(st.topic, st.partition, seg.base_offset), _segment_json(seg)),
             ],
         )
         if not await self.kv.commit(txn):
@@ -255,7 +262,7 @@ class MetadataStore:
         txn = Txn(compares=[(key, st.version)], puts=[(key, _dump(self.state_doc(new)))])
         removed = set(remove_segments)
         txn.deletes = [keys.segment(st.topic, st.partition, b) for b in removed]
-        txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), _dump(asdict(s))) for s in add_segments]
+        txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), _segment_json(s)) for s in add_segments]
         if not await self.kv.commit(txn):
             raise ConflictError(f"partition {st.topic}-{st.partition} changed concurrently")
         new.version = st.version + 1

@@ -19,6 +19,7 @@ from kafscale.protocol.records import uvarint
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION_HEAD = struct.Struct(">ihqqq")  # index, error, high watermark, last stable, log start
+_ABORTED = struct.Struct(">qq")  # producer id, first offset
 
 
 class RecordChunks(list):
@@ -39,6 +40,9 @@ class PartitionData:
     last_stable_offset: int
     log_start_offset: int
     records: RecordChunks = field(default_factory=RecordChunks)
+    # read_committed: (producer id, first offset) of the aborted transactions in the
+    # returned range; None (read_uncommitted) is written as a null array
+    aborted_transactions: list[tuple[int, int]] | None = None
 
 
 @dataclass(slots=True)
@@ -78,8 +82,15 @@ class FetchResponse:
                 head += _PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset)
                 if v < 5:
                     del head[-8:]  # log_start_offset arrived in v5
-                # aborted_transactions: null (no transactions here)
-                head += b"\0" if flexible else _I32.pack(-1)
+                aborted = p.aborted_transactions
+                if aborted is None:
+                    head += b"\0" if flexible else _I32.pack(-1)
+                else:
+                    head += _array_len(len(aborted), flexible)
+                    for pid, first in aborted:
+                        head += _ABORTED.pack(pid, first)
+                        if flexible:
+                            head += b"\0"  # entry tagged fields
                 if v >= 11:
                     head += _I32.pack(-1)  # preferred_read_replica
                 size = sum(len(c) for c in p.records)

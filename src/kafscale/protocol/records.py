@@ -341,3 +341,41 @@ def build_batch(
     after_crc = struct.pack(">hiqqqhii", attrs, max(n - 1, 0), timestamp, timestamp, producer_id, producer_epoch, base_sequence, n) + bytes(body)
     batch_length = 4 + 1 + 4 + len(after_crc)
     return struct.pack(">qiib", base_offset, batch_length, -1, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc
+
+
+# ---------------------------------------------------------------------------------------
+# Control batches: the end-transaction markers (COMMIT / ABORT) of Kafka's transactions.
+# One record; key = version (int16 0) + type (int16: 0 abort, 1 commit); value = version
+# (int16 0) + coordinator epoch (int32); attributes transactional + control.
+
+CONTROL_ABORT, CONTROL_COMMIT = 0, 1
+_CONTROL_KEY = struct.Struct(">hh")
+_CONTROL_VALUE = struct.Struct(">hi")
+
+
+def build_control_batch(commit: bool, producer_id: int, producer_epoch: int, coordinator_epoch: int, timestamp: int, base_offset: int = 0) -> bytes:
+    """An end-transaction marker batch for `producer_id` (offset patched on append)."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = _CONTROL_VALUE.pack(0, coordinator_epoch)
+    return build_batch(
+        [(key, value)],
+        base_offset=base_offset,
+        timestamp=timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=-1,
+        attributes=TRANSACTIONAL_MASK | CONTROL_MASK,
+    )
+
+
+def read_control(buf, pos: int, header: BatchHeader) -> tuple[int, int]:
+    """(control type, coordinator epoch) of the control batch at `pos`; type -1 for a control
+    batch this broker does not know (or an empty one), which ends no transaction."""
+    recs = decode_records(buf, pos, header, verify_crc=False)
+    if not recs or recs[0].key is None or len(recs[0].key) < _CONTROL_KEY.size:
+        return -1, -1
+    _version, kind = _CONTROL_KEY.unpack_from(recs[0].key, 0)
+    epoch = -1
+    if recs[0].value is not None and len(recs[0].value) >= _CONTROL_VALUE.size:
+        epoch = _CONTROL_VALUE.unpack_from(recs[0].value, 0)[1]
+    return kind, epoch

@@ -28,15 +28,18 @@ import logging
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
+from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage import segment
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.merger import SegmentMerger
 from kafscale.storage.objectstore import ObjectStore
 from kafscale.storage.partition_log import FlushedPartition, PartitionLog
+from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import SegmentReader
 from kafscale.storage.recovery import rebuild_producer_state, recover
 from kafscale.storage.retention import Retention
 from kafscale.storage.topic_cache import TopicCache
+from kafscale.storage.txn import TxnMarker
 
 log = logging.getLogger("kafscale.storage")
 
@@ -230,12 +233,41 @@ class LogManager:
                 raise StorageError(f"unknown topic or partition {topic}-{partition}", ErrorCode.unknown_topic_or_partition)
             # Recovery commits adopted segments: another owner's commit in between is a
             # ConflictError, answered as NOT_LEADER_OR_FOLLOWER like any store failure here.
-            st = await recover(self.store, self.metadata, self.namespace, await self._partition_state(topic, partition), self.merger.schedule_delete)
-            lg = PartitionLog(self, meta, st)
-            await rebuild_producer_state(self.reader, topic, partition, lg.state.segments, lg.producers)
+            st = await self._partition_state(topic, partition)
+            producers = ProducerStateTable()
+            await rebuild_producer_state(self.reader, topic, partition, st.segments, producers)
+            st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers)
+            lg = PartitionLog(self, meta, st, producers)
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
+
+    async def write_txn_markers(self, marker: TxnMarker) -> dict[tuple[str, int], ErrorCode]:
+        """Append `marker` (COMMIT or ABORT of one producer's transaction) to each of its
+        partitions owned here and wait until every one appended is durable. Per partition:
+        none; not_leader_or_follower (owned elsewhere: the coordinator asks the owner);
+        unknown_topic_or_partition (deleted: the marker is dropped, as Kafka);
+        invalid_producer_epoch / transaction_coordinator_fenced (a zombie's marker);
+        kafka_storage_error (retry)."""
+        results: dict[tuple[str, int], ErrorCode] = {}
+        waiting: dict[tuple[str, int], asyncio.Future] = {}
+        for topic, partition in marker.partitions:
+            key = (topic, partition)
+            try:
+                lg = await self.get_log(topic, partition)
+                waiting[key] = lg.append_marker(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch, marker.commit)
+                results[key] = ErrorCode.none
+            except (StorageError, InvalidRecordError) as e:
+                results[key] = e.error_code
+                if e.error_code not in (ErrorCode.not_leader_or_follower, ErrorCode.unknown_topic_or_partition):
+                    log.warning("transaction marker for producer %d on %s-%d refused: %s", marker.producer_id, topic, partition, e)
+        if waiting:
+            await asyncio.gather(*waiting.values(), return_exceptions=True)
+            for key, fut in waiting.items():
+                exc = fut.exception()
+                if exc is not None:
+                    results[key] = exc.error_code if isinstance(exc, StorageError) else ErrorCode.kafka_storage_error
+        return results
 
     def epoch_end_offset(self, lg: PartitionLog, epoch: int) -> tuple[int, int]:
         """(end offset, epoch) for OffsetForLeaderEpoch: the current epoch ends at the high

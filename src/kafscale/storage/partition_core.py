@@ -17,6 +17,13 @@ The rules:
 - A failed upload drops every batch not yet durable (in flight and buffered): their offsets
   are handed out again, so nothing acknowledged is ever renumbered, and every waiter gets a
   retriable error.
+- Transactions (docs/transactions.md): a producer's first transactional batch opens its
+  transaction here; `append_marker` appends the COMMIT/ABORT control batch that closes it,
+  like any batch. The last stable offset is the smallest first offset of the open
+  transactions, else the high watermark (never above it). An ABORT marker that closes an
+  open transaction adds (producer id, first offset, marker offset) to the aborted entries of
+  the segment that holds it, committed with that segment. A failed upload rolls the
+  transaction state back with the producer state.
 - Every way a log stops (topic deleted, ownership lost or moved, fenced, shutdown) is
   `halt`: no more appends, buffered batches rejected with the stop reason, an upload in
   flight answered by its own outcome. Once stopping, the stop reason wins over any other
@@ -46,6 +53,7 @@ class BufferedBatch:
     nbytes: int
     base_offset: int
     waiters: list[Any]  # the driver's waiters (futures): answered together
+    aborted: tuple[tuple[int, int, int], ...] = ()  # an ABORT marker's aborted transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,11 @@ class Upload:
 
     batches: list[BufferedBatch]
     base_offset: int
+
+    @property
+    def aborted(self) -> tuple[tuple[int, int, int], ...]:
+        """The aborted-transaction entries of the segment (SegmentInfo.aborted)."""
+        return tuple(a for b in self.batches for a in b.aborted)
 
 
 @dataclass(slots=True)
@@ -91,20 +104,31 @@ class Appended:
 
 
 class PartitionCore:
-    def __init__(self, name: str, state: PartitionState, settings: LogSettings, flush_interval_s: float, min_flush_interval_s: float):
+    def __init__(
+        self,
+        name: str,
+        state: PartitionState,
+        settings: LogSettings,
+        flush_interval_s: float,
+        min_flush_interval_s: float,
+        producers: ProducerStateTable | None = None,
+    ):
         self.name = name  # "topic-partition", for messages
         self.state = state  # the committed state: segments, high watermark, epoch
         self.settings = settings
         self.flush_interval_s = flush_interval_s
         self.min_flush_interval_s = min_flush_interval_s
         self.next_offset = state.high_watermark
-        self.producers = ProducerStateTable()
+        self.producers = producers if producers is not None else ProducerStateTable()
         self.buffer: list[BufferedBatch] = []
         self.buffered_bytes = 0
         self.buffer_since = 0.0
         self.waiting_acks = 0  # buffered batches someone waits on
         self.last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
         self.in_flight: list[BufferedBatch] = []
+        # Transactions whose marker is appended but not durable yet, as (first offset, marker
+        # offset): still undecided for readers, so they hold the last stable offset back.
+        self.closing_txns: list[tuple[int, int]] = []
         self.uploading = False
         self.closed = False  # no more appends: the log is stopping or stopped
         self.stopped_by: StorageError | None = None  # why: what every waiter left is answered with
@@ -117,6 +141,8 @@ class PartitionCore:
         the log is stopping, InvalidRecordError for a bad producer sequence."""
         if self.closed:
             raise self.refusal()
+        if any(h.is_control for h in headers):
+            raise records.InvalidRecordError("control batches are written by the transaction coordinator, not produced", ErrorCode.invalid_record)
         duplicate = self.producers.check_record_set(headers)
         if duplicate is not None:
             return self._duplicate(duplicate.base_offset, waiter)
@@ -132,13 +158,47 @@ class PartitionCore:
             offset += h.last_offset_delta + 1
             pos += h.size
         self.next_offset = offset
+        self._buffer(BufferedBatch(data, len(data), base, [waiter] if waiter is not None else []), now)
+        return Appended(base, append_time, True)
+
+    def _buffer(self, batch: BufferedBatch, now: float) -> None:
         if not self.buffer:
             self.buffer_since = now
-        self.buffer.append(BufferedBatch(data, len(data), base, [waiter] if waiter is not None else []))
-        self.buffered_bytes += len(data)
-        if waiter is not None:
+        self.buffer.append(batch)
+        self.buffered_bytes += batch.nbytes
+        if batch.waiters:
             self.waiting_acks += 1
-        return Appended(base, append_time, True)
+
+    def append_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool, waiter: Any, now: float, now_ms: int) -> Appended:
+        """Append the end-transaction control batch (COMMIT or ABORT) of a producer's
+        transaction; `waiter` is answered once it is durable. A marker for a producer with no
+        open transaction here is appended too (the coordinator may send one twice) but ends
+        nothing. Raises StorageError once the log is stopping, InvalidRecordError for an old
+        producer epoch (INVALID_PRODUCER_EPOCH) or coordinator epoch (TRANSACTION_COORDINATOR_FENCED)."""
+        if self.closed:
+            raise self.refusal()
+        self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        offset = self.next_offset
+        data = memoryview(bytearray(records.build_control_batch(commit, producer_id, producer_epoch, coordinator_epoch, now_ms)))
+        records.patch_batch(data, 0, offset, self.state.leader_epoch)
+        first = self.producers.end_txn(producer_id, producer_epoch, coordinator_epoch, offset, now_ms, self.state.high_watermark)
+        aborted = ((producer_id, first, offset),) if first is not None and not commit else ()
+        if first is not None:
+            self.closing_txns.append((first, offset))
+        self.next_offset = offset + 1
+        self._buffer(BufferedBatch(data, len(data), offset, [waiter] if waiter is not None else [], aborted), now)
+        return Appended(offset, -1, True)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Below it every transaction is decided: the smallest first offset of the open
+        transactions, else the high watermark (never above it)."""
+        hw = self.state.high_watermark
+        first = self.producers.first_unstable_offset()
+        for txn_first, _marker in self.closing_txns:
+            if first is None or txn_first < first:
+                first = txn_first
+        return hw if first is None or first > hw else first
 
     def _duplicate(self, base_offset: int, waiter: Any) -> Appended:
         """A retried batch already appended: answered at its original offset once durable."""
@@ -206,6 +266,8 @@ class PartitionCore:
     def flush_committed(self, state: PartitionState) -> Outcome:
         """The upload is durable and committed as `state`: acknowledge its batches."""
         self.state = state
+        self.producers.durable(state.high_watermark)
+        self.closing_txns = [t for t in self.closing_txns if t[1] >= state.high_watermark]
         done, self.in_flight = self.in_flight, []
         self.uploading = False
         return Outcome([self._answer(done, None)], notify_readers=True)
@@ -223,7 +285,8 @@ class PartitionCore:
         self.buffered_bytes = 0
         self.waiting_acks = 0
         self.next_offset = self.state.high_watermark
-        self.producers.roll_back(self.next_offset)
+        self.producers.roll_back(self.next_offset)  # a dropped marker's transaction is open again
+        self.closing_txns = [t for t in self.closing_txns if t[1] < self.next_offset]
         return Outcome([self._answer(dropped, StorageError(what, code))], forget=code == ErrorCode.not_leader_or_follower, rejected_batches=len(dropped))
 
     def _flush_failure(self, error: BaseException) -> tuple[ErrorCode, str]:

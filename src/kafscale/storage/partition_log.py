@@ -22,7 +22,9 @@ from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.partition_core import Answer, Outcome, PartitionCore
+from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.retention import segments_past_retention
+from kafscale.storage.txn import aborted_in_range, cut_at
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager
@@ -31,13 +33,18 @@ log = logging.getLogger("kafscale.storage")
 
 
 class PartitionLog:
-    def __init__(self, manager: "LogManager", meta: TopicMeta, state: PartitionState):
+    def __init__(self, manager: "LogManager", meta: TopicMeta, state: PartitionState, producers: ProducerStateTable | None = None):
         self.manager = manager
         self.topic = meta.name
         self.partition = state.partition
         cfg = manager.config
         self.core = PartitionCore(
-            f"{self.topic}-{self.partition}", state, LogSettings.from_configs(meta.configs), cfg.flush_interval_ms / 1000, cfg.min_flush_interval_ms / 1000
+            f"{self.topic}-{self.partition}",
+            state,
+            LogSettings.from_configs(meta.configs),
+            cfg.flush_interval_ms / 1000,
+            cfg.min_flush_interval_ms / 1000,
+            producers,
         )
         self._wake = asyncio.Event()
         self._data_waiters: set[asyncio.Future] = set()
@@ -79,8 +86,16 @@ class PartitionLog:
         return self.core.state.log_start_offset
 
     @property
+    def last_stable_offset(self) -> int:
+        return self.core.last_stable_offset
+
+    @property
     def leader_epoch(self) -> int:
         return self.core.state.leader_epoch
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions with records in [start, end)."""
+        return aborted_in_range(self.state.segments, start, end)
 
     def apply_configs(self, meta: TopicMeta) -> None:
         self.core.settings = LogSettings.from_configs(meta.configs)
@@ -129,6 +144,17 @@ class PartitionLog:
         self._wake.set()
         return done.base_offset, done.append_time, waiter
 
+    def append_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool) -> asyncio.Future:
+        """Append an end-transaction marker (see PartitionCore.append_marker); the future is
+        resolved once it is durable. Raises StorageError / InvalidRecordError now."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self.core.append_marker(producer_id, producer_epoch, coordinator_epoch, commit, waiter, time.monotonic(), int(time.time() * 1000))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
+        self._wake.set()
+        return waiter
+
     async def _run_flusher(self) -> None:
         while not self.core.closed:
             delay = self.core.flush_due_in(time.monotonic())
@@ -165,12 +191,12 @@ class PartitionLog:
             if out.upload is None:  # ownership lost: halted
                 self._apply(out)
                 return
-            await self._upload(out.upload.batches, out.upload.base_offset)
+            await self._upload(out.upload.batches, out.upload.base_offset, out.upload.aborted)
 
-    async def _upload(self, batches, base: int) -> None:
+    async def _upload(self, batches, base: int, aborted: tuple = ()) -> None:
         """Make one segment durable: upload it, commit it, answer its producers."""
         body = b"".join(b.data for b in batches)
-        enc = segment.encode([body], base)
+        enc = segment.encode([body], base, aborted=aborted)
         mgr = self.manager
         started = time.monotonic()
         try:
@@ -256,10 +282,11 @@ class PartitionLog:
     def discard_data_waiter(self, fut: asyncio.Future) -> None:
         self._data_waiters.discard(fut)
 
-    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
-        """Stored batches from `offset` up to the high watermark, at most max_bytes
-        (the first batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
-        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one)
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True, upto: int | None = None) -> list[memoryview]:
+        """Stored batches from `offset` up to the high watermark (or the whole batches below
+        `upto`, the last stable offset for read_committed), at most max_bytes (the first
+        batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
+        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one, upto)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
         """Begin loading the stored segment holding `offset` if it is not cached (None: nothing to wait for)."""
@@ -321,11 +348,16 @@ class PartitionLog:
             return True
 
 
-async def read_committed(manager: "LogManager", st: PartitionState, offset: int, max_bytes: int, at_least_one: bool) -> list[memoryview]:
-    """Batches of a partition's committed segments from `offset`, owned or not."""
+async def read_committed(
+    manager: "LogManager", st: PartitionState, offset: int, max_bytes: int, at_least_one: bool, upto: int | None = None
+) -> list[memoryview]:
+    """Batches of a partition's committed segments from `offset`, owned or not; with `upto`
+    only the whole batches ending below it."""
     if offset < st.log_start_offset or offset > st.high_watermark:
         raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", ErrorCode.offset_out_of_range)
-    return await manager.reader.read(st.topic, st.partition, st.segments, offset, st.high_watermark, max_bytes, at_least_one)
+    end = st.high_watermark if upto is None else min(upto, st.high_watermark)
+    chunks = await manager.reader.read(st.topic, st.partition, st.segments, offset, end, max_bytes, at_least_one)
+    return chunks if end == st.high_watermark else cut_at(chunks, end)
 
 
 class FlushedPartition:
@@ -355,10 +387,17 @@ class FlushedPartition:
     def leader_epoch(self) -> int:
         return self.state.leader_epoch
 
+    # Which transactions are open is known to the owner only (from its producer state): a
+    # read_committed fetch is sent there (NOT_LEADER_OR_FOLLOWER).
+    last_stable_offset = None
+
+    def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
+        return aborted_in_range(self.state.segments, start, end)
+
     def start_load(self, offset: int) -> asyncio.Future | None:
         return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
 
-    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True) -> list[memoryview]:
+    async def read(self, offset: int, max_bytes: int, at_least_one: bool = True, upto: int | None = None) -> list[memoryview]:
         if self.stale():
             try:
                 st = await self.manager.metadata.get_partition(self.topic, self.partition)
@@ -366,7 +405,7 @@ class FlushedPartition:
                 raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
             if st is not None:
                 self.state, self.loaded = st, time.monotonic()
-        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one)
+        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one, upto)
 
     def add_data_waiter(self, fut: asyncio.Future) -> None:
         # No local appends to wait for: wake the long poll when the view goes stale.

@@ -5,6 +5,14 @@ For each producer id the table keeps its epoch and the last few appended batches
 duplicate and is answered with its original offset; a gap is OUT_OF_ORDER_SEQUENCE_NUMBER;
 an older epoch is INVALID_PRODUCER_EPOCH; a producer the partition has never seen (or has
 forgotten after expiry) starting mid-sequence is UNKNOWN_PRODUCER_ID, so the client resets.
+
+Transactions: a producer's first transactional batch opens its transaction on the partition
+(`open_txns`: producer id -> first offset); an end-transaction marker closes it. A
+non-transactional batch while one is open is INVALID_TXN_STATE; a marker with an older
+producer epoch INVALID_PRODUCER_EPOCH, with an older coordinator epoch
+TRANSACTION_COORDINATOR_FENCED (as Kafka's ProducerAppendInfo). Changes at offsets not yet
+durable are journaled, so `roll_back` after a failed flush restores exactly the state of
+the durable log (an open transaction a dropped marker had closed is open again).
 Pure logic, no I/O: the partition log feeds it batch headers and offsets.
 """
 
@@ -33,6 +41,8 @@ class ProducerEntry:
     epoch: int
     last_timestamp_ms: int = -1
     batches: list[BatchRecord] = field(default_factory=list)
+    txn_first_offset: int = -1  # first offset of the open transaction here (-1: none)
+    coordinator_epoch: int = -1  # of the last marker seen
 
     @property
     def last_seq(self) -> int:
@@ -60,9 +70,38 @@ def _check_follows(before: BatchHeader, h: BatchHeader) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """How to restore one producer's entry as it was before a change at `offset`."""
+
+    offset: int
+    producer_id: int
+    entry: ProducerEntry | None  # the entry object before (None: there was none)
+    txn_first_offset: int
+    coordinator_epoch: int
+
+
 class ProducerStateTable:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        self.open_txns: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        self._journal: list[_Undo] = []  # changes at offsets not yet durable, oldest first
+
+    def _journal_change(self, pid: int, offset: int, durable_below: int) -> None:
+        if offset >= durable_below:
+            e = self.producers.get(pid)
+            self._journal.append(_Undo(offset, pid, e, e.txn_first_offset if e else -1, e.coordinator_epoch if e else -1))
+
+    def _set_txn(self, entry: ProducerEntry, first_offset: int) -> None:
+        entry.txn_first_offset = first_offset
+        if first_offset >= 0:
+            self.open_txns[entry.producer_id] = first_offset
+        else:
+            self.open_txns.pop(entry.producer_id, None)
+
+    def first_unstable_offset(self) -> int | None:
+        """The smallest first offset of the open transactions (None: none open)."""
+        return min(self.open_txns.values()) if self.open_txns else None
 
     def check(self, h: BatchHeader) -> BatchRecord | None:
         """Validate one idempotent batch. Returns the original batch if this one is a
@@ -77,6 +116,11 @@ class ProducerStateTable:
         if h.producer_epoch < entry.epoch:
             raise InvalidRecordError(
                 f"producer {h.producer_id} epoch {h.producer_epoch} is older than the current epoch {entry.epoch}", ErrorCode.invalid_producer_epoch
+            )
+        if entry.txn_first_offset >= 0 and not h.is_transactional:
+            raise InvalidRecordError(
+                f"producer {h.producer_id} sent a non-transactional batch while its transaction from offset {entry.txn_first_offset} is open",
+                ErrorCode.invalid_txn_state,
             )
         if h.producer_epoch > entry.epoch:
             if h.base_sequence != 0:
@@ -131,24 +175,84 @@ class ProducerStateTable:
         `durable_below`) are never trimmed, so a failed flush can be rolled back."""
         entry = self.producers.get(h.producer_id)
         if entry is None or h.producer_epoch != entry.epoch:
-            entry = ProducerEntry(h.producer_id, h.producer_epoch)
-            self.producers[h.producer_id] = entry
+            self._journal_change(h.producer_id, base_offset, durable_below)
+            new = ProducerEntry(h.producer_id, h.producer_epoch)
+            if entry is not None:  # a new epoch keeps the open transaction and the coordinator epoch
+                new.txn_first_offset, new.coordinator_epoch = entry.txn_first_offset, entry.coordinator_epoch
+            entry = self.producers[h.producer_id] = new
+        if h.is_transactional and entry.txn_first_offset < 0:
+            self._journal_change(h.producer_id, base_offset, durable_below)
+            self._set_txn(entry, base_offset)
         entry.batches.append(BatchRecord(h.base_sequence, _last_seq(h), base_offset, base_offset + h.last_offset_delta))
         entry.last_timestamp_ms = now_ms
         while len(entry.batches) > BATCHES_KEPT and entry.batches[0].base_offset < durable_below:
             entry.batches.pop(0)
 
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """May an end-transaction marker of this producer be appended? Raises InvalidRecordError."""
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise InvalidRecordError(
+                f"marker for producer {producer_id} has epoch {producer_epoch}, older than the current epoch {entry.epoch}", ErrorCode.invalid_producer_epoch
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise InvalidRecordError(
+                f"marker for producer {producer_id} has coordinator epoch {coordinator_epoch}, older than {entry.coordinator_epoch} (zombie coordinator)",
+                ErrorCode.transaction_coordinator_fenced,
+            )
+
+    def end_txn(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, offset: int, now_ms: int, durable_below: int) -> int | None:
+        """An end-transaction marker appended at `offset` (checked with check_marker first):
+        closes the producer's open transaction here and returns its first offset (None: no
+        transaction was open, the marker ends nothing). The marker's epoch becomes the
+        producer's (a higher one starts a new sequence)."""
+        entry = self.producers.get(producer_id)
+        self._journal_change(producer_id, offset, durable_below)
+        if entry is None or producer_epoch != entry.epoch:
+            new = ProducerEntry(producer_id, producer_epoch)
+            if entry is not None:
+                new.txn_first_offset = entry.txn_first_offset
+            entry = self.producers[producer_id] = new
+        first = entry.txn_first_offset
+        self._set_txn(entry, -1)
+        entry.coordinator_epoch = coordinator_epoch
+        entry.last_timestamp_ms = now_ms
+        return first if first >= 0 else None
+
+    def durable(self, high_watermark: int) -> None:
+        """Everything below `high_watermark` is durable: its changes can no longer be rolled back."""
+        j = self._journal
+        n = 0
+        while n < len(j) and j[n].offset < high_watermark:
+            n += 1
+        if n:
+            del j[:n]
+
     def roll_back(self, first_dropped_offset: int) -> None:
-        """Forget batches at or beyond an offset whose flush failed."""
+        """Forget what happened at or beyond an offset whose flush failed."""
+        while self._journal and self._journal[-1].offset >= first_dropped_offset:
+            undo = self._journal.pop()
+            entry = undo.entry
+            if entry is None:
+                self.producers.pop(undo.producer_id, None)
+                self.open_txns.pop(undo.producer_id, None)
+                continue
+            self.producers[undo.producer_id] = entry
+            entry.coordinator_epoch = undo.coordinator_epoch
+            self._set_txn(entry, undo.txn_first_offset)
         for pid in list(self.producers):
             entry = self.producers[pid]
             while entry.batches and entry.batches[-1].base_offset >= first_dropped_offset:
                 entry.batches.pop()
-            if not entry.batches:
+            if not entry.batches and entry.txn_first_offset < 0 and entry.coordinator_epoch < 0:
                 del self.producers[pid]
 
     def expire(self, now_ms: int, expiration_ms: int) -> int:
-        doomed = [pid for pid, e in self.producers.items() if e.last_timestamp_ms < now_ms - expiration_ms]
+        """Forget producers idle past `expiration_ms`, except those with an open transaction
+        (the coordinator's timeout ends it with a marker)."""
+        doomed = [pid for pid, e in self.producers.items() if e.last_timestamp_ms < now_ms - expiration_ms and e.txn_first_offset < 0]
         for pid in doomed:
             del self.producers[pid]
         return len(doomed)

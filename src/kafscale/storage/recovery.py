@@ -1,8 +1,14 @@
 """What loading an owned partition log recovers: segments that reached the object store but
-not the metadata (a crash between upload and commit), and the idempotent producers' state."""
+not the metadata (a crash between upload and commit), and the producers' state (idempotent
+sequences, open transactions) from the log's tail.
+
+Load order: the producer state is rebuilt from the committed segments first, then each
+adopted segment is replayed into it, which also yields the aborted-transaction entries of
+its ABORT markers (committed with it, as a flush would have)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -24,7 +30,34 @@ log = logging.getLogger("kafscale.storage")
 PRODUCER_STATE_REPLAY_BYTES = 64 * 1024 * 1024
 
 
-async def recover(store: ObjectStore, metadata: MetadataStore, namespace: str, state: PartitionState, schedule_delete: Callable[[list[str]], None]) -> PartitionState:
+def replay(producers: ProducerStateTable, data, positions, now_ms: int) -> tuple[tuple[int, int, int], ...]:
+    """Feed stored batches (at `positions` in `data`) to the producer state, as their append
+    did; returns the aborted-transaction entries of the ABORT markers among them."""
+    aborted = []
+    for pos in positions:
+        h = records.read_header(data, pos)
+        if h.producer_id < 0:
+            continue
+        if h.is_control:
+            kind, coordinator_epoch = records.read_control(data, pos, h)
+            if kind not in (records.CONTROL_ABORT, records.CONTROL_COMMIT):
+                continue
+            first = producers.end_txn(h.producer_id, h.producer_epoch, coordinator_epoch, h.base_offset, now_ms, 1 << 62)
+            if first is not None and kind == records.CONTROL_ABORT:
+                aborted.append((h.producer_id, first, h.base_offset))
+        else:
+            producers.record(h, h.base_offset, h.max_timestamp if h.max_timestamp > 0 else now_ms, 1 << 62)
+    return tuple(aborted)
+
+
+async def recover(
+    store: ObjectStore,
+    metadata: MetadataStore,
+    namespace: str,
+    state: PartitionState,
+    schedule_delete: Callable[[list[str]], None],
+    producers: ProducerStateTable | None = None,
+) -> PartitionState:
     """Adopt segments that reached the object store but not the metadata (a crash
     between upload and commit): each must start exactly at the high watermark and pass
     its checks; anything else is ignored, so no offset is ever served twice."""
@@ -50,9 +83,11 @@ async def recover(store: ObjectStore, metadata: MetadataStore, namespace: str, s
         try:
             decoded = segment.decode(await store.get(key), name=key)
             body = decoded.batches
+            positions = []
             for pos, h in records.iter_batches(body):  # each batch must be intact too
                 if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
                     raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
+                positions.append(pos)
         except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
             log.warning("recovery: deleting unusable uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
             # Never acknowledged, and segments are created only where no object is:
@@ -62,14 +97,19 @@ async def recover(store: ObjectStore, metadata: MetadataStore, namespace: str, s
             except ObjectStoreError as de:
                 raise StorageError(f"object store unavailable: {de}") from de
             break
-        st = await metadata.commit_segment(st, decoded.info)
+        info = decoded.info
+        if producers is not None:
+            info = dataclasses.replace(info, aborted=replay(producers, body, positions, int(time.time() * 1000)))
+        st = await metadata.commit_segment(st, info)
         log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
     return st
 
 
 async def rebuild_producer_state(reader: "SegmentReader", topic: str, partition: int, segments: list[segment.SegmentInfo], producers: ProducerStateTable) -> None:
-    """Idempotent-producer state comes back from the batch headers of the log's tail,
-    so a producer retrying across a restart or ownership move gets no duplicate."""
+    """Producer state comes back from the batch headers of the log's tail, so a producer
+    retrying across a restart or ownership move gets no duplicate, and the transactions
+    open in that tail are open again (a transaction begun before the replayed tail, more
+    than PRODUCER_STATE_REPLAY_BYTES back, is not seen)."""
     tail, size = [], 0
     for seg in reversed(segments):
         if size >= PRODUCER_STATE_REPLAY_BYTES:
@@ -84,7 +124,4 @@ async def rebuild_producer_state(reader: "SegmentReader", topic: str, partition:
             if e.error_code == ErrorCode.offset_out_of_range:
                 continue  # deleted by retention meanwhile
             raise
-        for pos in view.positions:
-            h = records.read_header(view.data, pos)
-            if h.producer_id >= 0:
-                producers.record(h, h.base_offset, h.max_timestamp if h.max_timestamp > 0 else now_ms, 1 << 62)
+        replay(producers, view.data, view.positions, now_ms)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kafscale.protocol import records
+
 
 @dataclass(frozen=True)
 class TxnMarker:
@@ -17,3 +19,37 @@ class TxnMarker:
     coordinator_epoch: int
     commit: bool  # True: COMMIT control record, False: ABORT
     partitions: list[tuple[str, int]] = field(default_factory=list)
+
+
+def aborted_in_range(segments, start: int, end: int) -> list[tuple[int, int]]:
+    """(producer id, first offset) of the aborted transactions with records in [start, end),
+    from the aborted entries (SegmentInfo.aborted) of the segments from `start` on: what a
+    read_committed fetch of that range hands the consumer, which drops their records. An
+    entry's marker may lie past `end` (a long transaction), so every later segment counts."""
+    out = []
+    for seg in segments:
+        if seg.last_offset < start or not seg.aborted:
+            continue
+        for pid, first, last in seg.aborted:
+            if last >= start and first < end:
+                out.append((pid, first))
+    out.sort(key=lambda a: a[1])
+    return out
+
+
+def cut_at(chunks: list, end: int) -> list:
+    """The whole batches of `chunks` (buffers of stored batches) that end below offset `end`."""
+    out = []
+    for chunk in chunks:
+        keep = 0
+        for pos, h in records.iter_batches(chunk):
+            if h.last_offset >= end:
+                break
+            keep = pos + h.size
+        else:
+            out.append(chunk)
+            continue
+        if keep:
+            out.append(memoryview(chunk)[:keep])
+        break
+    return out

@@ -1,5 +1,10 @@
 """Fetch (1): stored batches returned as they are, with a long poll over all requested
-partitions at once (MaxWaitMs / MinBytes), request and partition byte limits."""
+partitions at once (MaxWaitMs / MinBytes), request and partition byte limits.
+
+isolation_level 1 (read_committed): only the whole batches below the last stable offset,
+with the aborted transactions of the returned range (the consumer drops their records and
+the control batches); only the partition's owner knows its open transactions, so a
+read_committed fetch elsewhere is NOT_LEADER_OR_FOLLOWER."""
 
 from __future__ import annotations
 
@@ -8,14 +13,15 @@ import time
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
-from kafscale.protocol import fetch_response
+from kafscale.protocol import fetch_response, records
 from kafscale.storage.failures import StorageError
 
 FETCH = 1
+READ_COMMITTED = 1
 
 
 class _Part:
-    __slots__ = ("topic", "index", "offset", "max_bytes", "leader_epoch", "log", "error", "chunks", "size")
+    __slots__ = ("topic", "index", "offset", "max_bytes", "leader_epoch", "log", "error", "chunks", "size", "lso")
 
     def __init__(self, topic, index, offset, max_bytes, leader_epoch):
         self.topic, self.index, self.offset, self.max_bytes, self.leader_epoch = topic, index, offset, max_bytes, leader_epoch
@@ -23,6 +29,7 @@ class _Part:
         self.error = ErrorCode.none
         self.chunks = []
         self.size = 0
+        self.lso = None  # read_committed: the last stable offset the read was bounded by
 
 
 async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
@@ -55,7 +62,7 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
     return out
 
 
-async def _read(parts: list[_Part], max_bytes: int) -> int:
+async def _read(parts: list[_Part], max_bytes: int, committed: bool) -> int:
     """Read every partition that has data; returns the bytes gathered."""
     # Segments not in the cache are loaded for all partitions at once (a consumer catching
     # up on several partitions); the reads below then go in order, as the byte budget needs.
@@ -70,8 +77,13 @@ async def _read(parts: list[_Part], max_bytes: int) -> int:
         budget = min(p.max_bytes, max_bytes - total)
         if budget <= 0 and total > 0:
             continue
+        if committed:
+            p.lso = p.log.last_stable_offset
+            if p.lso is None:  # a view of a partition owned elsewhere: the owner knows
+                p.error = ErrorCode.not_leader_or_follower
+                continue
         try:
-            p.chunks = await p.log.read(p.offset, max(budget, 0), at_least_one=(total == 0))
+            p.chunks = await p.log.read(p.offset, max(budget, 0), at_least_one=(total == 0), upto=p.lso)
         except StorageError as e:
             p.error = e.error_code
             continue
@@ -85,8 +97,9 @@ async def fetch(ctx, req):
     max_wait = req.max_wait.total_seconds()
     topics = await _resolve(ctx, req)
     parts = [p for _, ps in topics for p in ps]
+    committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
     while True:
-        total = await _read(parts, req.max_bytes)
+        total = await _read(parts, req.max_bytes, committed)
         remaining = max_wait - (time.monotonic() - started)
         if total >= req.min_bytes or remaining <= 0 or any(p.error for p in parts) or not parts:
             break
@@ -108,11 +121,26 @@ async def fetch(ctx, req):
         entries = []
         for p in ps:
             hw = p.log.high_watermark if p.log is not None else -1
-            lso = p.log.log_start_offset if p.log is not None else -1
-            # last stable offset = high watermark: no transactions, nothing undecided
-            entries.append(fetch_response.PartitionData(p.index, p.error, hw, hw, lso, fetch_response.RecordChunks(p.chunks)))
+            start = p.log.log_start_offset if p.log is not None else -1
+            stable = p.log.last_stable_offset if p.log is not None else -1
+            if stable is None:  # a view of a partition owned elsewhere: no open transactions known
+                stable = hw
+            aborted = None
+            if committed and not p.error:
+                aborted = p.log.aborted_transactions(p.offset, _end_of(p.chunks, p.offset))
+            data = fetch_response.PartitionData(p.index, p.error, hw, stable, start, fetch_response.RecordChunks(p.chunks), aborted)
+            entries.append(data)
         out.append(fetch_response.TopicData(name, topic_id, entries))
     return fetch_response.FetchResponse(ctx.version, out)
+
+
+def _end_of(chunks, offset: int) -> int:
+    """The offset after the last batch of `chunks` (`offset` when empty)."""
+    end = offset
+    for c in chunks:
+        for _pos, h in records.iter_batches(c):
+            end = h.last_offset + 1
+    return end
 
 
 def register(router):

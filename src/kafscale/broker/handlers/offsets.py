@@ -10,9 +10,12 @@ from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failur
 
 LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
+READ_COMMITTED = 1
 
 
-async def _list_one(ctx, topic: str, p) -> dict:
+async def _list_one(ctx, topic: str, p, committed: bool = False) -> dict:
+    """One partition's offset. read_committed (as Kafka): latest is the last stable offset,
+    and a timestamp lookup finds only offsets below it."""
     out = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1, "offset": -1, "leader_epoch": -1}
     try:
         lg = await ctx.broker.logs.get_log(topic, p.partition_index)
@@ -27,13 +30,16 @@ async def _list_one(ctx, topic: str, p) -> dict:
     out["leader_epoch"] = lg.leader_epoch
     try:
         if ts in (LATEST, LATEST_TIERED):
-            out["offset"] = lg.high_watermark
+            out["offset"] = lg.last_stable_offset if committed else lg.high_watermark
         elif ts in (EARLIEST, EARLIEST_LOCAL):
             out["offset"] = lg.log_start_offset
-        elif ts == MAX_TIMESTAMP:
-            out["offset"], out["timestamp"] = await lg.max_timestamp_offset()
         else:
-            out["offset"], out["timestamp"] = await lg.offset_for_timestamp(ts)
+            if ts == MAX_TIMESTAMP:
+                out["offset"], out["timestamp"] = await lg.max_timestamp_offset()
+            else:
+                out["offset"], out["timestamp"] = await lg.offset_for_timestamp(ts)
+            if committed and out["offset"] >= lg.last_stable_offset:
+                out["offset"], out["timestamp"] = -1, -1
     except StorageError as e:
         out["error_code"] = e.error_code
     return out
@@ -51,7 +57,12 @@ async def _each_partition(ctx, req, api_key: int, topic_entity: str, partition_e
 
 
 async def list_offsets(ctx, req):
-    return await _each_partition(ctx, req, LIST_OFFSETS, "ListOffsetsTopicResponse", "ListOffsetsPartitionResponse", _list_one)
+    committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
+
+    async def one(ctx, topic, p):
+        return await _list_one(ctx, topic, p, committed)
+
+    return await _each_partition(ctx, req, LIST_OFFSETS, "ListOffsetsTopicResponse", "ListOffsetsPartitionResponse", one)
 
 
 async def _delete_one(ctx, topic: str, p) -> dict:

@@ -1,5 +1,12 @@
 """Produce (0): validate each batch (magic, CRC32C, size), assign offsets in place, and
-answer once the flush that holds the batches is durable. Batches are never decompressed."""
+answer once the flush that holds the batches is durable. Batches are never decompressed.
+
+Transactional batches (a request with a transactional id) are appended like any batch;
+the partition opens the producer's transaction on it (storage/producers.py). The
+coordinator's check that the partition is part of the producer's ongoing transaction is
+the hook `broker.txn_produce_check` (docs/transactions.md): when the broker has one, it is
+awaited as `check(transactional_id, producer_id, producer_epoch, topic, partition)` before
+the append and returns the ErrorCode to refuse the partition with, or None to accept."""
 
 from __future__ import annotations
 
@@ -50,6 +57,16 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
             log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
 
 
+async def _txn_check(ctx, transactional_id: str, topic: str, partition: int, data) -> ErrorCode | None:
+    """The transaction coordinator's verdict on a transactional produce (None: go ahead)."""
+    check = getattr(ctx.broker, "txn_produce_check", None)
+    if check is None or data is None or len(data) < records.HEADER_SIZE:
+        return None  # nothing to ask, or a record set the append refuses anyway
+    h = records.read_header(data, 0)
+    code = await check(transactional_id, h.producer_id, h.producer_epoch, topic, partition)
+    return code if code else None
+
+
 async def produce(ctx, req):
     broker = ctx.broker
     want_ack = req.acks != 0
@@ -68,12 +85,12 @@ async def produce(ctx, req):
         results = []
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)
-            if req.transactional_id is not None:
-                r.error, r.message = ErrorCode.transactional_id_authorization_failed, "transactions are not supported"
-            elif lookup_error is not None:
+            if lookup_error is not None:
                 r.error, r.message = lookup_error.error_code, str(lookup_error)
             elif name is None:
                 r.error = ErrorCode.unknown_topic_id
+            elif req.transactional_id is not None and (refused := await _txn_check(ctx, req.transactional_id, name, pd.index, pd.records)):
+                r.error, r.message = refused, f"transactional produce to {name}-{pd.index} refused by the transaction coordinator"
             else:
                 await _append(ctx, name, pd.index, pd.records, want_ack, r)
             results.append(r)
