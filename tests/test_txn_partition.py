@@ -223,3 +223,38 @@ def test_read_committed_over_tcp_and_after_a_broker_restart(broker_factory, topi
         assert final.last_stable_offset == 10
         assert [(a.producer_id, a.first_offset) for a in final.aborted_transactions] == [(PID_B, 3), (PID_A, 7)]
     assert consume_all(b.bootstrap, topic, "read_committed", 10) == [b"p0", b"c1", b"c2", b"p1", b"p2"]
+
+
+# -- end to end with the coordinator ----------------------------------------------------
+
+
+def test_confluent_kafka_transactional_producer_commit_and_abort(broker_factory, topic_name):
+    """The coordinator (--transactions) and the partition side together: a read_committed
+    consumer sees exactly the committed records, a read_uncommitted one all of them."""
+    from confluent_kafka import Producer
+
+    b = broker_factory(extra_args=["--merge-interval-ms", "0", "--transactions", "true"])
+    topic = topic_name
+    p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "tx-" + topic, "transaction.timeout.ms": 60000})
+    p.init_transactions(20)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, value=b"commit-%d" % i, partition=0)
+    p.commit_transaction(20)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, value=b"abort-%d" % i, partition=0)
+    p.flush(20)
+    with RawClient(b.bootstrap) as c:  # the aborted records are written, their transaction open
+        assert latest(c, topic, 1) < latest(c, topic, 0)
+    p.abort_transaction(20)
+    p.begin_transaction()
+    p.produce(topic, value=b"commit-last", partition=0)
+    p.commit_transaction(20)
+    with RawClient(b.bootstrap) as c:
+        # EndTxn is answered once the decision is durable; the markers follow (as Kafka).
+        end = wait_until(lambda: (hw := latest(c, topic, 0)) == latest(c, topic, 1) and hw, 10, "the markers of the last commit")
+        aborted = fetch(c, topic, 0, isolation=1).aborted_transactions
+        assert len(aborted) == 1
+    assert consume_all(b.bootstrap, topic, "read_committed", end) == [b"commit-0", b"commit-1", b"commit-2", b"commit-last"]
+    assert consume_all(b.bootstrap, topic, "read_uncommitted", end) == [b"commit-0", b"commit-1", b"commit-2", b"abort-0", b"abort-1", b"commit-last"]
