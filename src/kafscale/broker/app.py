@@ -26,8 +26,9 @@ class Broker:
         self.config = config
         self.metadata = MetadataStore(open_kv(config.metadata, config.data_dir, config.metadata_prefix))
         self.store = open_store(config.storage)
-        host, port = BrokerConfig.split_hostport(config.advertise)
-        local = BrokerNode(config.broker_id, host, port)
+        self.listeners, advertised = config.resolved_listeners()
+        first = advertised[0]
+        local = BrokerNode(config.broker_id, first.host, first.port, endpoints=tuple((a.name, a.host, a.port) for a in advertised))
         if config.metadata.startswith("etcd://"):
             from kafscale.cluster.etcd_cluster import EtcdCluster
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field, fields
 class BrokerConfig:
     listen: str = field(default="127.0.0.1:9092", metadata={"help": "HOST:PORT to accept Kafka clients on"})
     advertise: str = field(default="", metadata={"help": "HOST:PORT given to clients (default: --listen)"})
+    listeners: str = field(default="", metadata={"help": "NAME://HOST:PORT,... to accept clients on, Kafka style (names PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL or mapped by --listener-security-protocol-map; default: PLAINTEXT://<--listen>)"})
+    advertised_listeners: str = field(default="", metadata={"help": "NAME://HOST:PORT,... given to clients per listener (default: each listener as bound; with --listen: PLAINTEXT://<--advertise>)"})
+    listener_security_protocol_map: str = field(default="", metadata={"help": "NAME:PROTOCOL,... for custom listener names (PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); the standard names map to themselves"})
     data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
     broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
     storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
@@ -65,6 +68,12 @@ class BrokerConfig:
             # interval: the spec's cost profile (README: "Latency and S3 cost"). An idle
             # partition still answers at once.
             self.min_flush_interval_ms = self.flush_interval_ms if self.storage.startswith("s3://") else 0
+
+    def resolved_listeners(self):
+        """(bound, advertised) listeners; raises security.listeners.ListenerError."""
+        from kafscale.security.listeners import resolve
+
+        return resolve(self.listeners, self.advertised_listeners, self.listener_security_protocol_map, self.listen, self.advertise)
 
     @staticmethod
     def split_hostport(value: str) -> tuple[str, int]:

@@ -28,6 +28,7 @@ class RequestContext:
     # turn and ends its own; the server chains them per connection.
     turn_before: asyncio.Future | None = None
     turn: asyncio.Future | None = None
+    listener: str | None = None  # name of the listener the request came in on
 
     async def wait_turn(self) -> None:
         if self.turn_before is not None:

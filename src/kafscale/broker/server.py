@@ -26,6 +26,7 @@ from kafscale.protocol import codec, error_response
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
     from kafscale.broker.config import BrokerConfig
+    from kafscale.security.listeners import Listener
 
 log = logging.getLogger("kafscale.server")
 
@@ -56,8 +57,9 @@ class CloseConnection(Exception):
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
-    def __init__(self, server: "KafkaServer"):
+    def __init__(self, server: "KafkaServer", listener: "Listener | None" = None):
         self.server = server
+        self.listener = listener  # the listener this connection came in on
         self.broker = server.broker
         self.max_frame = server.config.max_frame_bytes
         # The read buffer is an anonymous mmap made on the first read: pages never written
@@ -273,30 +275,43 @@ class KafkaServer:
         self.request_memory = 0  # bytes reserved by requests being read or handled
         self._memory_waiters: deque[KafkaConnection] = deque()
         self._memory_wake_scheduled = False
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
         self._housekeeper: asyncio.Task | None = None
-        self.address: tuple[str, int] = ("", 0)
+        self.address: tuple[str, int] = ("", 0)  # the first listener's bound address
+        self.addresses: dict[str, tuple[str, int]] = {}  # listener name -> bound address
         self.request_hooks: list = []  # called as hook(api_key, version, seconds, error) by ops/metrics
         # api_key -> [hook(request, response)], called after that API's handler answered
         # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
         self.response_hooks: dict[int, list] = {}
 
     async def start(self) -> None:
-        host, port = self.config.split_hostport(self.config.listen)
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: KafkaConnection(self), host, port, reuse_address=True, backlog=1024)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
+        listeners = getattr(self.broker, "listeners", None) or self.config.resolved_listeners()[0]
+        try:
+            for listener in listeners:
+                server = await loop.create_server(
+                    lambda listener=listener: KafkaConnection(self, listener),
+                    listener.host or None, listener.port, reuse_address=True, backlog=1024,
+                )
+                self._servers.append(server)
+                sock = server.sockets[0].getsockname()
+                self.addresses[listener.name] = (sock[0], sock[1])
+                log.info("listening on %s (%s) at %s:%d", listener.name, listener.protocol, sock[0], sock[1])
+        except BaseException:
+            for server in self._servers:
+                server.close()
+            raise
+        self.address = self.addresses[listeners[0].name]
         memory.limit_arenas()
         self._housekeeper = loop.create_task(self._housekeeping(), name="connection-housekeeping")
 
     def is_serving(self) -> bool:
         """True while the Kafka listener accepts connections (readiness checks read it)."""
-        return self._server is not None and self._server.is_serving()
+        return bool(self._servers) and all(s.is_serving() for s in self._servers)
 
     async def stop_accepting(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
 
     async def close(self, drain_s: float = 5.0) -> None:
         """Close client connections once their open requests are answered (produce
@@ -308,9 +323,9 @@ class KafkaServer:
             self._housekeeper.cancel()
         for conn in list(self.connections):
             conn._close("broker shutting down")
-        if self._server is not None:
+        for server in self._servers:
             try:
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await asyncio.wait_for(server.wait_closed(), 2)
             except TimeoutError:
                 pass
 
@@ -418,7 +433,7 @@ class KafkaServer:
             # there closes the connection without an answer (SocketServer
             # processChannelException), for every API. So do we: one log line, no traceback.
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
-        ctx = RequestContext(self.broker, header, conn.peer)
+        ctx = RequestContext(self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None)
         if api_key == PRODUCE:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
             ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()

@@ -20,8 +20,15 @@ def _run_broker(args: argparse.Namespace) -> int:
     from kafscale.cluster.membership import BrokerIdInUse
     from kafscale.ops import logging_setup
 
+    from kafscale.security.listeners import ListenerError
+
     cfg = broker_config.from_args(args)
     logging_setup.setup(cfg.log_level, cfg.log_format)
+    try:
+        cfg.resolved_listeners()
+    except ListenerError as e:
+        log.error("refusing to start: %s", e)
+        return 2
     try:
         import uvloop
 
@@ -42,8 +49,9 @@ def _run_broker(args: argparse.Namespace) -> int:
         # process: keep it out of the cyclic GC's full collections.
         gc.collect()
         gc.freeze()
-        host, port = broker.listen_address
-        print(f"KafScale broker {cfg.broker_id} listening on {host}:{port} (advertised as {cfg.advertise}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
+        bound = ", ".join(f"{name} {host}:{port}" for name, (host, port) in broker.server.addresses.items())
+        advertised = ",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints)
+        print(f"KafScale broker {cfg.broker_id} listening on {bound} (advertised as {advertised}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -181,7 +181,10 @@ class EtcdCluster(Cluster):
     async def _register(self) -> None:
         """Take a new lease and create `/brokers/{id}` under it, only where no live broker holds it."""
         key = keys.broker(self.local.node_id)
-        doc = json.dumps({"host": self.local.host, "port": self.local.port, "rack": self.local.rack}).encode()
+        doc = json.dumps({
+            "host": self.local.host, "port": self.local.port, "rack": self.local.rack,
+            "listeners": [list(e) for e in self.local.endpoints],
+        }).encode()
         waited_for: tuple[int, float] | None = None  # (lease seen holding the key, when it must be gone by)
         while True:
             held = await self.kv.key_lease(key)
@@ -379,7 +382,8 @@ class EtcdCluster(Cluster):
         for kv in await self.kv.range(keys.BROKERS):
             doc = json.loads(kv.value)
             node_id = keys.broker_id_of(kv.key)
-            live[node_id] = BrokerNode(node_id, doc["host"], doc["port"], doc.get("rack"))
+            endpoints = tuple((str(n), str(h), int(p)) for n, h, p in doc.get("listeners") or ())
+            live[node_id] = BrokerNode(node_id, doc["host"], doc["port"], doc.get("rack"), endpoints)
         if self.lease_alive() and not self._stopping:
             live.setdefault(self.local.node_id, self.local)
         changed = set(live) != set(self._live)

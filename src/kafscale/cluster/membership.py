@@ -21,6 +21,19 @@ class BrokerNode:
     host: str
     port: int
     rack: str | None = None
+    # (listener name, host, port) per advertised listener; () for a registration from a
+    # broker that predates listeners: host and port then serve every listener name.
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """Where a client that came in on `listener` reaches this broker (None: this
+        broker has no such listener, and Kafka leaves it out of that client's view)."""
+        if not self.endpoints or listener is None:
+            return self.host, self.port
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return host, port
+        return None
 
 
 class Cluster:
@@ -31,6 +44,16 @@ class Cluster:
 
     def brokers(self) -> list[BrokerNode]:
         return [self.local]
+
+    def brokers_on(self, listener: str | None) -> list[tuple[BrokerNode, str, int]]:
+        """(broker, host, port) of the live brokers reachable on `listener`, as a client
+        that came in on it must be told (Kafka: the same listener name on every broker)."""
+        out = []
+        for b in self.brokers():
+            where = b.endpoint(listener)
+            if where is not None:
+                out.append((b, where[0], where[1]))
+        return out
 
     def node(self, node_id: int) -> BrokerNode | None:
         return next((b for b in self.brokers() if b.node_id == node_id), None)

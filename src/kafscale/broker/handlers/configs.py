@@ -23,7 +23,8 @@ def _broker_configs(broker) -> dict[str, tuple[str, int, str]]:
     c = broker.config
     return {
         "broker.id": (str(c.broker_id), topic_config.INT, "This broker's node id"),
-        "advertised.listeners": (f"PLAINTEXT://{c.advertise}", topic_config.STRING, "Address given to clients"),
+        "advertised.listeners": (",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints) or f"PLAINTEXT://{c.advertise}", topic_config.STRING, "Address given to clients"),
+        "listeners": (",".join(str(l) for l in broker.listeners), topic_config.STRING, "Addresses the broker accepts clients on"),
         "auto.create.topics.enable": (str(c.auto_create_topics).lower(), 1, "Create unknown topics on Metadata requests"),
         "num.partitions": (str(c.default_partitions), topic_config.INT, "Partitions of auto-created topics"),
         "log.segment.bytes": (str(c.segment_bytes), topic_config.INT, "Default segment size"),

@@ -108,7 +108,14 @@ async def find_coordinator(ctx, req):
             # A transactional id goes by the same key hashing: the broker named here is the
             # one whose TransactionCoordinator owns the id (`is_coordinator`).
             node = ctx.broker.cluster.coordinator_for(key)
-            entries.append(dict(key=key, node_id=node.node_id, host=node.host, port=node.port,
+            where = node.endpoint(ctx.listener)
+            if where is None:
+                # The coordinator has no listener of this name: Kafka answers
+                # COORDINATOR_NOT_AVAILABLE and the client asks again.
+                entries.append(dict(key=key, node_id=-1, host="", port=-1, error_code=ErrorCode.coordinator_not_available,
+                                    error_message=f"coordinator {node.node_id} has no listener {ctx.listener}"))
+                continue
+            entries.append(dict(key=key, node_id=node.node_id, host=where[0], port=where[1],
                                 error_code=ErrorCode.none, error_message=None))
         else:
             # Kafka answers INVALID_REQUEST for coordinator types it does not serve.

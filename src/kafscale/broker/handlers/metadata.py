@@ -22,11 +22,20 @@ def _topic_entry(ctx, cls, meta):
     parts = []
     for p in range(meta.partitions):
         leader = cluster.owner_of(meta.name, p)
+        code = ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available
+        if leader >= 0 and ctx.listener is not None:
+            node = cluster.node(leader)
+            if node is not None and node.endpoint(ctx.listener) is None:
+                # The leader has no listener of this name: Kafka's LISTENER_NOT_FOUND
+                # (from v6; LEADER_NOT_AVAILABLE before), so the client does not go to an
+                # address it cannot speak to.
+                code = ErrorCode.listener_not_found if ctx.version >= 6 else ErrorCode.leader_not_available
+                leader = -1
         replicas = (leader,) if leader >= 0 else ()
         parts.append(
             make(
                 part_cls,
-                error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
+                error_code=code,
                 partition_index=p,
                 leader_id=leader,
                 leader_epoch=cluster.leader_epoch(meta.name, p),
@@ -111,7 +120,7 @@ async def metadata(ctx, req):
                     continue
             results.append(_topic_entry(ctx, cls, meta))
     broker_cls = nested(cls, "MetadataResponseBroker")
-    brokers = tuple(make(broker_cls, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack) for b in broker.cluster.brokers())
+    brokers = tuple(make(broker_cls, node_id=b.node_id, host=host, port=port, rack=b.rack) for b, host, port in broker.cluster.brokers_on(ctx.listener))
     return make(
         cls,
         throttle_time=0,
@@ -135,7 +144,7 @@ async def describe_cluster(ctx, req):
         endpoint_type=getattr(req, "endpoint_type", 1),
         cluster_id=cluster.cluster_id,
         controller_id=cluster.controller_id,
-        brokers=tuple(make(b_cls, broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack, is_fenced=False) for b in cluster.brokers()),
+        brokers=tuple(make(b_cls, broker_id=b.node_id, host=host, port=port, rack=b.rack, is_fenced=False) for b, host, port in cluster.brokers_on(ctx.listener)),
     )
 
 
