@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 
 @dataclass
@@ -75,6 +75,20 @@ class BrokerConfig:
 
         return resolve(self.listeners, self.advertised_listeners, self.listener_security_protocol_map, self.listen, self.advertise)
 
+    def given(self) -> set[str]:
+        """Names of the fields the operator set (flags or KAFSCALE_* variables); for a
+        config built in code, the fields that differ from their defaults."""
+        explicit = self.__dict__.get("_given")
+        if explicit is not None:
+            return set(explicit)
+        return {f.name for f in fields(self) if f.default is not MISSING and getattr(self, f.name) != f.default}
+
+    def kafka_static_configs(self) -> dict[str, str]:
+        """The operator-given settings that are Kafka broker configs, by Kafka's name (what
+        Kafka reports as STATIC_BROKER_CONFIG), e.g. {"log.segment.bytes": "1000000"}."""
+        given = self.given()
+        return {kafka: _kafka_value(getattr(self, name)) for name, kafka in KAFKA_NAMES.items() if name in given}
+
     @staticmethod
     def split_hostport(value: str) -> tuple[str, int]:
         host, _, port = value.rpartition(":")
@@ -102,4 +116,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def from_args(ns: argparse.Namespace) -> BrokerConfig:
     given = {f.name: getattr(ns, f.name) for f in fields(BrokerConfig) if getattr(ns, f.name, None) is not None}
-    return BrokerConfig(**given)
+    config = BrokerConfig(**given)
+    config._given = frozenset(given)
+    return config
+
+
+# BrokerConfig fields that are Apache Kafka broker configs, by Kafka's name.
+KAFKA_NAMES = {
+    "broker_id": "broker.id",
+    "auto_create_topics": "auto.create.topics.enable",
+    "default_partitions": "num.partitions",
+    "segment_bytes": "log.segment.bytes",
+    "max_frame_bytes": "socket.request.max.bytes",
+    "max_request_memory": "queued.max.request.bytes",
+    "max_connections": "max.connections",
+    "max_connections_per_ip": "max.connections.per.ip",
+    "connections_max_idle_ms": "connections.max.idle.ms",
+    "retention_check_interval_ms": "log.retention.check.interval.ms",
+    "group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
+    "group_min_session_timeout_ms": "group.min.session.timeout.ms",
+    "group_max_session_timeout_ms": "group.max.session.timeout.ms",
+    "offsets_retention_minutes": "offsets.retention.minutes",
+    "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
+    "producer_id_expiration_ms": "producer.id.expiration.ms",
+    "transaction_max_timeout_ms": "transaction.max.timeout.ms",
+    "transactional_id_expiration_ms": "transactional.id.expiration.ms",
+    "transaction_abort_timed_out_transaction_cleanup_interval_ms": "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+}
+
+
+def _kafka_value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)

@@ -55,7 +55,7 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
         # Durability comes from the object store; any usual factor is accepted and ignored.
         raise TopicError(ErrorCode.invalid_replication_factor, "replication factor must be -1 or 1-3")
     try:
-        topic_config.validate(configs)
+        configs = topic_config.normalize(configs)
     except topic_config.InvalidConfigError as e:
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
@@ -122,9 +122,8 @@ async def _alter_configs(broker: "Broker", name: str, change, validate_only: boo
     meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
-    new = change(dict(meta.configs))
     try:
-        topic_config.validate(new)
+        new = {k: v for k, v in topic_config.normalize(change(dict(meta.configs))).items() if v is not None}
     except topic_config.InvalidConfigError as e:
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     if validate_only:

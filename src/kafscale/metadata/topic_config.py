@@ -1,83 +1,356 @@
-"""Topic configs the broker understands: defaults, validation and typed access."""
+"""Topic configs: the one table of every topic config Apache Kafka has (name, Kafka's default,
+type, validator, documentation, broker synonyms), how a value is resolved from a topic
+override, an operator-given broker setting or a default, and the typed settings the log
+acts on.
+
+Kafka's semantics, kept here:
+- a topic config's value is its override, else the first of its broker synonyms (in the
+  order Kafka lists them, e.g. log.retention.ms, log.retention.minutes, log.retention.hours)
+  that has a value, converted to the topic's unit, else the topic default;
+- DescribeConfigs reports the synonyms as Kafka does: the topic override
+  (DYNAMIC_TOPIC_CONFIG), then operator-given broker settings (STATIC_BROKER_CONFIG), then
+  broker defaults (DEFAULT_CONFIG), leading entries not named after the first synonym
+  dropped (so retention.ms shows no synonym unless log.retention.ms is set, as in Kafka);
+- values are normalised as Kafka prints them (booleans lower case, lists joined by ",",
+  numbers without leading zeros).
+
+Every config is accepted and stored; `meaning` says what KafScale does with it (most
+replication, cleaner and local-disk configs have nothing to act on with stateless brokers
+and an object store; they are kept so tools that set them work, and reported back).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+# DescribeConfigs config_type (v3+)
+UNKNOWN, BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST, CLASS, PASSWORD = range(10)
+# DescribeConfigs config_source
+DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 2, 3, 4, 5
+
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+_BOUNDS = {INT: (-(1 << 31), INT_MAX), SHORT: (-(1 << 15), (1 << 15) - 1), LONG: (-(1 << 63), LONG_MAX)}
+
+COMPRESSION_TYPES = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 
 
 class InvalidConfigError(ValueError):
     pass
 
 
-def _non_negative_or_minus_one(v: str) -> None:
-    if int(v) < -1:
-        raise InvalidConfigError("must be >= -1")
+# -- value parsing: one function per type, returning the value as Kafka prints it ---------
 
 
-def _positive(v: str) -> None:
-    if int(v) <= 0:
-        raise InvalidConfigError("must be > 0")
+def normalize_value(kind: int, value: str) -> str:
+    v = value.strip()
+    if kind in _BOUNDS:
+        try:
+            n = int(v)
+        except ValueError:
+            raise InvalidConfigError("not a number") from None
+        lo, hi = _BOUNDS[kind]
+        if not lo <= n <= hi:
+            raise InvalidConfigError(f"out of range for {'an int' if kind == INT else 'a long'}")
+        return str(n)
+    if kind == BOOLEAN:
+        if v.lower() not in ("true", "false"):
+            raise InvalidConfigError("must be true or false")
+        return v.lower()
+    if kind == DOUBLE:
+        try:
+            return repr(float(v))
+        except ValueError:
+            raise InvalidConfigError("not a number") from None
+    if kind == LIST:
+        return ",".join(x.strip() for x in v.split(",") if x.strip())
+    return v
 
 
-def _timestamp_type(v: str) -> None:
-    if v not in ("CreateTime", "LogAppendTime"):
-        raise InvalidConfigError("must be CreateTime or LogAppendTime")
+# -- validators (on the normalised value) ---------------------------------------------------
+
+
+def at_least(lo: int | float) -> Callable[[str], None]:
+    def check(v: str) -> None:
+        if float(v) < lo:
+            raise InvalidConfigError(f"must be at least {lo}")
+
+    return check
+
+
+def between(lo: int | float, hi: int | float) -> Callable[[str], None]:
+    def check(v: str) -> None:
+        if not lo <= float(v) <= hi:
+            raise InvalidConfigError(f"must be between {lo} and {hi}")
+
+    return check
+
+
+def one_of(*choices: str) -> Callable[[str], None]:
+    def check(v: str) -> None:
+        if v not in choices:
+            raise InvalidConfigError(f"must be one of {', '.join(choices)}")
+
+    return check
+
+
+def _gzip_level(v: str) -> None:
+    if int(v) != -1 and not 1 <= int(v) <= 9:
+        raise InvalidConfigError("must be between 1 and 9 or equal to -1")
 
 
 def _cleanup_policy(v: str) -> None:
-    policies = {p.strip() for p in v.split(",") if p.strip()}
+    policies = set(v.split(",")) - {""}
+    if not policies <= {"compact", "delete"}:
+        raise InvalidConfigError("must be a list of compact, delete")
     if "compact" in policies:
         raise InvalidConfigError("cleanup.policy=compact is not supported: KafScale segments are immutable; use delete")
-    if policies != {"delete"}:
-        raise InvalidConfigError("must be delete")
+
+
+def _throttled_replicas(v: str) -> None:
+    items = [x for x in v.split(",") if x]
+    if items == ["*"] or all(re.fullmatch(r"[0-9]+:[0-9]+", x) for x in items):
+        return
+    raise InvalidConfigError("must be * or a list of partition:broker_id")
+
+
+def _message_format_version(v: str) -> None:
+    if not re.fullmatch(r"(0\.(8\.[0-2]|9\.0|10\.[0-2]|11\.0)|[1-3]\.[0-9])(\.[0-9]+)?(-IV[0-9]+)?", v):
+        raise InvalidConfigError("not a Kafka version (e.g. 2.8 or 3.0-IV1)")
+
+
+# -- the table ------------------------------------------------------------------------------
+
+ENFORCED, ACCEPTED = "enforced", "accepted"
 
 
 @dataclass(frozen=True, slots=True)
 class ConfigDef:
     name: str
-    default: str
-    validate: object
-    kind: int  # DescribeConfigs config_type: 2 boolean, 3 int, 5 long, 2? see CONFIG_TYPES
+    default: str | None  # Apache Kafka's default for the topic config (LogConfig)
+    kind: int
+    validate: Callable[[str], None] | None
     doc: str
+    synonyms: tuple[str, ...] = ()  # broker configs standing for it, highest priority first
+    meaning: str = ACCEPTED  # ENFORCED: KafScale acts on it; ACCEPTED: stored and reported only
 
 
-# DescribeConfigs v3+ config_type values.
-STRING, INT, LONG, LIST = 2, 3, 5, 7
+_HOURS, _MINUTES = 3_600_000, 60_000
+# broker synonym -> factor to the topic config's unit (ms)
+SYNONYM_FACTOR = {
+    "log.retention.minutes": _MINUTES,
+    "log.retention.hours": _HOURS,
+    "log.roll.hours": _HOURS,
+    "log.roll.jitter.hours": _HOURS,
+}
+
+_STORED = " KafScale stores this setting and reports it back; it has no effect here"
+_NO_REPLICAS = _STORED + " (durability comes from the object store, not from replicas)."
+_NO_CLEANER = _STORED + " (there is no log compaction: segments are immutable objects)."
+_NO_DISK = _STORED + " (brokers keep no local log files)."
 
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     c.name: c
     for c in [
-        ConfigDef("retention.ms", str(7 * 24 * 3600 * 1000), _non_negative_or_minus_one, LONG, "Delete segments older than this; -1 keeps forever"),
-        ConfigDef("retention.bytes", "-1", _non_negative_or_minus_one, LONG, "Delete oldest segments beyond this size per partition; -1 unlimited"),
-        ConfigDef("segment.bytes", str(4 * 1024 * 1024), _positive, INT, "Seal a segment at this size"),
-        ConfigDef("max.message.bytes", str(1024 * 1024 + 12), _positive, INT, "Largest record batch accepted"),
-        ConfigDef("message.timestamp.type", "CreateTime", _timestamp_type, STRING, "CreateTime or LogAppendTime"),
-        ConfigDef("cleanup.policy", "delete", _cleanup_policy, LIST, "Only delete is supported"),
+        ConfigDef("cleanup.policy", "delete", LIST, _cleanup_policy,
+                  "What happens to old segments: delete removes them by retention.ms and retention.bytes. KafScale supports delete only; compact is refused.",
+                  ("log.cleanup.policy",), ENFORCED),
+        ConfigDef("compression.type", "producer", STRING, one_of(*COMPRESSION_TYPES),
+                  "Codec of stored batches: producer keeps each batch as the producer compressed it; uncompressed, gzip, snappy, lz4 or zstd ask for that codec. "
+                  "KafScale accepts every value and always stores batches as the producer sent them (it never re-compresses).",
+                  ("compression.type",)),
+        ConfigDef("compression.gzip.level", "-1", INT, _gzip_level, "gzip level used when the broker compresses with gzip." + _STORED + " (batches are never re-compressed).", ("compression.gzip.level",)),
+        ConfigDef("compression.lz4.level", "9", INT, between(1, 17), "lz4 level used when the broker compresses with lz4." + _STORED + " (batches are never re-compressed).", ("compression.lz4.level",)),
+        ConfigDef("compression.zstd.level", "3", INT, between(-131072, 22), "zstd level used when the broker compresses with zstd." + _STORED + " (batches are never re-compressed).", ("compression.zstd.level",)),
+        ConfigDef("delete.retention.ms", "86400000", LONG, at_least(0), "How long delete markers of compacted topics are kept." + _NO_CLEANER, ("log.cleaner.delete.retention.ms",)),
+        ConfigDef("file.delete.delay.ms", "60000", LONG, at_least(0), "Wait before a deleted segment file is removed from disk." + _NO_DISK, ("log.segment.delete.delay.ms",)),
+        ConfigDef("flush.messages", str(LONG_MAX), LONG, at_least(1), "Force an fsync after this many messages." + _STORED + " (a batch is acknowledged only once its segment is in the object store).", ("log.flush.interval.messages",)),
+        ConfigDef("flush.ms", str(LONG_MAX), LONG, at_least(0), "Force an fsync after this long." + _STORED + " (a batch is acknowledged only once its segment is in the object store; see --flush-interval-ms).",
+                  ("log.flush.interval.ms", "log.flush.scheduler.interval.ms")),
+        ConfigDef("follower.replication.throttled.replicas", "", LIST, _throttled_replicas, "Replicas whose follower fetches are throttled (partition:broker list or *)." + _NO_REPLICAS),
+        ConfigDef("index.interval.bytes", "4096", INT, at_least(0), "Bytes between offset index entries." + _STORED + " (segment indexes are built with --index-min-bytes).", ("log.index.interval.bytes",)),
+        ConfigDef("leader.replication.throttled.replicas", "", LIST, _throttled_replicas, "Replicas whose leader side of replication is throttled (partition:broker list or *)." + _NO_REPLICAS),
+        ConfigDef("local.retention.bytes", "-2", LONG, at_least(-2), "Local-disk retention by size for tiered topics (-2: retention.bytes)." + _NO_DISK, ("log.local.retention.bytes",)),
+        ConfigDef("local.retention.ms", "-2", LONG, at_least(-2), "Local-disk retention by time for tiered topics (-2: retention.ms)." + _NO_DISK, ("log.local.retention.ms",)),
+        ConfigDef("max.compaction.lag.ms", str(LONG_MAX), LONG, at_least(1), "Longest time a record stays uncompacted." + _NO_CLEANER, ("log.cleaner.max.compaction.lag.ms",)),
+        ConfigDef("max.message.bytes", "1048588", INT, at_least(0), "Largest record batch (after compression) a producer may send to this topic; larger ones get MESSAGE_TOO_LARGE.",
+                  ("message.max.bytes",), ENFORCED),
+        ConfigDef("message.downconversion.enable", "true", BOOLEAN, None, "Whether fetches of old protocol versions may be served by converting batches to an older message format." + _STORED + ".",
+                  ("log.message.downconversion.enable",)),
+        ConfigDef("message.format.version", "3.0-IV1", STRING, _message_format_version, "Deprecated message format version of the topic; ignored from inter-broker protocol 3.0 on, as in Kafka." + _STORED + ".",
+                  ("log.message.format.version",)),
+        ConfigDef("message.timestamp.after.max.ms", str(LONG_MAX), LONG, at_least(0),
+                  "With CreateTime, a record whose timestamp is more than this many ms ahead of the broker's clock is refused with INVALID_TIMESTAMP.",
+                  ("log.message.timestamp.after.max.ms",), ENFORCED),
+        ConfigDef("message.timestamp.before.max.ms", str(LONG_MAX), LONG, at_least(0),
+                  "With CreateTime, a record whose timestamp is more than this many ms behind the broker's clock is refused with INVALID_TIMESTAMP.",
+                  ("log.message.timestamp.before.max.ms",), ENFORCED),
+        ConfigDef("message.timestamp.difference.max.ms", str(LONG_MAX), LONG, at_least(0),
+                  "Deprecated: the largest difference either way between a CreateTime record timestamp and the broker's clock; applies to whichever of "
+                  "message.timestamp.before.max.ms and message.timestamp.after.max.ms is left at its default. Out-of-range records get INVALID_TIMESTAMP.",
+                  ("log.message.timestamp.difference.max.ms",), ENFORCED),
+        ConfigDef("message.timestamp.type", "CreateTime", STRING, one_of("CreateTime", "LogAppendTime"),
+                  "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the broker's clock when it is appended.",
+                  ("log.message.timestamp.type",), ENFORCED),
+        ConfigDef("min.cleanable.dirty.ratio", "0.5", DOUBLE, between(0, 1), "Share of a log that must be uncompacted before the cleaner runs." + _NO_CLEANER, ("log.cleaner.min.cleanable.ratio",)),
+        ConfigDef("min.compaction.lag.ms", "0", LONG, at_least(0), "Shortest time a record stays uncompacted." + _NO_CLEANER, ("log.cleaner.min.compaction.lag.ms",)),
+        ConfigDef("min.insync.replicas", "1", INT, at_least(1), "Replicas that must have a write for acks=all to succeed." + _NO_REPLICAS, ("min.insync.replicas",)),
+        ConfigDef("preallocate", "false", BOOLEAN, None, "Preallocate segment files on disk." + _NO_DISK, ("log.preallocate",)),
+        ConfigDef("remote.log.copy.disable", "false", BOOLEAN, None, "Stop copying segments to tiered storage." + _STORED + " (every segment lives in the object store)."),
+        ConfigDef("remote.log.delete.on.disable", "false", BOOLEAN, None, "Delete tiered segments when tiered storage is turned off." + _STORED + " (every segment lives in the object store)."),
+        ConfigDef("remote.storage.enable", "false", BOOLEAN, None, "Tiered storage for the topic." + _STORED + " (every segment lives in the object store)."),
+        ConfigDef("retention.bytes", "-1", LONG, None, "Oldest segments of a partition are deleted while it holds more than this many bytes; -1: no size limit.",
+                  ("log.retention.bytes",), ENFORCED),
+        ConfigDef("retention.ms", "604800000", LONG, at_least(-1), "Segments whose newest record is older than this are deleted; -1: no time limit.",
+                  ("log.retention.ms", "log.retention.minutes", "log.retention.hours"), ENFORCED),
+        ConfigDef("segment.bytes", "1073741824", INT, at_least(14), "A partition's write buffer is sealed into a segment object at this size at the latest (KafScale's broker default is 4 MiB, --segment-bytes).",
+                  ("log.segment.bytes",), ENFORCED),
+        ConfigDef("segment.index.bytes", "10485760", INT, at_least(4), "Largest offset index file of a segment." + _STORED + ".", ("log.index.size.max.bytes",)),
+        ConfigDef("segment.jitter.ms", "0", LONG, at_least(0), "Random jitter subtracted from segment.ms." + _STORED + ".", ("log.roll.jitter.ms", "log.roll.jitter.hours")),
+        ConfigDef("segment.ms", "604800000", LONG, at_least(1), "Roll a new segment after this long." + _STORED + " (segments are sealed at each flush, at most --flush-interval-ms apart).",
+                  ("log.roll.ms", "log.roll.hours")),
+        ConfigDef("unclean.leader.election.enable", "false", BOOLEAN, None, "Whether an out-of-sync replica may become leader." + _NO_REPLICAS, ("unclean.leader.election.enable",)),
     ]
 }
 
+# Broker configs standing for topic configs, with the broker's defaults (Kafka's, except
+# log.segment.bytes: KafScale seals segments at 4 MiB by default, see --segment-bytes).
+# None: no default (Kafka reports the config with a null value).
+BROKER_TOPIC_DEFAULTS: dict[str, tuple[str | None, int]] = {
+    "log.cleanup.policy": ("delete", LIST),
+    "compression.type": ("producer", STRING),
+    "compression.gzip.level": ("-1", INT),
+    "compression.lz4.level": ("9", INT),
+    "compression.zstd.level": ("3", INT),
+    "log.cleaner.delete.retention.ms": ("86400000", LONG),
+    "log.segment.delete.delay.ms": ("60000", LONG),
+    "log.flush.interval.messages": (str(LONG_MAX), LONG),
+    "log.flush.interval.ms": (None, LONG),
+    "log.flush.scheduler.interval.ms": (str(LONG_MAX), LONG),
+    "log.index.interval.bytes": ("4096", INT),
+    "log.local.retention.bytes": ("-2", LONG),
+    "log.local.retention.ms": ("-2", LONG),
+    "log.cleaner.max.compaction.lag.ms": (str(LONG_MAX), LONG),
+    "message.max.bytes": ("1048588", INT),
+    "log.message.downconversion.enable": ("true", BOOLEAN),
+    "log.message.format.version": ("3.0-IV1", STRING),
+    "log.message.timestamp.after.max.ms": (str(LONG_MAX), LONG),
+    "log.message.timestamp.before.max.ms": (str(LONG_MAX), LONG),
+    "log.message.timestamp.difference.max.ms": (str(LONG_MAX), LONG),
+    "log.message.timestamp.type": ("CreateTime", STRING),
+    "log.cleaner.min.cleanable.ratio": ("0.5", DOUBLE),
+    "log.cleaner.min.compaction.lag.ms": ("0", LONG),
+    "min.insync.replicas": ("1", INT),
+    "log.preallocate": ("false", BOOLEAN),
+    "log.retention.bytes": ("-1", LONG),
+    "log.retention.ms": (None, LONG),
+    "log.retention.minutes": (None, INT),
+    "log.retention.hours": ("168", INT),
+    "log.segment.bytes": (str(4 * 1024 * 1024), INT),
+    "log.index.size.max.bytes": ("10485760", INT),
+    "log.roll.jitter.ms": (None, LONG),
+    "log.roll.jitter.hours": ("0", INT),
+    "log.roll.ms": (None, LONG),
+    "log.roll.hours": ("168", INT),
+    "unclean.leader.election.enable": ("false", BOOLEAN),
+}
 
-def validate(configs: dict[str, str | None]) -> None:
-    """Raise InvalidConfigError naming the first unknown or invalid entry."""
+
+_BROKER_SYNONYM_GROUPS = (
+    ("log.roll.ms", "log.roll.hours"),
+    ("log.roll.jitter.ms", "log.roll.jitter.hours"),
+    ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+)
+
+
+def broker_synonyms(name: str) -> tuple[str, ...]:
+    """Kafka's DynamicBrokerConfig.brokerConfigSynonyms for a broker config name."""
+    if name == "log.flush.interval.ms":
+        return (name, "log.flush.scheduler.interval.ms")
+    for group in _BROKER_SYNONYM_GROUPS:
+        if name in group:
+            return group
+    return (name,)
+
+
+@dataclass(frozen=True, slots=True)
+class Synonym:
+    name: str
+    value: str | None
+    source: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    name: str
+    value: str | None
+    source: int
+    synonyms: tuple[Synonym, ...] = field(default=())
+
+
+def _broker_synonym_entries(first: str, names: tuple[str, ...], broker_static: dict[str, str]) -> list[Synonym]:
+    out = [Synonym(n, broker_static[n], STATIC_BROKER_CONFIG) for n in names if n in broker_static]
+    out += [Synonym(n, BROKER_TOPIC_DEFAULTS[n][0], DEFAULT_CONFIG) for n in names if n in BROKER_TOPIC_DEFAULTS and BROKER_TOPIC_DEFAULTS[n][0] is not None]
+    while out and out[0].name != first:  # Kafka drops leading synonyms not named `first`
+        out.pop(0)
+    return out
+
+
+def resolve(name: str, overrides: dict[str, str], broker_static: dict[str, str] | None = None) -> Resolved:
+    """Value, source and synonyms of topic config `name`, as Kafka's DescribeConfigs."""
+    d = TOPIC_CONFIGS[name]
+    static = broker_static or {}
+    syns = _broker_synonym_entries(d.synonyms[0], d.synonyms, static) if d.synonyms else []
+    if name in overrides:
+        syns.insert(0, Synonym(name, overrides[name], DYNAMIC_TOPIC_CONFIG))
+        value = overrides[name]
+    else:
+        value = d.default
+        for n in d.synonyms:
+            v = static.get(n, BROKER_TOPIC_DEFAULTS.get(n, (None,))[0])
+            if v is not None:
+                value = str(int(v) * SYNONYM_FACTOR[n]) if n in SYNONYM_FACTOR else v
+                break
+    return Resolved(name, value, syns[0].source if syns else DEFAULT_CONFIG, tuple(syns))
+
+
+def resolve_broker(name: str, broker_static: dict[str, str]) -> Resolved:
+    """A broker config standing for topic configs (log.retention.ms, ...), as Kafka reports
+    it on a broker resource."""
+    syns = _broker_synonym_entries(name, broker_synonyms(name), broker_static)
+    value = broker_static.get(name, BROKER_TOPIC_DEFAULTS[name][0])
+    return Resolved(name, value, syns[0].source if syns else DEFAULT_CONFIG, tuple(syns))
+
+
+def normalize(configs: dict[str, str | None]) -> dict[str, str | None]:
+    """The configs with values as Kafka prints them; InvalidConfigError names the first
+    unknown or invalid entry. A None value (deletion) is kept as None."""
+    out: dict[str, str | None] = {}
     for name, value in configs.items():
         d = TOPIC_CONFIGS.get(name)
         if d is None:
-            raise InvalidConfigError(f"unknown or unsupported topic config {name}")
+            raise InvalidConfigError(f"unknown topic config {name}")
         if value is None:
+            out[name] = None
             continue
         try:
-            d.validate(value)
+            v = normalize_value(d.kind, value)
+            if d.validate is not None:
+                d.validate(v)
         except InvalidConfigError as e:
             raise InvalidConfigError(f"invalid value {value!r} for {name}: {e}") from None
-        except ValueError:
-            raise InvalidConfigError(f"invalid value {value!r} for {name}: not a number") from None
-
-
-def effective(configs: dict[str, str], broker_defaults: dict[str, str] | None = None) -> dict[str, str]:
-    out = {name: d.default for name, d in TOPIC_CONFIGS.items()}
-    out.update(broker_defaults or {})
-    out.update(configs)
+        out[name] = v
     return out
+
+
+def validate(configs: dict[str, str | None]) -> None:
+    normalize(configs)
+
+
+def effective(configs: dict[str, str], broker_static: dict[str, str] | None = None) -> dict[str, str | None]:
+    return {name: resolve(name, configs, broker_static).value for name in TOPIC_CONFIGS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +362,22 @@ class LogSettings:
     segment_bytes: int
     max_message_bytes: int
     log_append_time: bool
+    # CreateTime records must lie in [now - before, now + after] (Kafka's LogValidator)
+    timestamp_before_max_ms: int = LONG_MAX
+    timestamp_after_max_ms: int = LONG_MAX
 
     @classmethod
-    def from_configs(cls, configs: dict[str, str], broker_defaults: dict[str, str] | None = None) -> "LogSettings":
-        c = effective(configs, broker_defaults)
+    def from_configs(cls, configs: dict[str, str], broker_static: dict[str, str] | None = None) -> "LogSettings":
+        c = effective(configs, broker_static)
+        difference = int(c["message.timestamp.difference.max.ms"])
+        before, after = int(c["message.timestamp.before.max.ms"]), int(c["message.timestamp.after.max.ms"])
         return cls(
             int(c["retention.ms"]),
             int(c["retention.bytes"]),
             int(c["segment.bytes"]),
             int(c["max.message.bytes"]),
             c["message.timestamp.type"] == "LogAppendTime",
+            # the deprecated difference applies where before/after keep their default, as in Kafka
+            before if before != LONG_MAX else difference,
+            after if after != LONG_MAX else difference,
         )

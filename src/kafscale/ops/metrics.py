@@ -275,7 +275,7 @@ class _LiveCollector(Collector):
             if key in stats:
                 ops.add_metric([op], stats[key])
         yield ops
-        yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
+        yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
 
         cache = getattr(logs, "cache", None)
         if cache is not None:

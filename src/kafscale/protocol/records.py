@@ -8,6 +8,7 @@ the base offset and partition leader epoch in place and keeps the bytes as they 
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -15,6 +16,8 @@ import crc32c as _crc32c
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol.varint import read_varlong
+
+LONG_MAX = (1 << 63) - 1
 
 # Offsets of the v2 batch header fields (see the spec's "Message Batch Format").
 BASE_OFFSET = 0
@@ -158,6 +161,26 @@ def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) ->
         headers.append(header)
         pos += size
     return headers
+
+
+def check_timestamps(data, headers: list[BatchHeader], before_max_ms: int, after_max_ms: int, now_ms: int | None = None) -> None:
+    """Kafka's CreateTime check (LogValidator): every record's timestamp (except -1) lies in
+    [now - before_max_ms, now + after_max_ms], else INVALID_TIMESTAMP for the record set.
+    Nothing is read when both bounds are unlimited; otherwise each batch's records are
+    decoded (a compressed batch is decompressed, and counted)."""
+    if before_max_ms >= LONG_MAX and after_max_ms >= LONG_MAX:
+        return
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    lo, hi = now - before_max_ms, now + after_max_ms
+    pos = 0
+    for header in headers:
+        for rec in decode_records(data, pos, header, verify_crc=False):
+            if rec.timestamp != -1 and not lo <= rec.timestamp <= hi:
+                raise InvalidRecordError(
+                    f"timestamp {rec.timestamp} of the record at offset delta {rec.offset - header.base_offset} is out of range: it must be within [{lo}, {hi}]",
+                    ErrorCode.invalid_timestamp,
+                )
+        pos += header.size
 
 
 def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:

@@ -41,7 +41,7 @@ class PartitionLog:
         self.core = PartitionCore(
             f"{self.topic}-{self.partition}",
             state,
-            LogSettings.from_configs(meta.configs),
+            LogSettings.from_configs(meta.configs, cfg.kafka_static_configs()),
             cfg.flush_interval_ms / 1000,
             cfg.min_flush_interval_ms / 1000,
             producers,
@@ -98,7 +98,7 @@ class PartitionLog:
         return aborted_in_range(self.state.segments, start, end)
 
     def apply_configs(self, meta: TopicMeta) -> None:
-        self.core.settings = LogSettings.from_configs(meta.configs)
+        self.core.settings = LogSettings.from_configs(meta.configs, self.manager.config.kafka_static_configs())
 
     def refusal(self) -> StorageError:
         return self.core.refusal()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from kafscale.broker import topics
+from kafscale.broker.config import KAFKA_NAMES, BrokerConfig
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol.build import make, nested, response
@@ -13,80 +14,152 @@ from kafscale.storage.failures import StorageError
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER = 2, 4
-# config_source values
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 log = logging.getLogger("kafscale.admin")
+tc = topic_config
+
+# Broker configs that are BrokerConfig fields (KAFKA_NAMES) besides the log.* ones of
+# topic_config: type and documentation. The value is the field's; its source is
+# STATIC_BROKER_CONFIG when the operator gave it (a flag or KAFSCALE_* variable), else
+# DEFAULT_CONFIG with KafScale's default, as Kafka reports settings from server.properties.
+_BROKER_DOCS: dict[str, tuple[int, str]] = {
+    "broker.id": (tc.INT, "This broker's node id (--broker-id)."),
+    "auto.create.topics.enable": (tc.BOOLEAN, "Create unknown topics named by Metadata requests (--auto-create-topics)."),
+    "num.partitions": (tc.INT, "Partitions of topics created without a count (--default-partitions)."),
+    "log.segment.bytes": (tc.INT, "Default segment.bytes of topics (--segment-bytes; KafScale's default is 4 MiB)."),
+    "socket.request.max.bytes": (tc.INT, "Largest request frame accepted (--max-frame-bytes)."),
+    "queued.max.request.bytes": (tc.LONG, "Bytes of requests being read or handled at once (--max-request-memory)."),
+    "max.connections": (tc.INT, "Client connections accepted at once (--max-connections; 0: no limit)."),
+    "max.connections.per.ip": (tc.INT, "Client connections accepted at once from one address (--max-connections-per-ip; 0: no limit)."),
+    "connections.max.idle.ms": (tc.LONG, "Idle connections are closed after this long (--connections-max-idle-ms)."),
+    "log.retention.check.interval.ms": (tc.LONG, "How often retention runs (--retention-check-interval-ms)."),
+    "group.initial.rebalance.delay.ms": (tc.INT, "Wait for more members before the first rebalance of a new group."),
+    "group.min.session.timeout.ms": (tc.INT, "Least session timeout a group member may ask for."),
+    "group.max.session.timeout.ms": (tc.INT, "Greatest session timeout a group member may ask for."),
+    "offsets.retention.minutes": (tc.INT, "Committed offsets of empty groups expire after this."),
+    "offsets.retention.check.interval.ms": (tc.LONG, "How often expired committed offsets are removed."),
+    "producer.id.expiration.ms": (tc.INT, "An idempotent producer's state is forgotten after this long without writes."),
+    "transaction.max.timeout.ms": (tc.INT, "Greatest transaction timeout a transactional producer may ask for."),
+    "transactional.id.expiration.ms": (tc.INT, "A transactional id is forgotten after this long without a transaction."),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (tc.INT, "How often transactions past their timeout are aborted."),
+}
 
 
-def _broker_configs(broker) -> dict[str, tuple[str, int, str]]:
+def _broker_entries(broker) -> list[tuple]:
+    """(name, value, source, synonyms, type, documentation) of every broker config reported."""
     c = broker.config
-    return {
-        "broker.id": (str(c.broker_id), topic_config.INT, "This broker's node id"),
-        "advertised.listeners": (",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints) or f"PLAINTEXT://{c.advertise}", topic_config.STRING, "Address given to clients"),
-        "listeners": (",".join(str(l) for l in broker.listeners), topic_config.STRING, "Addresses the broker accepts clients on"),
-        "auto.create.topics.enable": (str(c.auto_create_topics).lower(), 1, "Create unknown topics on Metadata requests"),
-        "num.partitions": (str(c.default_partitions), topic_config.INT, "Partitions of auto-created topics"),
-        "log.segment.bytes": (str(c.segment_bytes), topic_config.INT, "Default segment size"),
-        "kafscale.flush.interval.ms": (str(c.flush_interval_ms), topic_config.LONG, "Longest wait in the write buffer"),
-        "kafscale.min.flush.interval.ms": (str(c.min_flush_interval_ms), topic_config.LONG, "Least time between uploads of one partition"),
-        "kafscale.storage": (c.storage, topic_config.STRING, "Object store URL"),
-        "kafscale.namespace": (c.namespace, topic_config.STRING, "Object key namespace"),
-        "group.initial.rebalance.delay.ms": (str(c.group_initial_rebalance_delay_ms), topic_config.INT, "Delay before the first rebalance of a new group"),
-        "group.min.session.timeout.ms": (str(c.group_min_session_timeout_ms), topic_config.INT, "Least session timeout of a group member"),
-        "group.max.session.timeout.ms": (str(c.group_max_session_timeout_ms), topic_config.INT, "Greatest session timeout of a group member"),
-        "offsets.retention.minutes": (str(c.offsets_retention_minutes), topic_config.INT, "Expiry of committed offsets of empty groups"),
-        "socket.request.max.bytes": (str(c.max_frame_bytes), topic_config.INT, "Largest request frame"),
-    }
+    given = c.given()
+    static = c.kafka_static_configs()
+    out = []
+
+    def add(name, value, kind, doc, is_given, default=None):
+        if is_given:
+            syns = [tc.Synonym(name, value, tc.STATIC_BROKER_CONFIG)]
+            if default is not None:
+                syns.append(tc.Synonym(name, default, tc.DEFAULT_CONFIG))
+        else:
+            syns = [tc.Synonym(name, value, tc.DEFAULT_CONFIG)] if value is not None else []
+        out.append((name, value, syns[0].source if syns else tc.DEFAULT_CONFIG, tuple(syns), kind, doc))
+
+    defaults = BrokerConfig.__dataclass_fields__
+    for fname, kname in KAFKA_NAMES.items():
+        if kname in tc.BROKER_TOPIC_DEFAULTS:
+            continue
+        kind, doc = _BROKER_DOCS[kname]
+        d = defaults[fname].default
+        add(kname, _value(getattr(c, fname)), kind, doc, fname in given, _value(d))
+    add("node.id", str(c.broker_id), tc.INT, "Same as broker.id.", "broker_id" in given, None)
+    advertised = ",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints) or f"PLAINTEXT://{c.advertise}"
+    add("advertised.listeners", advertised, tc.STRING, "Addresses given to clients (--advertised-listeners or --advertise).", True)
+    add("listeners", ",".join(str(x) for x in broker.listeners), tc.STRING, "Addresses the broker accepts clients on (--listeners or --listen).", True)
+    add("log.dirs", c.storage, tc.STRING, "Where partition data lives: the object store (--storage). DescribeLogDirs reports it as the broker's one log dir.",
+        bool({"storage", "data_dir"} & given))
+    add("default.replication.factor", "1", tc.INT, "Replication factor of auto-created topics; every partition has one replica here (the object store keeps the copies).", False)
+    for name in sorted(tc.BROKER_TOPIC_DEFAULTS):
+        r = tc.resolve_broker(name, static)
+        topic = next(d for d in tc.TOPIC_CONFIGS.values() if name in d.synonyms)
+        doc = f"Broker default of the topic config {topic.name}: {topic.doc}"
+        out.append((name, r.value, r.source, r.synonyms, tc.BROKER_TOPIC_DEFAULTS[name][1], doc))
+    for name, value, doc in (
+        ("kafscale.flush.interval.ms", str(c.flush_interval_ms), "Longest time a record waits in the write buffer."),
+        ("kafscale.min.flush.interval.ms", str(c.min_flush_interval_ms), "Least time between two uploads of one partition."),
+        ("kafscale.storage", c.storage, "Object store URL."),
+        ("kafscale.namespace", c.namespace, "First component of every object key."),
+    ):
+        field = name.removeprefix("kafscale.").replace(".", "_")
+        add(name, value, tc.LONG if name.endswith(".ms") else tc.STRING, doc, field in given)
+    return out
+
+
+def _value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _wanted(keys, name: str) -> bool:
+    # Kafka: a null or empty key list asks for every config
+    return not keys or name in keys
 
 
 async def describe_configs(ctx, req):
     cls = response(DESCRIBE_CONFIGS, ctx.version)
     res_cls = nested(cls, "DescribeConfigsResult")
     entry_cls = nested(cls, "DescribeConfigsResourceResult")
+    syn_cls = nested(cls, "DescribeConfigsSynonym")
+    with_synonyms = bool(getattr(req, "include_synonyms", False))
+    with_docs = bool(getattr(req, "include_documentation", False))
+
+    def entry(name, value, source, synonyms, kind, doc, read_only):
+        return make(
+            entry_cls,
+            name=name,
+            value=value,
+            read_only=read_only,
+            config_source=source,
+            is_sensitive=False,
+            synonyms=tuple(make(syn_cls, name=s.name, value=s.value, source=s.source) for s in synonyms) if with_synonyms else (),
+            config_type=kind,
+            documentation=doc if with_docs else None,
+        )
+
+    def failed(r, code, msg):
+        return make(res_cls, error_code=code, error_message=msg, resource_type=r.resource_type, resource_name=r.resource_name, configs=())
+
     results = []
     for r in req.resources:
-        keys = set(r.configuration_keys) if r.configuration_keys is not None else None
+        keys = set(r.configuration_keys or ())
         entries = []
         if r.resource_type == TOPIC:
             try:
+                topics.check_name(r.resource_name)
                 meta = await ctx.broker.logs.topics.get(r.resource_name, refresh=True)
+            except topics.TopicError as e:
+                results.append(failed(r, e.code, str(e)))
+                continue
             except StorageError as e:  # metadata store unreachable: retriable
-                results.append(make(res_cls, error_code=ErrorCode.request_timed_out, error_message=str(e), resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                results.append(failed(r, ErrorCode.request_timed_out, str(e)))
                 continue
             if meta is None:
-                results.append(make(res_cls, error_code=ErrorCode.unknown_topic_or_partition, error_message=f"topic {r.resource_name!r} does not exist", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+                results.append(failed(r, ErrorCode.unknown_topic_or_partition, f"topic {r.resource_name!r} does not exist"))
                 continue
-            for name, d in sorted(topic_config.TOPIC_CONFIGS.items()):
-                if keys is not None and name not in keys:
-                    continue
-                dynamic = name in meta.configs
-                entries.append(
-                    make(
-                        entry_cls,
-                        name=name,
-                        value=meta.configs.get(name, d.default),
-                        read_only=False,
-                        config_source=DYNAMIC_TOPIC_CONFIG if dynamic else DEFAULT_CONFIG,
-                        is_sensitive=False,
-                        synonyms=(),
-                        config_type=d.kind,
-                        documentation=d.doc if getattr(req, "include_documentation", False) else None,
-                    )
-                )
+            static = ctx.broker.config.kafka_static_configs()
+            for name, d in sorted(tc.TOPIC_CONFIGS.items()):
+                if _wanted(keys, name):
+                    v = tc.resolve(name, meta.configs, static)
+                    entries.append(entry(name, v.value, v.source, v.synonyms, d.kind, d.doc, False))
         elif r.resource_type == BROKER:
-            if r.resource_name not in ("", str(ctx.broker.config.broker_id)):
-                results.append(make(res_cls, error_code=ErrorCode.invalid_request, error_message=f"unknown broker {r.resource_name!r}", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+            if r.resource_name == "":
+                # Kafka: the cluster-wide dynamic defaults; KafScale has none
+                results.append(make(res_cls, error_code=ErrorCode.none, error_message=None, resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
                 continue
-            for name, (value, kind, doc) in sorted(_broker_configs(ctx.broker).items()):
-                if keys is not None and name not in keys:
-                    continue
-                entries.append(
-                    make(entry_cls, name=name, value=value, read_only=True, config_source=STATIC_BROKER_CONFIG, is_sensitive=False, synonyms=(), config_type=kind,
-                         documentation=doc if getattr(req, "include_documentation", False) else None)
-                )
+            if r.resource_name != str(ctx.broker.config.broker_id):
+                results.append(failed(r, ErrorCode.invalid_request, f"unexpected broker id {r.resource_name!r}: this is broker {ctx.broker.config.broker_id}"))
+                continue
+            for name, value, source, synonyms, kind, doc in sorted(_broker_entries(ctx.broker), key=lambda e: e[0]):
+                if _wanted(keys, name):
+                    # read-only: broker configs are set by flags and KAFSCALE_* variables only
+                    entries.append(entry(name, value, source, synonyms, kind, doc, True))
         else:
-            results.append(make(res_cls, error_code=ErrorCode.invalid_request, error_message=f"resource type {r.resource_type} is not supported", resource_type=r.resource_type, resource_name=r.resource_name, configs=()))
+            results.append(failed(r, ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"))
             continue
         results.append(make(res_cls, error_code=ErrorCode.none, error_message=None, resource_type=r.resource_type, resource_name=r.resource_name, configs=tuple(entries)))
     return make(cls, throttle_time=0, results=tuple(results))
@@ -131,7 +204,7 @@ def _incremental(r):
                 d = topic_config.TOPIC_CONFIGS.get(c.name)
                 if d is None or d.kind != topic_config.LIST:
                     raise topics.TopicError(ErrorCode.invalid_config, f"{c.name} is not a list config")
-                items = [x for x in new.get(c.name, d.default).split(",") if x]
+                items = [x for x in (new.get(c.name) or topic_config.resolve(c.name, {}).value or "").split(",") if x]
                 if op == APPEND:
                     items += [x for x in (c.value or "").split(",") if x and x not in items]
                 else:

@@ -1,5 +1,6 @@
 """Produce (0): validate each batch (magic, CRC32C, size), assign offsets in place, and
-answer once the flush that holds the batches is durable. Batches are never decompressed.
+answer once the flush that holds the batches is durable. Batches are never decompressed,
+except to check record timestamps on topics that limit them (message.timestamp.*.max.ms).
 
 Transactional batches (a request with a transactional id) are appended like any batch;
 the partition opens the producer's transaction on it (storage/producers.py). The
@@ -46,6 +47,8 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         # into the request frame; anything else (bytes) is copied once.
         buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
         headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
+        if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
+            records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
         result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
         result.log_start = lg.log_start_offset
     except records.InvalidRecordError as e:

@@ -34,13 +34,11 @@ async def create_topics(ctx, req):
             continue
         if not req.validate_only:
             log.info("created topic %s with %d partitions (client %s)", meta.name, meta.partitions, ctx.client_id)
-        effective = topic_config.effective(meta.configs)
         cfgs = ()
         if c_cls is not None:
-            cfgs = tuple(
-                make(c_cls, name=k, value=v, read_only=False, config_source=1 if k in meta.configs else 5, is_sensitive=False)
-                for k, v in sorted(effective.items())
-            )
+            static = ctx.broker.config.kafka_static_configs()
+            resolved = (topic_config.resolve(k, meta.configs, static) for k in sorted(topic_config.TOPIC_CONFIGS))
+            cfgs = tuple(make(c_cls, name=v.name, value=v.value, read_only=False, config_source=v.source, is_sensitive=False) for v in resolved)
         results.append(
             make(r_cls, name=meta.name, topic_id=meta.uuid, error_code=ErrorCode.none, error_message=None, num_partitions=meta.partitions, replication_factor=1, configs=cfgs)
         )
