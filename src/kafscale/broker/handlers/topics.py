@@ -77,16 +77,43 @@ async def delete_topics(ctx, req):
     return make(cls, throttle_time=0, responses=tuple(results))
 
 
+async def _check_assignments(broker, name: str, count: int, assignments: list[tuple[int, ...]]) -> None:
+    """Kafka's checks of explicit assignments of new partitions (INVALID_REPLICA_ASSIGNMENT).
+    Valid ones are accepted, but the cluster places partitions itself: the new partitions
+    go to whichever broker the balanced assignment picks, like every other partition."""
+    meta = await broker.logs.topics.get(name, refresh=True)
+    if meta is None or count <= meta.partitions:
+        return  # add_partitions answers UNKNOWN_TOPIC_OR_PARTITION / INVALID_PARTITIONS
+    bad = ErrorCode.invalid_replica_assignment
+    if len(assignments) != count - meta.partitions:
+        raise topics.TopicError(bad, f"attempted to add {count - meta.partitions} partition(s), but {len(assignments)} assignment(s) were given")
+    live = {b.node_id for b in broker.cluster.brokers()}
+    for replicas in assignments:
+        if not replicas:
+            raise topics.TopicError(bad, "an assignment has an empty replica list")
+        if len(set(replicas)) != len(replicas):
+            raise topics.TopicError(bad, f"an assignment names a broker twice: {list(replicas)}")
+        unknown = [b for b in replicas if b not in live]
+        if unknown:
+            raise topics.TopicError(bad, f"an assignment names broker {unknown[0]}, but no such broker is registered")
+        if len(replicas) != 1:
+            raise topics.TopicError(bad, f"an assignment has {len(replicas)} replicas, but the topic's partitions have 1 (the object store keeps the copies)")
+
+
 async def create_partitions(ctx, req):
     cls = response(CREATE_PARTITIONS, ctx.version)
     r_cls = nested(cls, "CreatePartitionsTopicResult")
     results = []
     for t in req.topics:
         try:
+            if t.assignments is not None:
+                await _check_assignments(ctx.broker, t.name, t.count, [tuple(a.broker_ids) for a in t.assignments])
             await topics.add_partitions(ctx.broker, t.name, t.count, req.validate_only)
             results.append(make(r_cls, name=t.name, error_code=ErrorCode.none, error_message=None))
         except topics.TopicError as e:
             results.append(make(r_cls, name=t.name, error_code=e.code, error_message=str(e)))
+        except StorageError as e:  # the metadata store is unreachable: retriable
+            results.append(make(r_cls, name=t.name, error_code=ErrorCode.request_timed_out, error_message=str(e)))
     return make(cls, throttle_time=0, results=tuple(results))
 
 

@@ -1,0 +1,187 @@
+"""The admin APIs tools call (#18), on stateless brokers: DescribeLogDirs (sizes = the bytes
+of the segment objects in the store), AlterReplicaLogDirs, ElectLeaders,
+List/AlterPartitionReassignments, DescribeTopicPartitions (API 75) and CreatePartitions with
+explicit assignments. Through kafka-python's and confluent-kafka's admin clients where they
+have the API, raw requests (every version kio has) where they do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import ElectionType, KafkaException, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from kafka.admin import KafkaAdminClient
+
+from kafscale.errors import ErrorCode
+from tests.support.raw import RawClient, error_code, req
+
+
+@pytest.fixture
+def admin(broker):
+    return AdminClient({"bootstrap.servers": broker.bootstrap})
+
+
+@pytest.fixture
+def kp(broker):
+    client = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    yield client
+    client.close()
+
+
+def create(admin: AdminClient, topic: str, partitions: int = 1) -> None:
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(15)
+
+
+def produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for part, n in per_partition.items():
+        for i in range(n):
+            p.produce(topic, b"v" * (50 + i), partition=part)
+        p.flush(20)  # one flush per partition: segments on both partitions
+    assert p.flush(20) == 0
+
+
+def versions(api_key: int, bootstrap: str) -> range:
+    with RawClient(bootstrap) as c:
+        [api] = [a for a in c.request(18, 3, req(18, 3, client_software_name="t", client_software_version="1")).api_keys if a.api_key == api_key]
+    return range(api.min_version, api.max_version + 1)
+
+
+def store_bytes(broker, topic: str, partition: int) -> int:
+    d = Path(broker.data_dir) / "objects" / "default" / topic / str(partition)
+    return sum(f.stat().st_size for f in d.glob("segment-*.kfs"))
+
+
+def test_describe_log_dirs_sizes_match_the_object_store(broker, admin, kp, topic_name):
+    create(admin, topic_name, 2)
+    produce(broker.bootstrap, topic_name, {0: 7, 1: 3})
+    produce(broker.bootstrap, topic_name, {0: 2})  # a second segment on partition 0
+    [entry] = kp.describe_log_dirs()
+    assert entry["broker"] == 0
+    [d] = entry["log_dirs"]
+    assert d["error_code"] == 0 and d["log_dir"] == f"file://{broker.data_dir}/objects/default"
+    assert (d["total_bytes"], d["usable_bytes"]) == (-1, -1)
+    [t] = [t for t in d["topics"] if t["name"] == topic_name]
+    sizes = {p["partition_index"]: p["partition_size"] for p in t["partitions"]}
+    assert sizes == {0: store_bytes(broker, topic_name, 0), 1: store_bytes(broker, topic_name, 1)}
+    assert sizes[0] > sizes[1] > 0 and len(list((Path(broker.data_dir) / "objects/default" / topic_name / "0").glob("*.kfs"))) >= 2
+    assert all((p["offset_lag"], p["is_future_key"]) == (0, False) for p in t["partitions"])
+    # every version kio has, asking for one partition and an unknown topic (omitted, as Kafka)
+    for v in versions(35, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            asked = (req(35, v, "DescribableLogDirTopic", topic=topic_name, partitions=(1,)), req(35, v, "DescribableLogDirTopic", topic=topic_name + "-no", partitions=(0,)))
+            [res] = c.request(35, v, req(35, v, topics=asked)).results
+        assert error_code(res.error_code) == 0
+        assert [(t.name, [(p.partition_index, p.partition_size) for p in t.partitions]) for t in res.topics] == [(topic_name, [(1, sizes[1])])], v
+
+
+def test_alter_replica_log_dirs_unknown_dir_and_own_dir(broker, admin, topic_name):
+    create(admin, topic_name)
+    own = f"file://{broker.data_dir}/objects/default"
+    for v in versions(34, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            dirs = tuple(
+                req(34, v, "AlterReplicaLogDir", path=path, topics=(req(34, v, "AlterReplicaLogDirTopic", name=name, partitions=(p,)),))
+                for path, name, p in ((broker.data_dir + "/elsewhere", topic_name, 0), (own, topic_name, 0), (own, topic_name, 5))
+            )
+            resp = c.request(34, v, req(34, v, dirs=dirs))
+        got = [(r.topic_name, [(p.partition_index, error_code(p.error_code)) for p in r.partitions]) for r in resp.results]
+        assert got == [(topic_name, [(0, ErrorCode.log_dir_not_found.value)]), (topic_name, [(0, 0)]), (topic_name, [(5, ErrorCode.unknown_topic_or_partition.value)])], v
+
+
+def test_elect_leaders_election_not_needed(broker, admin, kp, topic_name):
+    create(admin, topic_name, 2)
+    # confluent-kafka: ELECTION_NOT_NEEDED per partition
+    fut = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(topic_name, 0), TopicPartition(topic_name, 1)])
+    result = fut.result(15)
+    assert {(tp.topic, tp.partition): (e.code() if e else None) for tp, e in result.items()} == {
+        (topic_name, 0): ErrorCode.election_not_needed.value, (topic_name, 1): ErrorCode.election_not_needed.value}
+    # kafka-python, unclean election and an unknown partition
+    resp = kp.elect_leaders(1, {topic_name: [0, 9]}, raise_errors=False)
+    assert error_code(resp.error_code) == 0
+    [r] = resp.replica_election_results
+    assert [(p.partition_id, p.error_code) for p in r.partition_result] == [(0, ErrorCode.election_not_needed.value), (9, ErrorCode.unknown_topic_or_partition.value)]
+    # every version; null = all partitions, and those needing no election are left out (Kafka)
+    for v in versions(43, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            resp = c.request(43, v, req(43, v, election_type=0, topic_partitions=None, timeout=5000))
+        assert error_code(getattr(resp, "error_code", 0)) == 0
+        mine = [r for r in resp.replica_election_results if r.topic == topic_name]
+        assert [r.partition_result for r in mine] == [()], v
+
+
+def test_partition_reassignments_list_empty_alter_refused(broker, admin, kp, topic_name):
+    create(admin, topic_name, 2)
+    assert kp.list_partition_reassignments() == {}
+    for v in versions(46, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            resp = c.request(46, v, req(46, v, timeout=5000, topics=None))
+        assert (error_code(resp.error_code), resp.topics) == (0, ()), v
+    for v in versions(45, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            parts = (req(45, v, "ReassignablePartition", partition_index=0, replicas=(0,)),      # the current replica set: done
+                     req(45, v, "ReassignablePartition", partition_index=1, replicas=(1, 2)),    # a move: refused
+                     req(45, v, "ReassignablePartition", partition_index=0, replicas=None),      # cancel: none in progress
+                     req(45, v, "ReassignablePartition", partition_index=7, replicas=(0,)))
+            resp = c.request(45, v, req(45, v, timeout=5000, topics=(req(45, v, "ReassignableTopic", name=topic_name, partitions=parts),), allow_replication_factor_change=True))
+        assert error_code(resp.error_code) == 0
+        [t] = resp.responses
+        assert [(p.partition_index, error_code(p.error_code)) for p in t.partitions] == [
+            (0, 0), (1, ErrorCode.invalid_replica_assignment.value), (0, ErrorCode.no_reassignment_in_progress.value), (7, ErrorCode.unknown_topic_or_partition.value)], v
+        assert "places partitions on brokers itself" in t.partitions[1].error_message
+
+
+def test_describe_topic_partitions(broker, admin, kp, topic_name):
+    create(admin, topic_name, 3)
+    missing = topic_name + "-missing"
+    out = kp.describe_topic_partitions([topic_name, missing])
+    by = {t["name"]: t for t in out["topics"]}
+    assert by[missing]["error_code"] == ErrorCode.unknown_topic_or_partition.value and by[missing]["partitions"] == []
+    t = by[topic_name]
+    assert t["error_code"] == 0 and not t["is_internal"] and t["topic_id"] is not None
+    assert [(p["partition_index"], p["leader_id"], p["replica_nodes"], p["isr_nodes"], p["offline_replicas"]) for p in t["partitions"]] == [(i, 0, [0], [0], []) for i in range(3)]
+    # paging: a limit of 2 partitions leaves a cursor at partition 2, which the next request follows
+    with RawClient(broker.bootstrap) as c:
+        first = c.request(75, 0, req(75, 0, topics=(req(75, 0, "TopicRequest", name=topic_name),), response_partition_limit=2, cursor=None))
+        assert [p.partition_index for p in first.topics[0].partitions] == [0, 1]
+        assert (first.next_cursor.topic_name, first.next_cursor.partition_index) == (topic_name, 2)
+        cur = req(75, 0, "Cursor", topic_name=topic_name, partition_index=2)
+        second = c.request(75, 0, req(75, 0, topics=(req(75, 0, "TopicRequest", name=topic_name),), response_partition_limit=2, cursor=cur))
+        assert [p.partition_index for p in second.topics[0].partitions] == [2] and second.next_cursor is None
+    # confluent-kafka's describe_topics (whichever API librdkafka picks) agrees
+    d = admin.describe_topics(TopicCollection([topic_name]))[topic_name].result(15)
+    assert [(p.id, p.leader.id, [r.id for r in p.replicas]) for p in d.partitions] == [(i, 0, [0]) for i in range(3)]
+
+
+def test_create_partitions_with_assignments(broker, admin, topic_name):
+    create(admin, topic_name, 1)
+
+    def code(count, assignments):
+        fut = admin.create_partitions([NewPartitions(topic_name, count, replica_assignment=assignments)])[topic_name]
+        with pytest.raises(KafkaException) as info:
+            fut.result(15)
+        return info.value.args[0].code()
+
+    bad = ErrorCode.invalid_replica_assignment.value
+    assert code(3, [[0], [7]]) == bad        # broker 7 is not registered
+    for v in versions(37, broker.bootstrap):  # one assignment for two new partitions (librdkafka refuses to send it)
+        with RawClient(broker.bootstrap) as c:
+            for assignments in (((0,),), ((), ())):  # and an empty replica list
+                a = tuple(req(37, v, "CreatePartitionsAssignment", broker_ids=ids) for ids in assignments)
+                t = req(37, v, "CreatePartitionsTopic", name=topic_name, count=3, assignments=a)
+                [r] = c.request(37, v, req(37, v, topics=(t,), timeout=5000, validate_only=False)).results
+                assert error_code(r.error_code) == bad, (v, assignments)
+    assert code(2, [[0, 0]]) == bad          # a broker twice
+    with RawClient(broker.bootstrap) as c:
+        assert c.metadata([topic_name], allow_auto=False).topics[0].partitions.__len__() == 1
+    assert admin.create_partitions([NewPartitions(topic_name, 3, replica_assignment=[[0], [0]])])[topic_name].result(15) is None
+    with RawClient(broker.bootstrap) as c:
+        assert sorted(p.partition_index for p in c.metadata([topic_name], allow_auto=False).topics[0].partitions) == [0, 1, 2]
+
+
+def test_the_new_apis_are_advertised_over_kios_range(broker):
+    from kafscale.protocol.codec import kio_versions
+
+    for key in (34, 35, 43, 45, 46, 75):
+        assert (versions(key, broker.bootstrap).start, versions(key, broker.bootstrap).stop - 1) == kio_versions(key), key
