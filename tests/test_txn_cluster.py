@@ -55,16 +55,94 @@ def test_coordinator_moves_with_its_state_after_kill9(cluster_factory):  # noqa:
 
     coord.kill9()
     survivors = {i: b for i, b in cl.brokers.items() if i != coord_id}
-    new_id = wait_until(
-        lambda: (lambda ids: ids.pop() if len(ids) == 1 and coord_id not in ids else None)(
-            {coordinator_of(b, tid, 1) for b in survivors.values()}),
-        30, "a surviving broker to coordinate the transactional id")
+    views: list = []
+
+    def moved():
+        views.append({i: coordinator_of(b, tid, 1) for i, b in survivors.items()})
+        ids = set(views[-1].values())
+        return (ids.pop(),) if len(ids) == 1 and coord_id not in ids else None  # node 0 is falsy
+
+    try:
+        [new_id] = wait_until(moved, 30, "a surviving broker to coordinate the transactional id")
+    except AssertionError:
+        raise AssertionError(f"killed {coord_id}; last views {views[-3:]}")
     with RawClient(survivors[new_id].bootstrap) as c:
         st = describe(c, tid)
         assert (st.producer_id, st.producer_epoch, st.transaction_state) == (pid, epoch, "Ongoing")
         assert end(c, tid, pid, epoch, True) == 0
         wait_until(lambda: describe(c, tid).transaction_state == "CompleteCommit", 20, "the commit")
-    group_coord = survivors[wait_until(lambda: (lambda n: n if n in survivors else None)(
-        coordinator_of(survivors[new_id], group, 0)), 30, "the group's coordinator")]
+    [group_id] = wait_until(lambda: (lambda n: (n,) if n in survivors else None)(
+        coordinator_of(survivors[new_id], group, 0)), 30, "the group's coordinator")
+    group_coord = survivors[group_id]
     with RawClient(group_coord.bootstrap) as c:
         assert fetch_offset(c, group, topic, require_stable=True) == (0, 11)
+
+
+def _read_committed(bootstrap: str, topic: str, partitions: int, expect: int, timeout: float = 60.0) -> list[bytes]:
+    import time
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True,
+                  "topic.metadata.refresh.interval.ms": 1000})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out, eof = [], set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:
+                    eof.add(m.partition())
+                    if len(eof) == partitions and len(out) >= expect:
+                        return out
+                continue
+            eof.discard(m.partition())
+            out.append(m.value())
+        raise AssertionError(f"read {len(out)} committed records of {topic}, expected {expect}: {out}")
+    finally:
+        c.close()
+
+
+def test_markers_reach_partitions_of_other_brokers_and_survive_coordinator_kill9(cluster_factory):  # noqa: F811
+    """Partitions owned by every broker in one transaction: the coordinator writes the
+    markers of the others with WriteTxnMarkers. Then kill -9 of the coordinator right after
+    EndTxn was answered: the next coordinator finishes the transaction exactly once."""
+    from confluent_kafka import Producer
+
+    cl = cluster_factory("txnm", broker_args=("--transactions", "true"))
+    topic, parts = f"t-{cl.tag}", 6
+    cl.create_topic(topic, parts)
+    owners = cl.wait_owned(topic, parts)
+    assert len({n for n, _ in owners.values()}) == 3  # every broker owns some
+    tid = f"tx-{cl.tag}"
+    p = Producer({"bootstrap.servers": cl.bootstrap, "transactional.id": tid, "linger.ms": 5,
+                  "topic.metadata.refresh.interval.ms": 1000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(parts * 2):
+        p.produce(topic, b"c-%d" % i, partition=i % parts)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(parts):
+        p.produce(topic, b"a-%d" % i, partition=i)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(parts):
+        p.produce(topic, b"k-%d" % i, partition=i)
+    p.commit_transaction(30)  # answered once PrepareCommit is persisted
+    coord_id = coordinator_of(cl.brokers[0], tid, 1)
+    cl.brokers[coord_id].kill9()  # markers may be written, partly written or not at all
+    expected = sorted([b"c-%d" % i for i in range(parts * 2)] + [b"k-%d" % i for i in range(parts)])
+    got = _read_committed(cl.bootstrap, topic, parts, len(expected), timeout=90)
+    assert sorted(got) == expected  # every committed record once, no aborted one
+    survivor = next(b for i, b in cl.brokers.items() if i != coord_id)
+    [new_id] = wait_until(lambda: (lambda n: (n,) if n != coord_id else None)(coordinator_of(survivor, tid, 1)), 30,
+                          "a new coordinator")
+    with RawClient(cl.brokers[new_id].bootstrap) as c:
+        wait_until(lambda: describe(c, tid).transaction_state == "CompleteCommit", 30, "the commit completed")
