@@ -762,9 +762,9 @@ def test_raw_bad_input_gets_kafka_errors_and_group_stays_usable(broker, admin):
         d = raw.call(42, 1, groups_names=(group,))
         assert d.results[0].error_code is E.non_empty_group
 
-        # FindCoordinator for transactions is refused; for groups it names this broker.
+        # FindCoordinator for transactions and for groups names this broker.
         fc = raw.call(10, 4, key_type=1, coordinator_keys=("txn-1",))
-        assert fc.coordinators[0].error_code is E.invalid_request
+        assert fc.coordinators[0].error_code is E.none and (fc.coordinators[0].node_id, fc.coordinators[0].port) == (0, port)
         fc = raw.call(10, 3, key=group, key_type=0)
         assert fc.error_code is E.none and (fc.node_id, fc.port) == (0, port)
 

@@ -122,8 +122,9 @@ def test_clients_with_idempotence_on_get_each_record_once_in_order(broker, topic
     assert [o for o, _ in got] == list(range(500))
 
 
-def test_transactional_producer_fails_at_start(broker):
-    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "tx-1", "transaction.timeout.ms": 5000})
+def test_transactional_producer_fails_at_start_without_transactions(broker_factory):
+    b = broker_factory(extra_args=["--transactions", "false"])
+    p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": "tx-1", "transaction.timeout.ms": 5000})
     with pytest.raises(KafkaException):
         p.init_transactions(10)
 

@@ -247,8 +247,15 @@ def test_state_survives_restart(broker_factory):
         assert init(c, "tx-restart")[1:] == (pid, epoch + 1)
 
 
-def test_transaction_apis_not_advertised_without_flag(broker):
+def test_transaction_apis_advertised_unless_turned_off(broker, broker_factory):
+    txn_apis = {ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_TXNS, LIST_TXNS}
     with RawClient(broker.bootstrap) as c:
         r = c.request(18, 3, req(18, 3, client_software_name="t", client_software_version="1"))
-        keys = {k.api_key for k in r.api_keys}
-        assert not keys & {ADD_PARTITIONS, ADD_OFFSETS, END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_TXNS, LIST_TXNS}
+        assert txn_apis <= {k.api_key for k in r.api_keys}
+    off = broker_factory(extra_args=["--transactions", "false"])
+    with RawClient(off.bootstrap) as c:
+        r = c.request(18, 3, req(18, 3, client_software_name="t", client_software_version="1"))
+        assert not txn_apis & {k.api_key for k in r.api_keys}
+        assert init(c, "tx-off")[0] == ErrorCode.transactional_id_authorization_failed
+        r = c.request(FIND_COORDINATOR, 3, req(FIND_COORDINATOR, 3, key="tx-off", key_type=1))
+        assert error_code(r.error_code) == ErrorCode.invalid_request

@@ -47,10 +47,12 @@ class Broker:
         self.groups = GroupCoordinator(self.metadata, config, self.cluster)
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:
-            from kafscale.broker.handlers.transactions import register_transaction_apis
-
             self.transactions = TransactionCoordinator(self.metadata, config, self.cluster, self.logs, self.producer_ids)
-            register_transaction_apis(self.router)
+        else:
+            from kafscale.broker.handlers.transactions import TRANSACTION_APIS
+
+            for key in TRANSACTION_APIS:
+                self.router.unregister(key)
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()

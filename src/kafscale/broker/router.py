@@ -83,6 +83,9 @@ class Router:
         hi = kmax if max_version is None else min(kmax, max_version)
         self.apis[key] = Api(key, lo, hi, handler, decoder)
 
+    def unregister(self, key: int) -> None:
+        self.apis.pop(key, None)
+
     def get(self, key: int) -> Api | None:
         return self.apis.get(key)
 

@@ -4,9 +4,9 @@ Producer ids come from the broker's allocator (metadata/producer_ids.py), unique
 Without a transactional id, every InitProducerId gets a fresh producer id with epoch 0,
 as in Kafka: the producer id/epoch a client sends (KIP-360) are ignored, because they
 only identify a transactional id's current producer. A transactional id goes to the
-transaction coordinator (`transactions.py`) when the broker runs with --transactions;
-without it the id is refused and the transaction APIs are not advertised, so
-transactional clients fail at start with their own clear error.
+transaction coordinator (`transactions.py`); with --transactions false it is refused and
+the transaction APIs are not advertised, so transactional clients fail at start with their
+own clear error.
 """
 
 from __future__ import annotations

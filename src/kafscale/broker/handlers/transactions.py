@@ -8,8 +8,8 @@ and responses, which differ by version. Requests for a transactional id this bro
 not coordinate get NOT_COORDINATOR (clients find the coordinator again: FindCoordinator
 with key type 1, in `groups.py`).
 
-These APIs are registered only with `--transactions` (BrokerConfig.transactions), which
-stays off until the partition side (markers, LSO, read_committed) is in place.
+With `--transactions false` (BrokerConfig.transactions) the Broker takes these APIs out of
+its table again, so they are not advertised and transactional ids are refused.
 """
 
 from __future__ import annotations
@@ -327,9 +327,7 @@ async def list_transactions(ctx, req):
     return make(cls, throttle_time=0, error_code=ErrorCode.none, unknown_state_filters=unknown, transaction_states=out)
 
 
-def register_transaction_apis(router):
-    """Called by the Broker with --transactions (not `register`: off by default until the
-    partition side writes markers, so `build_router()` is what a default broker serves)."""
+def register(router):
     router.register(ADD_PARTITIONS_TO_TXN, add_partitions_to_txn)
     router.register(ADD_OFFSETS_TO_TXN, add_offsets_to_txn)
     router.register(END_TXN, end_txn)
