@@ -14,6 +14,14 @@ class BrokerConfig:
     listeners: str = field(default="", metadata={"help": "NAME://HOST:PORT,... to accept clients on, Kafka style (names PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL or mapped by --listener-security-protocol-map; default: PLAINTEXT://<--listen>)"})
     advertised_listeners: str = field(default="", metadata={"help": "NAME://HOST:PORT,... given to clients per listener (default: each listener as bound; with --listen: PLAINTEXT://<--advertise>)"})
     listener_security_protocol_map: str = field(default="", metadata={"help": "NAME:PROTOCOL,... for custom listener names (PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); the standard names map to themselves"})
+    ssl_cert: str = field(default="", metadata={"help": "PEM certificate chain of the TLS listeners (SSL, SASL_SSL)"})
+    ssl_key: str = field(default="", metadata={"help": "PEM private key of --ssl-cert (unencrypted)"})
+    ssl_ca: str = field(default="", metadata={"help": "PEM CA certificates that sign client certificates (for --ssl-client-auth)"})
+    ssl_client_auth: str = field(default="none", metadata={"help": "none, requested or required: ask TLS clients for a certificate (Kafka's ssl.client.auth)"})
+    ssl_cipher_suites: str = field(default="", metadata={"help": "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's; '' keeps Python's default)"})
+    ssl_principal_mapping_rules: str = field(default="DEFAULT", metadata={"help": "client certificate subject to principal: DEFAULT and RULE:pattern/replacement/[LU], comma separated (Kafka's ssl.principal.mapping.rules)"})
+    ssl_reload_interval_ms: int = field(default=5000, metadata={"help": "how often the TLS files are checked for changes (a change is loaded without restart; 0: never)"})
+    ssl_handshake_timeout_ms: int = field(default=10_000, metadata={"help": "close a TLS connection whose handshake is not done in this time"})
     data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
     broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
     storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
@@ -88,6 +96,20 @@ class BrokerConfig:
         Kafka reports as STATIC_BROKER_CONFIG), e.g. {"log.segment.bytes": "1000000"}."""
         given = self.given()
         return {kafka: _kafka_value(getattr(self, name)) for name, kafka in KAFKA_NAMES.items() if name in given}
+
+    def tls_settings(self):
+        from kafscale.security.tls import TlsSettings
+
+        return TlsSettings(self.ssl_cert, self.ssl_key, self.ssl_ca, self.ssl_client_auth, self.ssl_cipher_suites)
+
+    def check_security(self) -> None:
+        """Refuse settings that cannot work, before anything starts (ValueError subclasses)."""
+        from kafscale.security.principal import parse_rules
+
+        bound, _adv = self.resolved_listeners()
+        if any(l.tls for l in bound):
+            self.tls_settings().check()
+        parse_rules(self.ssl_principal_mapping_rules)
 
     @staticmethod
     def split_hostport(value: str) -> tuple[str, int]:

@@ -29,6 +29,7 @@ class RequestContext:
     turn_before: asyncio.Future | None = None
     turn: asyncio.Future | None = None
     listener: str | None = None  # name of the listener the request came in on
+    principal: str = "User:ANONYMOUS"  # who sent it (kafscale.security.principal)
 
     async def wait_turn(self) -> None:
         if self.turn_before is not None:

@@ -22,6 +22,8 @@ from kafscale.broker import memory
 from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol import codec, error_response
+from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
+from kafscale.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
@@ -82,6 +84,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.address = ""
         self.admitted = False
         self.closing = False
+        self.principal = ANONYMOUS  # who the client is (TLS certificate, SASL)
         self.last_active = time.monotonic()
 
     # -- asyncio protocol ----------------------------------------------------------------
@@ -91,6 +94,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.address = peer[0] if peer else "?"
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # a TLS listener, handshake done: who is the client?
+            try:
+                self.principal = from_certificate(ssl_object.getpeercert(binary_form=True), self.server.principal_rules)
+            except Exception as e:  # noqa: BLE001 - a certificate no mapping rule applies to
+                self.closing = True
+                log.warning("refusing TLS connection from %s: %s", self.peer, e, extra={"peer": self.peer})
+                transport.close()
+                return
         refusal = self.server.admit(self)
         if refusal is not None:
             self.closing = True
@@ -155,6 +167,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         while self._end - self._start >= 4 and not self.closing:
             (length,) = _LEN.unpack_from(buf, self._start)
             if length < 0 or length > self.max_frame:
+                if buf[self._start] == 0x16 and buf[self._start + 1] == 0x03 and (self.listener is None or not self.listener.tls):
+                    # 0x16 0x03: a TLS record (ClientHello), not a Kafka frame length
+                    self._close(f"a TLS handshake on plaintext listener {self.listener.name if self.listener else ''}: the client must not use SSL here")
+                    return
                 self._close(f"frame of {length} bytes is over the limit of {self.max_frame} bytes" if length > 0 else f"invalid frame length {length}")
                 return
             if self._head_reserved < 0:
@@ -266,6 +282,61 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._unpause(PAUSE_INFLIGHT)
 
 
+def _ssl_protocol_class(loop):
+    """The event loop's own TLS protocol: uvloop's (Cython) under uvloop, else asyncio's."""
+    try:
+        import uvloop
+        from uvloop.loop import SSLProtocol
+
+        if isinstance(loop, uvloop.Loop):
+            return SSLProtocol
+    except ImportError:
+        pass
+    from asyncio.sslproto import SSLProtocol
+
+    return SSLProtocol
+
+
+class TlsAcceptor(asyncio.BufferedProtocol):
+    """The socket's protocol on a TLS listener: the loop's TLS protocol wrapped around the
+    Kafka connection (what `create_server(ssl=...)` builds), made here so that a failed
+    handshake (a plaintext client, an untrusted client certificate, a timeout) is seen:
+    one log line and a count, where asyncio and uvloop would drop it silently. Everything
+    the transport calls is passed on to the TLS protocol."""
+
+    def __init__(self, server: "KafkaServer", listener: "Listener"):
+        loop = asyncio.get_running_loop()
+        self.server = server
+        self.listener = listener
+        self.peer = "?"
+        waiter = loop.create_future()
+        waiter.add_done_callback(self._handshake_done)
+        self.tls = _ssl_protocol_class(loop)(
+            loop, KafkaConnection(server, listener), server.tls.base, waiter, server_side=True,
+            ssl_handshake_timeout=server.config.ssl_handshake_timeout_ms / 1000,
+        )
+        self.get_buffer = self.tls.get_buffer
+        self.buffer_updated = self.tls.buffer_updated
+        self.eof_received = self.tls.eof_received
+        self.pause_writing = self.tls.pause_writing
+        self.resume_writing = self.tls.resume_writing
+
+    def connection_made(self, transport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.tls.connection_made(transport)
+
+    def connection_lost(self, exc) -> None:
+        self.tls.connection_lost(exc)
+
+    def _handshake_done(self, waiter: asyncio.Future) -> None:
+        exc = None if waiter.cancelled() else waiter.exception()
+        if exc is None:
+            return
+        self.server.tls_handshake_failures += 1
+        log.warning("TLS handshake with %s on listener %s failed: %s", self.peer, self.listener.name, str(exc) or type(exc).__name__, extra={"peer": self.peer})
+
+
 class KafkaServer:
     def __init__(self, broker: "Broker", config: "BrokerConfig"):
         self.broker = broker
@@ -283,14 +354,23 @@ class KafkaServer:
         # api_key -> [hook(request, response)], called after that API's handler answered
         # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
         self.response_hooks: dict[int, list] = {}
+        self.tls_handshake_failures = 0
+        self.tls: ReloadingContext | None = None
+        self.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
+        self._tls_reloader: asyncio.Task | None = None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listeners = getattr(self.broker, "listeners", None) or self.config.resolved_listeners()[0]
+        if any(listener.tls for listener in listeners):
+            self.tls = ReloadingContext(self.config.tls_settings())
+            if self.config.ssl_reload_interval_ms > 0:
+                self._tls_reloader = loop.create_task(self._reload_tls(), name="tls-reload")
         try:
             for listener in listeners:
+                factory = TlsAcceptor if listener.tls else KafkaConnection
                 server = await loop.create_server(
-                    lambda listener=listener: KafkaConnection(self, listener),
+                    lambda listener=listener, factory=factory: factory(self, listener),
                     listener.host or None, listener.port, reuse_address=True, backlog=1024,
                 )
                 self._servers.append(server)
@@ -321,6 +401,8 @@ class KafkaServer:
             await asyncio.wait(pending, timeout=drain_s)
         if self._housekeeper is not None:
             self._housekeeper.cancel()
+        if self._tls_reloader is not None:
+            self._tls_reloader.cancel()
         for conn in list(self.connections):
             conn._close("broker shutting down")
         for server in self._servers:
@@ -384,6 +466,14 @@ class KafkaServer:
             if self._memory_waiters and self._memory_waiters[-1] is conn:
                 break
 
+    async def _reload_tls(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ssl_reload_interval_ms / 1000)
+            try:
+                self.tls.check()
+            except Exception:  # noqa: BLE001 - keep checking; the old context stays in use
+                log.exception("checking the TLS files failed")
+
     async def _housekeeping(self) -> None:
         """Close connections idle past connections.max.idle.ms, take the read buffers
         of quiet ones back, and return freed heap memory to the OS."""
@@ -433,7 +523,7 @@ class KafkaServer:
             # there closes the connection without an answer (SocketServer
             # processChannelException), for every API. So do we: one log line, no traceback.
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
-        ctx = RequestContext(self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None)
+        ctx = RequestContext(self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None, principal=conn.principal)
         if api_key == PRODUCE:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
             ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()

@@ -20,13 +20,11 @@ def _run_broker(args: argparse.Namespace) -> int:
     from kafscale.cluster.membership import BrokerIdInUse
     from kafscale.ops import logging_setup
 
-    from kafscale.security.listeners import ListenerError
-
     cfg = broker_config.from_args(args)
     logging_setup.setup(cfg.log_level, cfg.log_format)
     try:
-        cfg.resolved_listeners()
-    except ListenerError as e:
+        cfg.check_security()
+    except ValueError as e:
         log.error("refusing to start: %s", e)
         return 2
     try:
@@ -84,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     from kafscale.cli import admin as admin_cli
     from kafscale.pipeline import cli as pipeline_cli
 
+    from kafscale.cli import security as security_cli
+
     admin_cli.add_commands(sub)
+    security_cli.add_commands(sub)
     pipeline_cli.add_commands(sub)
     return parser
 

@@ -286,6 +286,11 @@ class _LiveCollector(Collector):
 
         yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
         yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=b.server.request_memory)
+        tls = b.server.tls
+        if tls is not None:
+            yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=b.server.tls_handshake_failures)
+            yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=tls.reloads)
+            yield CounterMetricFamily("kafscale_tls_reload_failures", "Times changed TLS files could not be loaded (the previous certificate stayed)", value=tls.reload_failures)
 
         cluster = b.cluster
         try:
