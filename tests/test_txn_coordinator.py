@@ -29,7 +29,7 @@ DESCRIBE_TXNS, LIST_TXNS = 65, 66
 @pytest.fixture(scope="module")
 def txb():
     b = BrokerProcess(extra_args=[
-        "--transactions", "true", "--merge-interval-ms", "0",
+        "--transactions", "true", "--merge-interval-ms", "0", "--group-initial-rebalance-delay-ms", "0",
         "--transaction-abort-timed-out-transaction-cleanup-interval-ms", "200",
         "--transaction-max-timeout-ms", "60000",
     ]).start()
@@ -62,12 +62,13 @@ def add_partitions(c: RawClient, tid: str, pid: int, epoch: int, topic: str, par
             for tr in r.results_by_topic_v3_and_below for pr in tr.results_by_partition}
 
 
-def txn_offset_commit(c: RawClient, tid: str, pid: int, epoch: int, group: str, topic: str, offset: int, version: int = 3):
+def txn_offset_commit(c: RawClient, tid: str, pid: int, epoch: int, group: str, topic: str, offset: int, version: int = 3,
+                      member_id: str = "", generation_id: int = -1):
     p = req(TXN_OFFSET_COMMIT, version, "TxnOffsetCommitRequestPartition", partition_index=0, committed_offset=offset,
             committed_leader_epoch=-1, committed_metadata="m")
     t = req(TXN_OFFSET_COMMIT, version, "TxnOffsetCommitRequestTopic", name=topic, partitions=(p,))
     r = c.request(TXN_OFFSET_COMMIT, version, req(TXN_OFFSET_COMMIT, version, transactional_id=tid, group_id=group,
-                                                  producer_id=pid, producer_epoch=epoch, generation_id=-1, member_id="",
+                                                  producer_id=pid, producer_epoch=epoch, generation_id=generation_id, member_id=member_id,
                                                   group_instance_id=None, topics=(t,)))
     return error_code(r.topics[0].partitions[0].error_code)
 
@@ -259,3 +260,22 @@ def test_transaction_apis_advertised_unless_turned_off(broker, broker_factory):
         assert init(c, "tx-off")[0] == ErrorCode.transactional_id_authorization_failed
         r = c.request(FIND_COORDINATOR, 3, req(FIND_COORDINATOR, 3, key="tx-off", key_type=1))
         assert error_code(r.error_code) == ErrorCode.invalid_request
+
+
+def test_txn_offset_commit_checks_the_group_generation(txb, topic_name):
+    group = f"g-{topic_name}"
+    with RawClient(txb.bootstrap) as c:
+        c.metadata([topic_name])
+        j = c.request(11, 5, req(11, 5, group_id=group, session_timeout=30000, rebalance_timeout=30000, member_id="",
+                                 group_instance_id="static-1", protocol_type="consumer",
+                                 protocols=(req(11, 5, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
+        assert error_code(j.error_code) == 0 and j.generation_id >= 1
+        _, pid, epoch = init(c, "tx-gen")
+        assert add_offsets(c, "tx-gen", pid, epoch, group) == 0
+        # A consumer whose group moved on: its generation is refused, nothing is pending.
+        assert txn_offset_commit(c, "tx-gen", pid, epoch, group, topic_name, 4, member_id=j.member_id,
+                                 generation_id=j.generation_id - 1) == ErrorCode.illegal_generation
+        assert txn_offset_commit(c, "tx-gen", pid, epoch, group, topic_name, 4, member_id="someone-else",
+                                 generation_id=j.generation_id) == ErrorCode.unknown_member_id
+        assert fetch_offset(c, group, topic_name, require_stable=True) == (0, -1)
+        assert end(c, "tx-gen", pid, epoch, False) == 0
