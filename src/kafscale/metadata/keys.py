@@ -13,6 +13,8 @@ Layout, relative to the backend's prefix (`/kafscale` on etcd):
     /transactions/{transactional id}          transaction state (owned by its coordinator)
     /pending-offsets/{group}/{producer id}/{topic}/{p}
                                               TxnOffsetCommit offsets until the transaction ends
+    /client-quotas/{entity}                   a client quota entity and its values; {entity} is
+                                              type=name pairs joined by "," (name empty: default)
 
 Every name in a key goes through `escape`: each UTF-8 byte outside [A-Za-z0-9._-] becomes
 %XX (so an escaped name never holds "/", and "%" itself is escaped), and a name made only
@@ -43,6 +45,7 @@ BROKERS = "/brokers/"
 OWNERS = "/owners/"
 TRANSACTIONS = "/transactions/"
 PENDING_OFFSETS = "/pending-offsets/"
+CLIENT_QUOTAS = "/client-quotas/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -227,3 +230,13 @@ def legacy_offset_of(key: str) -> tuple[str, str, int]:
     if len(fields) != 3:
         raise MalformedKey(f"key {key!r} is not /offsets/{{group}}/{{topic}}/{{partition}}")
     return fields[0], fields[1], _int(fields[2], key)
+
+
+# -- client quotas -------------------------------------------------------------------------------
+
+
+def client_quota(entity) -> str:
+    """The key of a quota entity ((type, name or None) pairs, sorted). Escaped names never
+    hold "=", "," or "/", and a name is never empty (Kafka refuses it), so the empty name
+    stands for the default entity unambiguously."""
+    return CLIENT_QUOTAS + ",".join(f"{escape(kind)}={escape(name) if name is not None else ''}" for kind, name in entity)

@@ -360,6 +360,34 @@ class MetadataStore:
                 return 0
         raise ConflictError(f"could not migrate {old.key}: it keeps changing")
 
+    # -- client quotas -------------------------------------------------------------------
+
+    async def list_client_quotas(self) -> list[tuple[tuple, dict[str, float]]]:
+        """(entity, values) of every entity with a quota; entity as metadata.quotas.Entity."""
+        out = []
+        for kv in await self.kv.range(keys.CLIENT_QUOTAS):
+            doc = json.loads(kv.value)
+            out.append((tuple((k, n) for k, n in doc["entity"]), doc["values"]))
+        return out
+
+    async def alter_client_quota(self, entity: tuple, change) -> dict[str, float]:
+        """Apply `change(old values) -> new values` to one entity in one guarded
+        transaction (retried when another broker changed it meanwhile); no values left
+        deletes the entity, as Kafka drops an entity with no quotas."""
+        key = keys.client_quota(entity)
+        for _ in range(10):
+            kv = await self.kv.get(key)
+            old = json.loads(kv.value)["values"] if kv else {}
+            new = change(old)
+            version = kv.version if kv else 0
+            if new:
+                txn = Txn(compares=[(key, version)], puts=[(key, _dump({"entity": [list(p) for p in entity], "values": new}))])
+            else:
+                txn = Txn(compares=[(key, version)], deletes=[key])
+            if await self.kv.commit(txn):
+                return new
+        raise ConflictError(f"client quota {key} keeps changing")
+
     # -- transactions ------------------------------------------------------------------
 
     async def get_transaction(self, transactional_id: str) -> tuple[dict, int] | None:
