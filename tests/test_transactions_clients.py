@@ -206,3 +206,62 @@ def test_aiokafka_commit_and_abort(txb, topic_name):
         assert await read("read_uncommitted", 3) == [b"ap-c0", b"ap-a0", b"ap-c1"]
 
     asyncio.run(go())
+
+
+PROCESSOR = r"""
+import sys
+from confluent_kafka import Consumer, Producer, TopicPartition, KafkaException
+bootstrap, src, dst, group, tid = sys.argv[1:6]
+c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+              "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+c.assign([TopicPartition(src, 0)])  # position: the group's committed offset
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 2})
+p.init_transactions(60)
+print("ready", flush=True)
+while True:
+    msgs = [m for m in c.consume(10, 0.5) if not m.error()]
+    if not msgs:
+        continue
+    p.begin_transaction()
+    for m in msgs:
+        p.produce(dst, m.value().replace(b"in-", b"out-"))
+    p.send_offsets_to_transaction([TopicPartition(src, 0, msgs[-1].offset() + 1)], c.consumer_group_metadata(), 60)
+    p.commit_transaction(60)
+"""
+
+
+def test_consume_transform_produce_exactly_once_across_kill9(txb, topic_name):
+    """A consume-transform-produce loop (read_committed consumer, transactional producer,
+    send_offsets_to_transaction) killed with SIGKILL 10 times at random moments and
+    restarted: the output holds each input record's result exactly once."""
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    n = 400
+    src, dst, group, tid = topic_name, f"{topic_name}-out", f"g-{topic_name}", f"tx-{topic_name}"
+    p = Producer({"bootstrap.servers": txb.bootstrap, "linger.ms": 5})
+    for i in range(n):
+        p.produce(src, b"in-%d" % i)
+    p.flush(30)
+    rng = random.Random(15)
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", PROCESSOR, txb.bootstrap, src, dst, group, tid],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert proc.stdout.readline().strip() == b"ready"
+        return proc
+
+    for _ in range(10):
+        proc = start()
+        time.sleep(rng.uniform(0.05, 0.8))  # let it get somewhere, then kill it mid-flight
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    proc = start()
+    try:
+        out = consume_all(txb, dst, "read_committed", expect=n, timeout=90)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert sorted(out) == sorted(b"out-%d" % i for i in range(n))
