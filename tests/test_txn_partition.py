@@ -35,6 +35,11 @@ def txn_batch(values: list[bytes], pid: int, seq: int, epoch: int = 0) -> bytes:
     )
 
 
+def plain_batch(value: bytes) -> bytes:
+    """A non-transactional batch stamped now (a timestamp of 0 is past retention.ms)."""
+    return records.build_batch([(None, value)], timestamp=int(time.time() * 1000))
+
+
 def _manager(tmp_path) -> LogManager:
     cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0)
     meta = MetadataStore(SqliteKV(tmp_path / "meta.sqlite"))
@@ -64,7 +69,7 @@ async def test_markers_lso_and_aborted_entries_in_process_and_after_a_restart(tm
     mgr = _manager(tmp_path)
     await mgr.metadata.create_topic(TopicMeta("tx", 1))
     lg = await mgr.get_log("tx", 0)
-    await _produce(lg, records.build_batch([(None, b"plain")]))  # 0
+    await _produce(lg, plain_batch(b"plain"))  # 0
     assert await _produce(lg, txn_batch([b"a1", b"a2"], PID_A, 0)) == 1  # 1, 2: A opens at 1
     assert await _produce(lg, txn_batch([b"b1"], PID_B, 0)) == 3  # 3: B opens at 3
     assert (lg.high_watermark, lg.last_stable_offset) == (4, 1)
@@ -88,7 +93,7 @@ async def test_markers_lso_and_aborted_entries_in_process_and_after_a_restart(tm
     assert await mgr.write_txn_markers(TxnMarker(PID_B, 0, 3, True, [("tx", 0)])) == {("tx", 0): E.invalid_producer_epoch}
 
     await _produce(lg, txn_batch([b"a3"], PID_A, 2))  # 7: A's next transaction, left open
-    await _produce(lg, records.build_batch([(None, b"after")]))  # 8
+    await _produce(lg, plain_batch(b"after"))  # 8
     assert (lg.high_watermark, lg.last_stable_offset) == (9, 7)
     await mgr.stop()
 
@@ -182,10 +187,10 @@ def test_read_committed_over_tcp_and_after_a_broker_restart(broker_factory, topi
     topic = topic_name
     with RawClient(b.bootstrap) as c:
         c.metadata([topic])  # auto-create
-        wait_until(lambda: error_code(c.produce(topic, 0, records.build_batch([(None, b"p0")])).error_code) == 0, 10, "the topic")
+        wait_until(lambda: error_code(c.produce(topic, 0, plain_batch(b"p0")).error_code) == 0, 10, "the topic")
         assert error_code(produce_txn(c, topic, txn_batch([b"c1", b"c2"], PID_A, 0)).error_code) == 0  # 1, 2
         assert error_code(produce_txn(c, topic, txn_batch([b"x1"], PID_B, 0)).error_code) == 0  # 3
-        assert error_code(c.produce(topic, 0, records.build_batch([(None, b"p1")])).error_code) == 0  # 4
+        assert error_code(c.produce(topic, 0, plain_batch(b"p1")).error_code) == 0  # 4
 
         # Open transactions hold the LSO at the first one's first offset.
         committed = fetch(c, topic, 0, isolation=1)
@@ -207,7 +212,7 @@ def test_read_committed_over_tcp_and_after_a_broker_restart(broker_factory, topi
         assert [(a.producer_id, a.first_offset) for a in fetch(c, topic, 4, isolation=1).aborted_transactions] == [(PID_B, 3)]  # B's records before 4, its marker after
 
         assert error_code(produce_txn(c, topic, txn_batch([b"open"], PID_A, 2)).error_code) == 0  # 7: left open
-        assert error_code(c.produce(topic, 0, records.build_batch([(None, b"p2")])).error_code) == 0  # 8
+        assert error_code(c.produce(topic, 0, plain_batch(b"p2")).error_code) == 0  # 8
 
     assert consume_all(b.bootstrap, topic, "read_committed", 7) == [b"p0", b"c1", b"c2", b"p1"]
     assert consume_all(b.bootstrap, topic, "read_uncommitted", 9) == [b"p0", b"c1", b"c2", b"x1", b"p1", b"open", b"p2"]
@@ -258,3 +263,60 @@ def test_confluent_kafka_transactional_producer_commit_and_abort(broker_factory,
         assert len(aborted) == 1
     assert consume_all(b.bootstrap, topic, "read_committed", end) == [b"commit-0", b"commit-1", b"commit-2", b"commit-last"]
     assert consume_all(b.bootstrap, topic, "read_uncommitted", end) == [b"commit-0", b"commit-1", b"commit-2", b"abort-0", b"abort-1", b"commit-last"]
+
+
+# -- other clients' read_committed consumers, DescribeProducers, bad input ---------------
+
+
+def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker, topic_name):
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KTP
+
+    topic = topic_name
+    with RawClient(broker.bootstrap) as c:
+        c.metadata([topic])
+        wait_until(lambda: error_code(c.produce(topic, 0, plain_batch(b"p0")).error_code) == 0, 10, "the topic")
+        assert error_code(produce_txn(c, topic, txn_batch([b"a1", b"a2"], PID_A, 0)).error_code) == 0  # 1, 2
+        assert error_code(produce_txn(c, topic, txn_batch([b"b1"], PID_B, 0)).error_code) == 0  # 3
+        resp = c.request(61, 0, req(61, 0, topics=(req(61, 0, "TopicRequest", name=topic, partition_indexes=(0,)),)))
+        states = {s.producer_id: s.current_txn_start_offset for s in resp.topics[0].partitions[0].active_producers}
+        assert states == {PID_A: 1, PID_B: 3}
+        assert write_markers(c, topic, PID_A, commit=False) == 0  # 4
+        assert write_markers(c, topic, PID_B, commit=True) == 0  # 5
+        assert error_code(c.produce(topic, 0, plain_batch(b"p1")).error_code) == 0  # 6
+        # Transactional records without a transactional id: refused, as Kafka.
+        refused = c.produce(topic, 0, txn_batch([b"sneaky"], 9999, 0))
+        assert error_code(refused.error_code) == E.transactional_id_authorization_failed
+        assert latest(c, topic, 1) == latest(c, topic, 0) == 7
+    want = [b"p0", b"b1", b"p1"]
+
+    kc = KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level="read_committed", enable_auto_commit=False, consumer_timeout_ms=5000)
+    kc.assign([KTP(topic, 0)])
+    kc.seek(KTP(topic, 0), 0)
+    got = []
+    for m in kc:
+        got.append(m.value)
+        if len(got) >= len(want) and m.offset >= 6:
+            break
+    kc.close()
+    assert got == want
+
+    async def aio() -> list[bytes]:
+        ac = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, isolation_level="read_committed", enable_auto_commit=False, fetch_max_wait_ms=50)
+        await ac.start()
+        try:
+            tp = ATP(topic, 0)
+            ac.assign([tp])
+            await ac.seek_to_beginning(tp)
+            out = []
+            while b"p1" not in out:
+                out.append((await asyncio.wait_for(ac.getone(), 10)).value)
+            return out
+        finally:
+            await ac.stop()
+
+    assert asyncio.run(aio()) == want

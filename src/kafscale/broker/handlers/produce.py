@@ -37,7 +37,7 @@ class _PartitionResult:
         self.waiter = None
 
 
-async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult) -> None:
+async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult, transactional_id: str | None = None) -> None:
     broker = ctx.broker
     try:
         lg = await broker.logs.get_log(topic, index)
@@ -49,6 +49,10 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
         if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
             records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
+        if transactional_id is None and any(h.is_transactional for h in headers):
+            # As Kafka: transactional records need the request's transactional id (the
+            # one authorized to write them).
+            raise records.InvalidRecordError("transactional records without a transactional id", ErrorCode.transactional_id_authorization_failed)
         result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
         result.log_start = lg.log_start_offset
     except records.InvalidRecordError as e:
@@ -95,7 +99,7 @@ async def produce(ctx, req):
             elif req.transactional_id is not None and (refused := await _txn_check(ctx, req.transactional_id, name, pd.index, pd.records)):
                 r.error, r.message = refused, f"transactional produce to {name}-{pd.index} refused by the transaction coordinator"
             else:
-                await _append(ctx, name, pd.index, pd.records, want_ack, r)
+                await _append(ctx, name, pd.index, pd.records, want_ack, r, req.transactional_id)
             results.append(r)
         by_topic.append((name, topic_id, results))
     ctx.end_turn()

@@ -60,8 +60,8 @@ async def describe_producers(ctx, req):
                     producer_epoch=e.epoch,
                     last_sequence=e.last_seq,
                     last_timestamp=e.last_timestamp_ms,
-                    coordinator_epoch=-1,
-                    current_txn_start_offset=-1,
+                    coordinator_epoch=e.coordinator_epoch,
+                    current_txn_start_offset=e.txn_first_offset,
                 )
                 for e in lg.producers.producers.values()
             )
