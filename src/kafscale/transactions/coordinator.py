@@ -56,6 +56,10 @@ MARKER_FENCED = frozenset({ErrorCode.invalid_producer_epoch, ErrorCode.transacti
 MARKER_RETRY_MIN_S = 0.05
 MARKER_RETRY_MAX_S = 2.0
 COORDINATOR_EPOCH = 0  # ownership is fenced by the guarded store writes, not by an epoch
+# A request for an id whose markers are being written waits this long for them before it
+# is answered CONCURRENT_TRANSACTIONS: a producer's next transaction usually starts right
+# after its commit, and a retry costs it the client's backoff (librdkafka: 100 ms).
+MARKER_WAIT_S = 1.0
 
 
 class TransactionCoordinator:
@@ -136,7 +140,13 @@ class TransactionCoordinator:
     def timeout_valid(self, timeout_ms: int) -> bool:
         return valid_timeout(timeout_ms, self.max_timeout_ms)
 
+    async def _await_markers(self, tid: str) -> None:
+        task = self._marker_tasks.get(tid)
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=MARKER_WAIT_S)  # never cancels the task
+
     async def init_producer_id(self, tid: str, timeout_ms: int, expected: tuple[int, int] | None) -> Step:
+        await self._await_markers(tid)
         async with self._locks[tid]:
             meta = await self._load(tid)
             now = self.clock()
@@ -149,6 +159,7 @@ class TransactionCoordinator:
 
     async def add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
                              partitions: Iterable[tuple[str, int]] = (), groups: Iterable[str] = ()) -> ErrorCode:
+        await self._await_markers(tid)
         async with self._locks[tid]:
             meta = await self._load(tid)
             if meta is None:
