@@ -279,3 +279,44 @@ def test_txn_offset_commit_checks_the_group_generation(txb, topic_name):
                                  generation_id=j.generation_id) == ErrorCode.unknown_member_id
         assert fetch_offset(c, group, topic_name, require_stable=True) == (0, -1)
         assert end(c, "tx-gen", pid, epoch, False) == 0
+
+
+def test_add_partitions_v4_batched_and_verify_only(txb, topic_name):
+    version = 4
+    with RawClient(txb.bootstrap) as c:
+        c.metadata([topic_name])
+        _, pid, epoch = init(c, "tx-v4")
+
+        def call(verify_only: bool, parts=(0,), tid="tx-v4", ep=epoch):
+            t = req(ADD_PARTITIONS, version, "AddPartitionsToTxnTopic", name=topic_name, partitions=tuple(parts))
+            txn = req(ADD_PARTITIONS, version, "AddPartitionsToTxnTransaction", transactional_id=tid, producer_id=pid,
+                      producer_epoch=ep, verify_only=verify_only, topics=(t,))
+            r = c.request(ADD_PARTITIONS, version, req(ADD_PARTITIONS, version, transactions=(txn,)))
+            assert error_code(r.error_code) == 0
+            return {(res.transactional_id, tr.name, pr.partition_index): error_code(pr.partition_error_code)
+                    for res in r.results_by_transaction for tr in res.topic_results for pr in tr.results_by_partition}
+
+        # Verify-only (what a partition leader asks, KIP-890): not in the transaction yet.
+        assert call(True) == {("tx-v4", topic_name, 0): ErrorCode.transaction_abortable}
+        assert describe(c, "tx-v4").transaction_state == "Empty"
+        assert call(False) == {("tx-v4", topic_name, 0): 0}
+        assert call(True) == {("tx-v4", topic_name, 0): 0}
+        assert call(True, ep=epoch + 1) == {("tx-v4", topic_name, 0): ErrorCode.producer_fenced}
+        assert call(False, tid="tx-v4-unknown") == {("tx-v4-unknown", topic_name, 0): ErrorCode.invalid_producer_id_mapping}
+        assert end(c, "tx-v4", pid, epoch, False) == 0
+
+
+def test_end_txn_v5_bumps_the_epoch(txb):
+    """EndTxn v5 (transactions v2, KIP-890): every end bumps the epoch and answers it."""
+    with RawClient(txb.bootstrap) as c:
+        _, pid, epoch = init(c, "tx-v5")
+        assert add_offsets(c, "tx-v5", pid, epoch, "g-v5") == 0
+        r = c.request(END_TXN, 5, req(END_TXN, 5, transactional_id="tx-v5", producer_id=pid, producer_epoch=epoch, committed=True))
+        assert (error_code(r.error_code), r.producer_id, r.producer_epoch) == (0, pid, epoch + 1)
+        # A retry of that EndTxn (still the old epoch) is recognised, not fenced.
+        r = c.request(END_TXN, 5, req(END_TXN, 5, transactional_id="tx-v5", producer_id=pid, producer_epoch=epoch, committed=True))
+        assert error_code(r.error_code) in (0, ErrorCode.concurrent_transactions)
+        wait_until(lambda: describe(c, "tx-v5").transaction_state == "CompleteCommit", 10, "the commit")
+        assert add_offsets(c, "tx-v5", pid, epoch, "g-v5") == ErrorCode.producer_fenced
+        assert add_offsets(c, "tx-v5", pid, epoch + 1, "g-v5") == 0
+        assert end(c, "tx-v5", pid, epoch + 1, False) == 0
