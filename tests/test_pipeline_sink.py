@@ -65,7 +65,13 @@ def test_batch_write_produces_rows_with_keys_values_headers(spark, bootstrap):
     topic = create_topic(bootstrap, 2)
     rows = [(f"k{i}".encode() if i % 3 else None, f"v{i}".encode(), [("i", str(i).encode())] if i % 2 else None, i % 2) for i in range(20)]
     df = spark.createDataFrame(rows, "key binary, value binary, headers array<struct<key: string, value: binary>>, partition int")
-    df.write.format("kafscale").option("bootstrap", bootstrap).option("topic", topic).mode("append").save()
+    # the Spark guide's form: no .mode() (Spark's Kafka sink appends in the default mode)
+    df.write.format("kafscale").option("bootstrap", bootstrap).option("topic", topic).save()
+    more = [(b"m", b"appended", None, 0)]
+    spark.createDataFrame(more, df.schema).write.format("kafscale").option("bootstrap", bootstrap).option("topic", topic).mode("append").save()
+    with pytest.raises(Exception, match="Ignore"):
+        df.write.format("kafscale").option("bootstrap", bootstrap).option("topic", topic).mode("ignore").save()
+    rows += more
     got = consume(bootstrap, topic, len(rows))
     want = [(p, k, v, tuple(h) if h else None) for k, v, h, p in rows]
     assert sorted(got, key=repr) == sorted(want, key=repr)
@@ -82,7 +88,7 @@ def test_stream_write_copies_a_topic_from_segments(spark, bootstrap, tmp_path):
 
     seg.run_with_store(url, put)
     topic = create_topic(bootstrap, 1)
-    source = spark.readStream.format("kafscale").option("storage", url).option("subscribe", "src").option("startingOffsets", "earliest").load()
+    source = spark.readStream.format("kafscale").option("storage", url).option("subscribe", "src").option("startingOffsets", "earliest").option("includeHeaders", "true").load()
     query = (
         source.select("key", "value", "headers")
         .writeStream.format("kafscale")
@@ -125,6 +131,7 @@ def test_source_reads_what_the_broker_flushed(spark, bootstrap, request):
         spark.read.format("kafscale")
         .option("storage", storage)
         .option("subscribe", topic)
+        .option("includeHeaders", "true")
         .option("endingOffsets", json.dumps({topic: {str(p): e for p, e in ends.items()}}))
     )
     deadline = time.monotonic() + 30

@@ -69,7 +69,8 @@ def spark_session(app_name: str = "kafscale-pipeline", spark=None):
 
 
 def _stream(spark, storage: str, topics, pattern, namespace: str, starting_offsets: str, max_offsets_per_trigger, options: dict | None):
-    reader = spark.readStream.format("kafscale").option("storage", storage).option("namespace", namespace)
+    # the jobs keep record headers (Spark's includeHeaders, off by default in the source)
+    reader = spark.readStream.format("kafscale").option("storage", storage).option("namespace", namespace).option("includeHeaders", "true")
     if (topics is None) == (pattern is None):
         raise ValueError("give exactly one of topics or pattern")
     if topics is not None:

@@ -43,7 +43,7 @@ T = TypeVar("T")
 
 EARLIEST = -2  # Spark Kafka source convention in offset JSON
 LATEST = -1
-DEFAULT_MAX_PARTITION_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_PARTITION_BYTES = 64 * 1024 * 1024  # target bytes per Spark task (and largest slice of a segment)
 DEFAULT_ARROW_BATCH_ROWS = 65_536
 METADATA_CONCURRENCY = 32  # parallel small GETs while planning
 
@@ -170,14 +170,24 @@ class TopicListing:
 
 
 async def list_topics(
-    store: ObjectStore, namespace: str, topics: list[str] | None = None, pattern: str | None = None
+    store: ObjectStore,
+    namespace: str,
+    topics: list[str] | None = None,
+    pattern: str | None = None,
+    *,
+    assigned: dict[str, list[int]] | None = None,
+    require_all: bool = True,
 ) -> TopicListing:
     """Find partitions and segments of the subscribed topics.
 
     A subscribed topic without any segment object is an error: this reader cannot tell an
     unknown topic from one that has not flushed yet, and silently reading nothing would hide
-    a typo in `subscribe`.
+    a typo in `subscribe`. `assigned` ({topic: [partitions]}, Spark's `assign`) reads only
+    those partitions. With require_all False (a stream waiting for its topics) missing
+    topics are simply absent from the listing.
     """
+    if assigned is not None:
+        topics = sorted(assigned)
     if (topics is None) == (pattern is None):
         raise ValueError("give exactly one of topics or pattern")
     if topics is not None:
@@ -196,10 +206,21 @@ async def list_topics(
             continue
         if regex is not None and not regex.fullmatch(topic):
             continue
+        if assigned is not None and part not in assigned[topic]:
+            continue
         found.setdefault((topic, part), []).append((base, key))
     for segs in found.values():
         segs.sort()
     listing = TopicListing(found)
+    if not require_all:
+        return listing
+    if assigned is not None:
+        missing_parts = sorted(f"{t}/{p}" for t, ps in assigned.items() for p in ps if (t, p) not in found)
+        if missing_parts:
+            raise TopicNotFoundError(
+                f"assigned partition(s) {', '.join(missing_parts)} not found: no flushed segments under {namespace}/ "
+                "in the storage (check assign, namespace and storage options)"
+            )
     if topics is not None:
         missing = sorted(set(topics) - set(listing.topics()))
         if missing:
@@ -434,6 +455,85 @@ def pack_slices(slices: list[SegmentSlice], max_bytes: int) -> list[tuple[Segmen
     if group:
         packs.append(tuple(group))
     return packs
+
+
+def split_offset_ranges(
+    ranges: dict[TopicPartition, PartitionRange], *, min_partitions: int | None = None, max_records: int | None = None
+) -> list[tuple[TopicPartition, int, int]]:
+    """Offset ranges [start, end) per Spark task, as Spark's Kafka source divides them.
+
+    Empty ranges are dropped. maxRecordsPerPartition first cuts every range into equal
+    parts of at most that many offsets; then, while there are fewer ranges than
+    minPartitions, the ranges are divided again in proportion to their size (a range worth
+    less than one task of the total stays whole), so the count comes out at about
+    minPartitions.
+    """
+    out = [(tp, r.start, r.end) for tp, r in sorted(ranges.items()) if r.end > r.start]
+    if max_records:
+        out = [piece for tp, a, b in out for piece in _equal_parts(tp, a, b, -(-(b - a) // max_records))]
+    if min_partitions and len(out) < min_partitions:
+        total = sum(b - a for _, a, b in out)
+
+        def parts(size: int, of: int, n: int) -> int:
+            return max(int(size / of * n + 0.5), 1) if of else 1
+
+        whole = [i for i, (_, a, b) in enumerate(out) if parts(b - a, total, min_partitions) == 1]
+        rest_total = total - sum(out[i][2] - out[i][1] for i in whole)
+        rest_n = max(min_partitions - len(whole), 1)
+        keep = set(whole)
+        out = [
+            piece
+            for i, (tp, a, b) in enumerate(out)
+            for piece in ([(tp, a, b)] if i in keep else _equal_parts(tp, a, b, parts(b - a, rest_total, rest_n)))
+        ]
+    return out
+
+
+def _equal_parts(tp: TopicPartition, start: int, end: int, n: int) -> list[tuple[TopicPartition, int, int]]:
+    pieces = []
+    left, pos = end - start, start
+    for i in range(n):
+        size = left // (n - i)
+        left -= size
+        if size > 0:
+            pieces.append((tp, pos, pos + size))
+        pos += size
+    return pieces
+
+
+def group_slices(
+    slices: list[SegmentSlice],
+    max_bytes: int,
+    offset_ranges: list[tuple[TopicPartition, int, int]] | None = None,
+    *,
+    pack: bool = True,
+) -> list[tuple[SegmentSlice, ...]]:
+    """Spark input partitions (tuples of slices) for planned slices.
+
+    Without offset ranges, consecutive slices are packed up to max_bytes per task (pack) or
+    each slice is its own task. With offset ranges (minPartitions, maxRecordsPerPartition),
+    the slices are cut at the range bounds and each range is packed on its own, so there is
+    at least one task per range (a slice cut in two reads its object in both tasks, each
+    keeping only its offsets).
+    """
+    if offset_ranges is None:
+        return pack_slices(slices, max_bytes) if pack else [(s,) for s in slices]
+    by_tp: dict[TopicPartition, list[SegmentSlice]] = {}
+    for s in slices:
+        by_tp.setdefault((s.topic, s.partition), []).append(s)
+    groups: list[tuple[SegmentSlice, ...]] = []
+    for tp, a, b in offset_ranges:
+        inside = []
+        for s in by_tp.get(tp, []):
+            lo, hi = max(a, s.start_offset), min(b, s.end_offset)
+            if lo >= hi:
+                continue
+            span = max(1, s.end_offset - s.start_offset)
+            size = s.size * (hi - lo) // span if (lo, hi) != (s.start_offset, s.end_offset) else s.size
+            inside.append(SegmentSlice(s.topic, s.partition, s.key, lo, hi, s.byte_range, size))
+        if inside:
+            groups.extend(pack_slices(inside, max_bytes) if pack else [(s,) for s in inside])
+    return groups
 
 
 def candidate_keys(segs: list[tuple[int, str]], start: int | None, end: int | None) -> list[tuple[int, str]]:
@@ -1184,23 +1284,24 @@ def _replan(opts: ReadOptions, s: SegmentSlice, next_expected: int) -> list[Segm
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
-def arrow_schema():
-    """The Arrow form of the Spark Kafka source schema (what Spark expects from read())."""
+def arrow_schema(include_headers: bool = True):
+    """The Arrow form of the Spark Kafka source schema (what Spark expects from read());
+    without the `headers` column unless include_headers (Spark's includeHeaders)."""
     import pyarrow as pa
 
     header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
-    return pa.schema(
-        [
-            pa.field("key", pa.binary()),
-            pa.field("value", pa.binary()),
-            pa.field("topic", pa.string()),
-            pa.field("partition", pa.int32()),
-            pa.field("offset", pa.int64()),
-            pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-            pa.field("timestampType", pa.int32()),
-            pa.field("headers", pa.list_(pa.field("element", header))),
-        ]
-    )
+    fields = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+    ]
+    if include_headers:
+        fields.append(pa.field("headers", pa.list_(pa.field("element", header))))
+    return pa.schema(fields)
 
 
 def columns_to_arrow(cols: "Chunk | Columns", topic: str, partition: int, schema=None):
@@ -1211,29 +1312,28 @@ def columns_to_arrow(cols: "Chunk | Columns", topic: str, partition: int, schema
     chunk = cols if isinstance(cols, Chunk) else Chunk.from_columns(cols)
     schema = schema or arrow_schema()
     n = len(chunk)
-    list_type = schema.field("headers").type
-    if len(chunk.header_keys):
-        header_structs = pa.StructArray.from_arrays([chunk.header_keys, chunk.header_values], fields=list(list_type.value_type))
-        ends = chunk.header_ends
-        headers = pa.ListArray.from_arrays(pa.array(ends), header_structs, type=list_type, mask=pa.array(ends[1:] == ends[:-1]))
-    else:
-        headers = pa.nulls(n, list_type)
-    return pa.RecordBatch.from_arrays(
-        [
-            chunk.keys,
-            chunk.values,
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.array(np.full(n, partition, np.int32)),
-            pa.array(chunk.offsets),
-            pa.array(chunk.timestamps * 1000, schema.field("timestamp").type),
-            pa.array(chunk.ts_types),
-            headers,
-        ],
-        schema=schema,
-    )
+    arrays = [
+        chunk.keys,
+        chunk.values,
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.array(np.full(n, partition, np.int32)),
+        pa.array(chunk.offsets),
+        pa.array(chunk.timestamps * 1000, schema.field("timestamp").type),
+        pa.array(chunk.ts_types),
+    ]
+    if schema.get_field_index("headers") >= 0:
+        list_type = schema.field("headers").type
+        if len(chunk.header_keys):
+            header_structs = pa.StructArray.from_arrays([chunk.header_keys, chunk.header_values], fields=list(list_type.value_type))
+            ends = chunk.header_ends
+            headers = pa.ListArray.from_arrays(pa.array(ends), header_structs, type=list_type, mask=pa.array(ends[1:] == ends[:-1]))
+        else:
+            headers = pa.nulls(n, list_type)
+        arrays.append(headers)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def columns_to_tuples(cols: "Chunk | Columns", topic: str, partition: int) -> Iterator[tuple]:
+def columns_to_tuples(cols: "Chunk | Columns", topic: str, partition: int, include_headers: bool = True) -> Iterator[tuple]:
     """Row tuples of the source schema (the `arrow=false` path); columns go to Python objects
     in C where pyarrow/numpy can, so this is as fast as a row path gets."""
     import numpy as np
@@ -1242,14 +1342,14 @@ def columns_to_tuples(cols: "Chunk | Columns", topic: str, partition: int) -> It
     n = len(chunk)
     epoch, delta = _EPOCH, _dt.timedelta
     headers: list = [None] * n
-    if len(chunk.header_keys):
+    if include_headers and len(chunk.header_keys):
         hkeys, hvals = chunk.header_keys.to_pylist(), chunk.header_values.to_pylist()
         ends = chunk.header_ends
         starts_l, ends_l = ends[:-1].tolist(), ends[1:].tolist()
         for i in np.flatnonzero(ends[1:] != ends[:-1]).tolist():
             a, b = starts_l[i], ends_l[i]
             headers[i] = list(zip(hkeys[a:b], hvals[a:b]))
-    return zip(
+    columns = [
         chunk.keys.to_pylist(),
         chunk.values.to_pylist(),
         itertools.repeat(topic, n),
@@ -1257,5 +1357,7 @@ def columns_to_tuples(cols: "Chunk | Columns", topic: str, partition: int) -> It
         chunk.offsets.tolist(),
         [epoch + delta(milliseconds=ts) for ts in chunk.timestamps.tolist()],
         chunk.ts_types.tolist(),
-        headers,
-    )
+    ]
+    if include_headers:
+        columns.append(headers)
+    return zip(*columns)

@@ -62,25 +62,24 @@ log = logging.getLogger("kafscale.pipeline")
 NAME = "kafscale"
 
 
-def kafka_schema() -> StructType:
-    """The schema of Spark's Kafka source with includeHeaders=true."""
-    return StructType(
-        [
-            StructField("key", BinaryType()),
-            StructField("value", BinaryType()),
-            StructField("topic", StringType()),
-            StructField("partition", IntegerType()),
-            StructField("offset", LongType()),
-            StructField("timestamp", TimestampType()),
-            StructField("timestampType", IntegerType()),
-            StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))),
-        ]
-    )
+def kafka_schema(include_headers: bool = True) -> StructType:
+    """The schema of Spark's Kafka source; the `headers` column only with includeHeaders=true."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))))
+    return StructType(fields)
 
 
 # ---------------------------------------------------------------------------------------
 # Options
-
 
 @dataclass(frozen=True)
 class SourceConfig:
@@ -89,7 +88,7 @@ class SourceConfig:
     topics: tuple[str, ...] | None
     pattern: str | None
     starting: Any  # "earliest" | "latest" | {topic: {partition: offset}}
-    ending: Any  # "latest" | {topic: {partition: offset}}
+    ending: Any  # "earliest" | "latest" | {topic: {partition: offset}}
     starting_timestamp: int | None
     timestamp_strategy: str  # "error" | "latest"
     max_offsets_per_trigger: int | None
@@ -99,10 +98,30 @@ class SourceConfig:
     corruption_log: str | None
     max_partition_bytes: int
     batch_rows: int
-    pack_segments: bool = False
+    pack_segments: bool = True
+    assign: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    starting_by_timestamp: dict | None = None  # {topic: {partition: ms}}
+    ending_timestamp: int | None = None
+    ending_by_timestamp: dict | None = None
+    include_headers: bool = False
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
 
     def read_options(self) -> seg.ReadOptions:
         return seg.ReadOptions(self.storage, self.namespace, self.fail_on_corruption, self.corruption_log, self.batch_rows)
+
+    @property
+    def assigned(self) -> dict[str, list[int]] | None:
+        return None if self.assign is None else {t: list(ps) for t, ps in self.assign}
+
+    def arrow_schema(self):
+        return seg.arrow_schema(self.include_headers)
+
+
+# Spark Kafka source options that only tune its Kafka consumer: rejected (see docs/pipeline.md)
+_CONSUMER_OPTIONS = ("groupidprefix", "kafkaconsumer.polltimeoutms", "fetchoffset.numretries", "fetchoffset.retryintervalms")
 
 
 def _bool(options, name: str, default: bool) -> bool:
@@ -117,31 +136,56 @@ def _bool(options, name: str, default: bool) -> bool:
     raise ValueError(f"option {name} must be true or false, not {raw!r}")
 
 
-def _int(options, name: str, default: int | None) -> int | None:
+def _int(options, name: str, default: int | None, *, positive: bool = False) -> int | None:
     raw = options.get(name)
     if raw is None or str(raw).strip() == "":
         return default
     try:
-        return int(str(raw).strip())
+        value = int(str(raw).strip())
     except ValueError:
         raise ValueError(f"option {name} must be an integer, not {raw!r}") from None
+    if positive and value <= 0:
+        raise ValueError(f"option {name} must be a positive integer, not {raw!r}")
+    return value
 
 
-def _offsets_spec(options, name: str, default: str, allowed: tuple[str, ...]):
+_TIME_UNITS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_ms(options, name: str, default_ms: int) -> int:
+    """A Spark time string ("15m", "30s", "250ms", "1h"; a bare number is milliseconds)."""
+    import re
+
+    raw = options.get(name)
+    if raw is None or str(raw).strip() == "":
+        return default_ms
+    m = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", str(raw).lower())
+    if not m or m.group(2) not in ("", *_TIME_UNITS):
+        raise ValueError(f"option {name} must be a duration such as 15m, 30s or 500ms, not {raw!r}")
+    return int(m.group(1)) * _TIME_UNITS.get(m.group(2), 1)
+
+
+def _partition_json(name: str, text: str, what: str) -> dict:
+    try:
+        spec = json.loads(text)
+    except ValueError:
+        raise ValueError(f"option {name} must be JSON like {{\"topic\":{{\"0\":{what}}}}}, not {text!r}") from None
+    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
+        raise ValueError(f"option {name}: JSON must map topic -> {{partition: {what}}}, got {text!r}")
+    return spec
+
+
+def _offsets_spec(options, name: str, default: str):
     raw = options.get(name)
     if raw is None:
         return default
     text = str(raw).strip()
-    if text.lower() in allowed:
+    if text.lower() in ("earliest", "latest"):
         return text.lower()
-    try:
-        spec = json.loads(text)
-    except ValueError:
-        raise ValueError(f"option {name} must be {' or '.join(allowed)} or JSON like {{\"topic\":{{\"0\":23}}}}, not {text!r}") from None
-    if not isinstance(spec, dict) or not all(isinstance(v, dict) for v in spec.values()):
-        raise ValueError(f"option {name}: JSON must map topic -> {{partition: offset}}, got {text!r}")
+    if not text.startswith("{"):
+        raise ValueError(f"option {name} must be earliest, latest or JSON like {{\"topic\":{{\"0\":23}}}}, not {text!r}")
     out: dict[str, dict[int, int]] = {}
-    for topic, parts in spec.items():
+    for topic, parts in _partition_json(name, text, "23").items():
         out[topic] = {}
         for p, off in parts.items():
             if not str(p).lstrip("-").isdigit() or not isinstance(off, int) or isinstance(off, bool) or off < EARLIEST:
@@ -150,33 +194,85 @@ def _offsets_spec(options, name: str, default: str, allowed: tuple[str, ...]):
     return out
 
 
-def parse_options(options, *, streaming: bool) -> SourceConfig:
+def _timestamps_spec(options, name: str) -> dict | None:
+    raw = options.get(name)
+    if raw is None:
+        return None
+    out: dict[str, dict[int, int]] = {}
+    for topic, parts in _partition_json(name, str(raw).strip(), "1700000000000").items():
+        out[topic] = {}
+        for p, ts in parts.items():
+            if not str(p).isdigit() or not isinstance(ts, int) or isinstance(ts, bool):
+                raise ValueError(f"option {name}: bad entry {topic}/{p}: {ts!r} (timestamps are milliseconds since the epoch)")
+            out[topic][int(p)] = ts
+    return out
+
+
+def _assign_spec(raw: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    text = str(raw).strip()
+    try:
+        spec = json.loads(text) if text.startswith("{") else None
+    except ValueError:
+        spec = None
+    if not isinstance(spec, dict) or not spec or not all(isinstance(v, list) and all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in v) for v in spec.values()):
+        raise ValueError(f"option assign must be JSON mapping topics to partition lists, like {{\"orders\":[0,1]}}, not {text!r}")
+    return tuple(sorted((t, tuple(sorted(set(ps)))) for t, ps in spec.items()))
+
+
+def _check_start_not_after_end(start: dict, end: dict, what: str) -> None:
+    """Spark's check before resolving: both given per partition, the same partitions, and no
+    concrete start after its concrete end (negative, i.e. earliest/latest, is not compared)."""
+    start_tps = {(t, p) for t, ps in start.items() for p in ps}
+    end_tps = {(t, p) for t, ps in end.items() for p in ps}
+    if start_tps != end_tps:
+        raise ValueError(f"starting{what} and ending{what} must name the same partitions: {sorted(start_tps)} vs {sorted(end_tps)}")
+    for t, ps in start.items():
+        for p, a in ps.items():
+            b = end[t][p]
+            if a >= 0 and b >= 0 and a > b:
+                raise ValueError(f"{t}/{p}: the start ({a}) is after the end ({b}) in starting{what} / ending{what}")
+
+
+def parse_options(options, *, streaming: bool | None) -> SourceConfig:
+    """Check and decode the read options. streaming None: only what holds for both batch and
+    stream (Spark's check at load, before it knows which); True/False adds that mode's rules."""
+    lower = {str(k).lower() for k in options.keys()} if hasattr(options, "keys") else set()
     storage = options.get("storage")
     if not storage:
         raise ValueError("option storage is required (file:///path or s3://bucket/prefix, as the broker's --storage)")
-    subscribe, pattern = options.get("subscribe"), options.get("subscribePattern")
-    if bool(subscribe) == bool(pattern):
-        raise ValueError("give exactly one of the options subscribe (comma-separated topics) or subscribePattern (regex)")
-    topics = tuple(t.strip() for t in subscribe.split(",") if t.strip()) if subscribe else None
-    if subscribe and not topics:
-        raise ValueError("option subscribe names no topic")
-    starting = _offsets_spec(options, "startingOffsets", "latest" if streaming else "earliest", ("earliest", "latest"))
-    if streaming and options.get("endingOffsets") is not None:
-        raise ValueError("endingOffsets is for batch reads only")
-    ending = _offsets_spec(options, "endingOffsets", "latest", ("latest",))
-    if isinstance(ending, dict) and any(off == EARLIEST for parts in ending.values() for off in parts.values()):
-        raise ValueError("endingOffsets: -2 (earliest) is not allowed as an ending offset")
+    subscribe, pattern, assign_raw = options.get("subscribe"), options.get("subscribePattern"), options.get("assign")
+    if sum(x is not None for x in (subscribe, pattern, assign_raw)) != 1:
+        raise ValueError("give exactly one of the options subscribe (comma-separated topics), subscribePattern (regex) or assign (JSON topic -> partitions)")
+    topics = tuple(t.strip() for t in subscribe.split(",") if t.strip()) if subscribe is not None else None
+    if subscribe is not None and not topics:
+        raise ValueError(f"option subscribe names no topic: {subscribe!r}")
+    if pattern is not None and not pattern.strip():
+        raise ValueError("option subscribePattern is empty")
+    assign = _assign_spec(assign_raw) if assign_raw is not None else None
+    if assign is not None:
+        topics = tuple(t for t, _ in assign)
+    for key in sorted(lower):
+        if key.startswith("kafka.") or key in _CONSUMER_OPTIONS:
+            raise ValueError(
+                f"option {key} is not supported: this source has no Kafka consumer, it reads the segment objects "
+                "named by the option storage (remove it; where to start is startingOffsets, see docs/pipeline.md)"
+            )
+    starting = _offsets_spec(options, "startingOffsets", "latest" if streaming else "earliest")
+    ending = _offsets_spec(options, "endingOffsets", "latest")
+    starting_by_ts = _timestamps_spec(options, "startingOffsetsByTimestamp")
+    ending_by_ts = _timestamps_spec(options, "endingOffsetsByTimestamp")
     strategy = str(options.get("startingOffsetsByTimestampStrategy") or "error").lower()
     if strategy not in ("error", "latest"):
-        raise ValueError("startingOffsetsByTimestampStrategy must be error or latest")
-    max_per_trigger = _int(options, "maxOffsetsPerTrigger", None)
-    if max_per_trigger is not None and max_per_trigger <= 0:
-        raise ValueError("maxOffsetsPerTrigger must be positive")
+        raise ValueError("option startingOffsetsByTimestampStrategy must be error or latest")
+    max_per_trigger = _int(options, "maxOffsetsPerTrigger", None, positive=True)
+    min_per_trigger = _int(options, "minOffsetsPerTrigger", None, positive=True)
+    if min_per_trigger is not None and max_per_trigger is not None and min_per_trigger > max_per_trigger:
+        raise ValueError(f"minOffsetsPerTrigger ({min_per_trigger}) is higher than maxOffsetsPerTrigger ({max_per_trigger})")
     cfg = SourceConfig(
         storage=storage,
         namespace=options.get("namespace") or "default",
         topics=topics,
-        pattern=pattern or None,
+        pattern=pattern.strip() if pattern is not None else None,
         starting=starting,
         ending=ending,
         starting_timestamp=_int(options, "startingTimestamp", None),
@@ -186,16 +282,66 @@ def parse_options(options, *, streaming: bool) -> SourceConfig:
         fail_on_corruption=_bool(options, "failOnCorruption", True),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         corruption_log=options.get("corruptionLog") or None,
-        max_partition_bytes=_int(options, "maxPartitionBytes", seg.DEFAULT_MAX_PARTITION_BYTES) or seg.DEFAULT_MAX_PARTITION_BYTES,
-        batch_rows=_int(options, "arrowBatchRows", seg.DEFAULT_ARROW_BATCH_ROWS) or seg.DEFAULT_ARROW_BATCH_ROWS,
-        pack_segments=_bool(options, "packSegments", False),
+        max_partition_bytes=_int(options, "maxPartitionBytes", seg.DEFAULT_MAX_PARTITION_BYTES, positive=True) or seg.DEFAULT_MAX_PARTITION_BYTES,
+        batch_rows=_int(options, "arrowBatchRows", seg.DEFAULT_ARROW_BATCH_ROWS, positive=True) or seg.DEFAULT_ARROW_BATCH_ROWS,
+        pack_segments=_bool(options, "packSegments", True),
+        assign=assign,
+        starting_by_timestamp=starting_by_ts,
+        ending_timestamp=_int(options, "endingTimestamp", None),
+        ending_by_timestamp=ending_by_ts,
+        include_headers=_bool(options, "includeHeaders", False),
+        min_partitions=_int(options, "minPartitions", None, positive=True),
+        max_records_per_partition=_int(options, "maxRecordsPerPartition", None, positive=True),
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay", 15 * 60_000),
     )
-    for name, spec in (("startingOffsets", cfg.starting), ("endingOffsets", cfg.ending)):
+    for name, spec in (
+        ("startingOffsets", cfg.starting),
+        ("endingOffsets", cfg.ending),
+        ("startingOffsetsByTimestamp", cfg.starting_by_timestamp),
+        ("endingOffsetsByTimestamp", cfg.ending_by_timestamp),
+    ):
         if isinstance(spec, dict):
             for topic in spec:
                 if not _subscribed(cfg, topic):
                     raise ValueError(f"{name} names topic {topic!r}, which is not subscribed")
+            if assign is not None:
+                named = {(t, p) for t, ps in spec.items() for p in ps}
+                wanted = {(t, p) for t, ps in assign for p in ps}
+                if named != wanted:
+                    raise ValueError(f"{name} must name exactly the assigned partitions {sorted(wanted)}, not {sorted(named)}")
+    # what wins when several are given (as Spark): the global timestamp, then the
+    # per-partition timestamps, then the offsets
+    if cfg.starting_timestamp is None and cfg.starting_by_timestamp is None and isinstance(cfg.starting, dict) and isinstance(cfg.ending, dict) and cfg.ending_timestamp is None and cfg.ending_by_timestamp is None:
+        _check_start_not_after_end(cfg.starting, cfg.ending, "Offsets")
+    if cfg.starting_timestamp is None and cfg.starting_by_timestamp is not None and cfg.ending_timestamp is None and cfg.ending_by_timestamp is not None:
+        _check_start_not_after_end(cfg.starting_by_timestamp, cfg.ending_by_timestamp, "OffsetsByTimestamp")
+    if streaming is True:
+        for key in ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp"):
+            if options.get(key) is not None:
+                raise ValueError(f"option {key} is for batch queries only; a stream has no end")
+    if streaming is False:
+        _check_batch(cfg)
     return cfg
+
+
+def _check_batch(cfg: SourceConfig) -> None:
+    if cfg.starting_timestamp is None and cfg.starting_by_timestamp is None:
+        if cfg.starting == "latest":
+            raise ValueError("startingOffsets=latest is not allowed in a batch query (it would read nothing): use earliest, offsets or a timestamp")
+        if isinstance(cfg.starting, dict):
+            for t, ps in cfg.starting.items():
+                for p, off in ps.items():
+                    if off == LATEST:
+                        raise ValueError(f"startingOffsets for {t}/{p} is -1 (latest), which is not allowed in a batch query")
+    if cfg.ending_timestamp is None and cfg.ending_by_timestamp is None:
+        if cfg.ending == "earliest":
+            raise ValueError("endingOffsets=earliest is not allowed in a batch query (it would read nothing): use latest or offsets")
+        if isinstance(cfg.ending, dict):
+            for t, ps in cfg.ending.items():
+                for p, off in ps.items():
+                    if off == EARLIEST:
+                        raise ValueError(f"endingOffsets for {t}/{p} is -2 (earliest), which is not allowed in a batch query")
 
 
 def _subscribed(cfg: SourceConfig, topic: str) -> bool:
@@ -225,19 +371,55 @@ def offsets_from_json(data: dict | None) -> dict[TopicPartition, int]:
     return {(topic, int(p)): int(off) for topic, parts in data.items() for p, off in parts.items()}
 
 
-async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: dict[TopicPartition, PartitionRange], spec, *, is_start: bool) -> dict[TopicPartition, int]:
-    """Concrete offsets for a starting/ending spec over the listed partitions."""
+def _check_names_every_partition(name: str, spec: dict, known: set[TopicPartition]) -> None:
+    named = {(t, p) for t, ps in spec.items() for p in ps}
+    if named != known:
+        missing = ", ".join(f"{t}/{p}" for t, p in sorted(known - named))
+        extra = ", ".join(f"{t}/{p}" for t, p in sorted(named - known))
+        raise ValueError(
+            f"{name} must give a value for every partition of the topics read (use -2 for earliest, -1 for latest)"
+            + (f"; missing: {missing}" if missing else "")
+            + (f"; not found in the storage: {extra}" if extra else "")
+        )
+
+
+async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: dict[TopicPartition, PartitionRange], *, is_start: bool, streaming: bool = False) -> dict[TopicPartition, int]:
+    """Concrete offsets for the starting (or ending) options over the listed partitions.
+
+    As Spark: a global timestamp wins over per-partition timestamps, which win over offsets.
+    A timestamp resolves to the first offset whose record time is >= it; with no such record
+    a start fails (startingOffsetsByTimestampStrategy=error) or is the latest offset, an end
+    is the latest offset.
+    """
     known = set(listing.partitions())
+    if is_start:
+        global_ts, by_ts, spec, kind = cfg.starting_timestamp, cfg.starting_by_timestamp, cfg.starting, "startingOffsets"
+    else:
+        global_ts, by_ts, spec, kind = cfg.ending_timestamp, cfg.ending_by_timestamp, cfg.ending, "endingOffsets"
+    tps = sorted(known)
+    if global_ts is not None or by_ts is not None:
+        if by_ts is not None and global_ts is None:
+            _check_names_every_partition(kind + "ByTimestamp", by_ts, known)
+        wanted = {tp: (global_ts if global_ts is not None else by_ts[tp[0]][tp[1]]) for tp in tps}
+        found_all = await asyncio.gather(*(seg.offset_for_timestamp(store, listing.segments[tp], wanted[tp]) for tp in tps))
+        out = {}
+        for tp, found in zip(tps, found_all):
+            if found is None:
+                if is_start and cfg.timestamp_strategy == "error":
+                    option = "startingTimestamp" if global_ts is not None else "startingOffsetsByTimestamp"
+                    raise ValueError(
+                        f"{option} {wanted[tp]}: partition {tp[0]}/{tp[1]} has no record at or after it "
+                        "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)"
+                    )
+                found = bounds[tp].end
+            out[tp] = max(found, bounds[tp].start)
+        return out
     if isinstance(spec, dict):
-        for topic, parts in spec.items():
-            for p in parts:
-                if (topic, p) not in known:
-                    kind = "startingOffsets" if is_start else "endingOffsets"
-                    raise seg.TopicNotFoundError(f"{kind} names partition {topic}/{p}, which has no flushed segments")
+        _check_names_every_partition(kind, spec, known)
     out: dict[TopicPartition, int] = {}
-    for tp in sorted(known):
+    for tp in tps:
         b = bounds[tp]
-        want = spec.get(tp[0], {}).get(tp[1], EARLIEST if is_start else LATEST) if isinstance(spec, dict) else (EARLIEST if spec == "earliest" else LATEST)
+        want = spec[tp[0]][tp[1]] if isinstance(spec, dict) else (EARLIEST if spec == "earliest" else LATEST)
         if want == EARLIEST:
             out[tp] = b.start
         elif want == LATEST:
@@ -246,8 +428,8 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
             if is_start and want < b.start:
                 if cfg.fail_on_data_loss:
                     raise seg.DataLossError(
-                        f"startingOffsets {tp[0]}/{tp[1]}: offset {want} is before the earliest flushed offset {b.start} "
-                        "(deleted by retention?); set failOnDataLoss=false to start at the earliest"
+                        f"startingOffsets {tp[0]}/{tp[1]}: offset {want} is before the earliest offset {b.start} "
+                        "(deleted by retention or DeleteRecords?); set failOnDataLoss=false to start at the earliest"
                     )
                 log.warning("%s/%s: starting offset %d is gone, starting at %d", tp[0], tp[1], want, b.start)
                 want = b.start
@@ -257,23 +439,22 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
                     "only flushed records are readable"
                 )
             out[tp] = want
-    if is_start and cfg.starting_timestamp is not None:
-        tps = sorted(known)
-        found_all = await asyncio.gather(*(seg.offset_for_timestamp(store, listing.segments[tp], cfg.starting_timestamp) for tp in tps))
-        for tp, found in zip(tps, found_all):
-            if found is None:
-                if cfg.timestamp_strategy == "error":
-                    raise ValueError(
-                        f"startingTimestamp {cfg.starting_timestamp}: partition {tp[0]}/{tp[1]} has no record at or after it "
-                        "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)"
-                    )
-                found = bounds[tp].end
-            out[tp] = found
     return out
 
 
-async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None):
-    listing = await seg.list_topics(store, cfg.namespace, topics=list(cfg.topics) if cfg.topics else None, pattern=cfg.pattern)
+async def _list(store, cfg: SourceConfig, *, require_all: bool = True) -> seg.TopicListing:
+    return await seg.list_topics(
+        store,
+        cfg.namespace,
+        topics=list(cfg.topics) if cfg.topics and cfg.assign is None else None,
+        pattern=cfg.pattern,
+        assigned=cfg.assigned,
+        require_all=require_all,
+    )
+
+
+async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_all: bool = True):
+    listing = await _list(store, cfg, require_all=require_all)
     bounds = await seg.partition_bounds(store, listing, fail_on_corruption=cfg.fail_on_corruption, skipped=skipped)
     return listing, bounds
 
@@ -290,10 +471,18 @@ class KafScaleInputPartition(InputPartition):
         super().__init__(slices)
 
 
-def _input_partitions(cfg: SourceConfig, slices: list[seg.SegmentSlice]) -> list[InputPartition]:
-    if cfg.pack_segments:
-        return [KafScaleInputPartition(p) for p in seg.pack_slices(slices, cfg.max_partition_bytes)]
-    return [KafScaleInputPartition(s) for s in slices]
+def plan_groups(cfg: SourceConfig, ranges: dict[TopicPartition, PartitionRange], slices: list[seg.SegmentSlice]) -> list[tuple[seg.SegmentSlice, ...]]:
+    """The slices of each Spark task: packed by bytes (maxPartitionBytes, default 64 MiB), so
+    the task count follows the data size, not the number of segments; minPartitions and
+    maxRecordsPerPartition divide the offset ranges first, as Spark's Kafka source does."""
+    offset_ranges = None
+    if cfg.min_partitions or cfg.max_records_per_partition:
+        offset_ranges = seg.split_offset_ranges(ranges, min_partitions=cfg.min_partitions, max_records=cfg.max_records_per_partition)
+    return seg.group_slices(slices, cfg.max_partition_bytes, offset_ranges, pack=cfg.pack_segments)
+
+
+def _input_partitions(cfg: SourceConfig, ranges: dict[TopicPartition, PartitionRange], slices: list[seg.SegmentSlice]) -> list[InputPartition]:
+    return [KafScaleInputPartition(g if len(g) > 1 else g[0]) for g in plan_groups(cfg, ranges, slices)]
 
 
 _gc_frozen = False
@@ -329,24 +518,30 @@ def _read(cfg: SourceConfig, partition: InputPartition) -> Iterator:
     opts = cfg.read_options()
     chunks = ((s, c) for s in slices for c in seg.read_slice(opts, s))
     if cfg.arrow:
-        schema = seg.arrow_schema()
+        schema = cfg.arrow_schema()
         return (seg.columns_to_arrow(c, s.topic, s.partition, schema) for s, c in chunks)
     # chain() hands rows on in C: no Python frame per row on the baseline path
-    return itertools.chain.from_iterable(seg.columns_to_tuples(c, s.topic, s.partition) for s, c in chunks)
+    return itertools.chain.from_iterable(seg.columns_to_tuples(c, s.topic, s.partition, cfg.include_headers) for s, c in chunks)
 
 
 class KafScaleBatchReader(DataSourceReader):
     def __init__(self, cfg: SourceConfig):
         self.cfg = cfg
 
-    def plan(self) -> list[seg.SegmentSlice]:
+    def plan(self) -> tuple[dict[TopicPartition, PartitionRange], list[seg.SegmentSlice]]:
         cfg = self.cfg
 
         async def go(store):
             skipped = seg.SkipReport()
             listing, bounds = await _listing_and_bounds(store, cfg, skipped)
-            start = await _resolve(store, cfg, listing, bounds, cfg.starting, is_start=True)
-            end = await _resolve(store, cfg, listing, bounds, cfg.ending, is_start=False)
+            start = await _resolve(store, cfg, listing, bounds, is_start=True)
+            end = await _resolve(store, cfg, listing, bounds, is_start=False)
+            for tp in sorted(start):
+                if start[tp] > end[tp]:
+                    raise ValueError(
+                        f"{tp[0]}/{tp[1]}: the starting offset {start[tp]} is after the ending offset {end[tp]} "
+                        "(as resolved from the starting and ending options)"
+                    )
             ranges = {tp: PartitionRange(start[tp], end[tp]) for tp in start}
             slices = await seg.plan_slices(
                 store,
@@ -358,12 +553,12 @@ class KafScaleBatchReader(DataSourceReader):
                 skipped=skipped,
             )
             skipped.write(cfg.corruption_log)
-            return slices
+            return ranges, slices
 
         return seg.run_with_store(cfg.storage, go)
 
     def partitions(self) -> list[InputPartition]:
-        return _input_partitions(self.cfg, self.plan())
+        return _input_partitions(self.cfg, *self.plan())
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(self.cfg, partition)
@@ -372,22 +567,26 @@ class KafScaleBatchReader(DataSourceReader):
 class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches over flushed segments. Offsets are {topic: {partition: next offset}}.
 
-    A restart from a checkpoint resumes at the checkpointed offsets exactly. Partitions that
-    appear later start at their earliest offset. With Trigger.AvailableNow the end is fixed
-    when the query starts; maxOffsetsPerTrigger splits the work into several micro-batches.
+    A restart from a checkpoint resumes at the checkpointed offsets exactly. Partitions (and
+    subscribed topics) that appear later start at their earliest offset; a subscribed topic
+    that has no segment yet is waited for. With Trigger.AvailableNow the end is fixed when
+    the query starts; maxOffsetsPerTrigger splits the work into several micro-batches;
+    minOffsetsPerTrigger holds a micro-batch back until that many offsets are there or
+    maxTriggerDelay has passed since the last one.
     """
 
     def __init__(self, cfg: SourceConfig):
         self.cfg = cfg
         self._available_now_target: dict[TopicPartition, int] | None = None
         self._warned_no_limit = False
+        self._last_trigger_ms = 0.0
 
     def initialOffset(self) -> dict:
         cfg = self.cfg
 
         async def go(store):
-            listing, bounds = await _listing_and_bounds(store, cfg)
-            return await _resolve(store, cfg, listing, bounds, cfg.starting, is_start=True)
+            listing, bounds = await _listing_and_bounds(store, cfg, require_all=False)
+            return await _resolve(store, cfg, listing, bounds, is_start=True, streaming=True)
 
         start = seg.run_with_store(cfg.storage, go)
         return offsets_json(start)
@@ -417,15 +616,36 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = dict(start_pos)
         for tp, off in target.items():
             end[tp] = max(start_pos.get(tp, earliest[tp]), off)
+        if self._hold_back(start_pos, end, earliest):
+            return start
         if isinstance(limit, ReadMaxRows):
             end = _rate_limit(start_pos, end, earliest, limit.max_rows)
         return offsets_json(end)
+
+    def _hold_back(self, start: dict[TopicPartition, int], end: dict[TopicPartition, int], earliest: dict[TopicPartition, int]) -> bool:
+        """minOffsetsPerTrigger: True to skip this trigger (fewer new offsets than the minimum,
+        and maxTriggerDelay not yet passed since the last micro-batch). Not applied with
+        Trigger.AvailableNow, which must end."""
+        want = self.cfg.min_offsets_per_trigger
+        if not want or self._available_now_target is not None:
+            return False
+        import time
+
+        now = time.time() * 1000
+        if now - self._last_trigger_ms >= self.cfg.max_trigger_delay_ms:
+            self._last_trigger_ms = now
+            return False
+        new = sum(max(0, off - start.get(tp, earliest.get(tp, off))) for tp, off in end.items())
+        if new < want:
+            return True
+        self._last_trigger_ms = now
+        return False
 
     def _bounds(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
         cfg = self.cfg
 
         async def go(store):
-            _, bounds = await _listing_and_bounds(store, cfg)
+            _, bounds = await _listing_and_bounds(store, cfg, require_all=False)
             return bounds
 
         bounds = seg.run_with_store(cfg.storage, go)
@@ -437,7 +657,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         async def go(store):
             skipped = seg.SkipReport()
-            listing = await seg.list_topics(store, cfg.namespace, topics=list(cfg.topics) if cfg.topics else None, pattern=cfg.pattern)
+            listing = await _list(store, cfg, require_all=False)
             ranges = {}
             for tp, stop in end_pos.items():
                 segs = listing.segments.get(tp)
@@ -459,9 +679,9 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 skipped=skipped,
             )
             skipped.write(cfg.corruption_log)
-            return slices
+            return ranges, slices
 
-        return _input_partitions(cfg, seg.run_with_store(cfg.storage, go))
+        return _input_partitions(cfg, *seg.run_with_store(cfg.storage, go))
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(self.cfg, partition)
@@ -498,30 +718,79 @@ def _rate_limit(start: dict[TopicPartition, int], end: dict[TopicPartition, int]
 class KafScaleDataSource(DataSource):
     """Spark data source `kafscale`: read topics from segment objects, write through a broker."""
 
+    def __init__(self, options):
+        super().__init__(options)
+        if _created_by_pyspark() and any(self.options.get(k) is not None for k in _READ_OPTIONS):
+            # at load(), as Spark's Kafka source: wrong options fail here, before any query
+            # runs (batch- or stream-only rules are checked at planning). pyspark creates the
+            # source the same way for a streaming write: those have none of the read options.
+            parse_options(self.options, streaming=None)
+            if _user_schema_given():
+                raise ValueError("the kafscale source has a fixed schema (that of Spark's Kafka source) and cannot be given one with .schema()")
+
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def schema(self) -> StructType:
-        return kafka_schema()
+        return kafka_schema(_bool(self.options, "includeHeaders", False))
+
+    def _check_schema(self, schema: StructType) -> None:
+        if schema != self.schema():
+            raise ValueError("the kafscale source has a fixed schema (that of Spark's Kafka source) and cannot be given one with .schema()")
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        self._check_schema(schema)
         return KafScaleBatchReader(parse_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._check_schema(schema)
         return KafScaleStreamReader(parse_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool):
         from kafscale.pipeline.sink import KafScaleWriter, parse_sink_options
 
         if overwrite:
-            raise ValueError("a topic cannot be overwritten: write with .mode(\"append\")")
+            raise ValueError("a topic cannot be overwritten: write with .mode(\"append\") (or the default mode)")
         return KafScaleWriter(parse_sink_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool):
         from kafscale.pipeline.sink import KafScaleStreamWriter, parse_sink_options
 
         return KafScaleStreamWriter(parse_sink_options(self.options, schema))
+
+
+def _creator_frame():
+    """The frame of pyspark's worker that instantiates the data source, if this is one.
+
+    pyspark builds a data source in create_data_source.py when a DataFrame is loaded (and in
+    other workers for writes); only the former sees the user's schema, as a local variable.
+    pyspark offers no hook for either, so this looks at the calling frames; with another
+    pyspark layout it finds nothing and the checks fall back to planning time.
+    """
+    import inspect
+
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None
+    for _ in range(6):
+        if frame is None:
+            return None
+        if frame.f_code.co_filename.endswith("create_data_source.py"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+_READ_OPTIONS = ("storage", "subscribe", "subscribePattern", "assign")
+
+
+def _created_by_pyspark() -> bool:
+    return _creator_frame() is not None
+
+
+def _user_schema_given() -> bool:
+    frame = _creator_frame()
+    return frame is not None and frame.f_locals.get("user_specified_schema") is not None
 
 
 __all__ = [
