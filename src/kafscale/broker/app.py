@@ -37,7 +37,7 @@ class Broker:
             # which is when it can first lose one.
             self.cluster = EtcdCluster(
                 local, self.metadata.kv, self.metadata, config.lease_ttl_s, resync_interval_s=config.ownership_resync_ms / 1000,
-                on_release=self._release_log, on_topic_deleted=self._stop_topic_logs,
+                on_release=self._release_log, on_topic_deleted=self._stop_topic_logs, on_topics=self._topics_seen,
             )
         else:
             self.cluster = SingleNodeCluster(local)
@@ -88,6 +88,9 @@ class Broker:
 
     async def _stop_topic_logs(self, topic: str) -> None:
         await self.logs.stop_topic(topic)
+
+    def _topics_seen(self, metas) -> None:
+        self.logs.topics_seen(metas)
 
     @property
     def listen_address(self) -> tuple[str, int]:

@@ -106,6 +106,7 @@ class EtcdCluster(Cluster):
         *,
         on_release: Callable[[str, int, bool], Awaitable[None]] | None = None,
         on_topic_deleted: Callable[[str], Awaitable[None]] | None = None,
+        on_topics: Callable[[list], None] | None = None,
     ):
         """`on_release(topic, partition, flush)` and `on_topic_deleted(topic)` stop this
         broker's logs of partitions it no longer owns (the broker passes its log manager's;
@@ -116,6 +117,9 @@ class EtcdCluster(Cluster):
         self.ttl = lease_ttl_s
         self.on_release = on_release
         self.on_topic_deleted = on_topic_deleted
+        # `on_topics(metas)`: every topic as just read, so the broker's topic cache and logs
+        # follow partitions and configs changed through other brokers
+        self.on_topics = on_topics
         self.lease = 0
         self._write_deadline = 0.0  # monotonic time until which we may write (lease surely alive)
         self._lease_lock = threading.Lock()  # lease and deadline, set by the loop and the keeper thread
@@ -410,6 +414,8 @@ class EtcdCluster(Cluster):
         me = self.local.node_id
         topics = await self.metadata.list_topics()
         self._partition_counts = {m.name: m.partitions for m in topics}
+        if self.on_topics is not None:
+            self.on_topics(topics)
         live_ids = sorted(self._live)
         current: dict[str, dict[int, int]] = {}
         for (t, p), (node, _epoch) in self._owners.items():

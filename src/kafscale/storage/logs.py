@@ -134,6 +134,13 @@ class LogManager:
             if t == meta.name:
                 lg.apply_configs(meta)
 
+    def topics_seen(self, metas: list[TopicMeta]) -> None:
+        """Topics as the cluster just read them: those changed through another broker (new
+        partitions, altered configs) reach the cache and the running logs here too."""
+        for meta in metas:
+            if self.topics.cached(meta.name) not in (None, meta):
+                self.topic_changed(meta)
+
     async def drop_topic(self, name: str) -> None:
         """Forget a deleted topic's logs and cache, and delete its objects."""
         await self.stop_topic(name)

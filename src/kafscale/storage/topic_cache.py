@@ -88,6 +88,10 @@ class TopicCache:
         """The topic as last read here, with no I/O (None: not known here)."""
         return self._topics.get(name)
 
+    def cached(self, name: str) -> TopicMeta | None:
+        """The topic as last read here, with no I/O."""
+        return self._topics.get(name)
+
     def put(self, meta: TopicMeta) -> None:
         """A topic created or changed (its configs, its partitions) through this broker."""
         self._topics[meta.name] = meta
