@@ -284,3 +284,36 @@ def test_log_settings_timestamp_bounds():
     # log.retention.hours given to a broker: retention.ms follows it (value, not source: as Kafka)
     r = topic_config.resolve("retention.ms", {}, {"log.retention.hours": "2"})
     assert (r.value, r.source, r.synonyms) == ("7200000", DEFAULT, ())
+
+
+# ---------------------------------------------------------------------------------------
+# BROKER_LOGGER: logger levels, as `kafka-configs --entity-type broker-loggers` sees them
+
+
+def alter_loggers(bootstrap: str, name: str, ops, validate_only: bool = False, version: int = 1):
+    with RawClient(bootstrap) as c:
+        cfgs = tuple(req(44, version, "AlterableConfig", name=n, config_operation=op, value=v) for n, op, v in ops)
+        r = req(44, version, "AlterConfigsResource", resource_type=8, resource_name=name, configs=cfgs)
+        [res] = c.request(44, version, req(44, version, resources=(r,), validate_only=validate_only)).responses
+    return error_code(res.error_code)
+
+
+def test_broker_loggers_describe_and_set(seg_broker):
+    b = seg_broker.bootstrap  # a private broker: levels change process-wide
+    got = by_name(describe_raw(b, 8, "0"))
+    assert got["root"].value == "INFO" and got["kafscale.admin"].value == "INFO"
+    assert all((e.config_source, e.read_only, e.synonyms) == (6, False, ()) for e in got.values())
+    assert alter_loggers(b, "0", [("kafscale.admin", 0, "DEBUG")]) == 0
+    assert alter_loggers(b, "0", [("kafscale.produce", 0, "WARN")], validate_only=True) == 0
+    got = by_name(describe_raw(b, 8, "0", keys=("kafscale.admin", "kafscale.produce")))
+    assert {n: e.value for n, e in got.items()} == {"kafscale.admin": "DEBUG", "kafscale.produce": "INFO"}
+    # Kafka's refusals: unknown level or logger, deleting root, APPEND, another broker id
+    assert alter_loggers(b, "0", [("kafscale.admin", 0, "LOUD")]) == ErrorCode.invalid_config.value
+    assert alter_loggers(b, "0", [("no.such.logger", 0, "INFO")]) == ErrorCode.invalid_config.value
+    assert alter_loggers(b, "0", [("root", 1, None)]) == ErrorCode.invalid_request.value
+    assert alter_loggers(b, "0", [("kafscale.admin", 2, "INFO")]) == ErrorCode.invalid_request.value
+    assert alter_loggers(b, "3", [("kafscale.admin", 0, "INFO")]) == ErrorCode.invalid_request.value
+    # DELETE: the logger inherits again
+    assert alter_loggers(b, "0", [("kafscale.admin", 1, None)]) == 0
+    assert by_name(describe_raw(b, 8, "0", keys=("kafscale.admin",)))["kafscale.admin"].value == "INFO"
+    assert error_code(describe_raw(b, 8, "5").error_code) == ErrorCode.invalid_request.value

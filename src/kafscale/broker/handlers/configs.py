@@ -7,13 +7,15 @@ import logging
 
 from kafscale.broker import topics
 from kafscale.broker.config import KAFKA_NAMES, BrokerConfig
-from kafscale.errors import ErrorCode
+from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
+from kafscale.ops import log_levels
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
-TOPIC, BROKER = 2, 4
+TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+DYNAMIC_BROKER_LOGGER_CONFIG = 6
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 log = logging.getLogger("kafscale.admin")
 tc = topic_config
@@ -158,6 +160,15 @@ async def describe_configs(ctx, req):
                 if _wanted(keys, name):
                     # read-only: broker configs are set by flags and KAFSCALE_* variables only
                     entries.append(entry(name, value, source, synonyms, kind, doc, True))
+        elif r.resource_type == BROKER_LOGGER:
+            if r.resource_name != str(ctx.broker.config.broker_id):
+                results.append(failed(r, ErrorCode.invalid_request, f"unexpected broker id {r.resource_name!r}: this is broker {ctx.broker.config.broker_id}"))
+                continue
+            for name, level in log_levels.levels().items():
+                if _wanted(keys, name):
+                    # as Kafka: no synonyms, type or documentation for logger levels
+                    entries.append(make(entry_cls, name=name, value=level, read_only=False, config_source=DYNAMIC_BROKER_LOGGER_CONFIG, is_sensitive=False,
+                                        synonyms=(), config_type=topic_config.UNKNOWN, documentation=None))
         else:
             results.append(failed(r, ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"))
             continue
@@ -180,6 +191,15 @@ async def _alter(ctx, req, api_key: int, change_for):
                 code, msg = e.code, str(e)
         elif r.resource_type == BROKER:
             code, msg = ErrorCode.invalid_request, "broker configs are read-only; set them with flags or KAFSCALE_* variables"
+        elif r.resource_type == BROKER_LOGGER and api_key == INCREMENTAL_ALTER_CONFIGS:
+            try:
+                if r.resource_name != str(ctx.broker.config.broker_id):
+                    raise KafkaError(ErrorCode.invalid_request, f"unexpected broker id {r.resource_name!r}: this is broker {ctx.broker.config.broker_id}")
+                log_levels.change([(c.name, c.config_operation, c.value) for c in r.configs], req.validate_only)
+                if not req.validate_only:
+                    log.warning("logger levels changed: %s (client %s)", {c.name: c.value for c in r.configs}, ctx.client_id)
+            except KafkaError as e:
+                code, msg = e.code, str(e)
         else:
             code, msg = ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"
         results.append(make(r_cls, error_code=code, error_message=msg, resource_type=r.resource_type, resource_name=r.resource_name))
