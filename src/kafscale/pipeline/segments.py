@@ -15,7 +15,9 @@ This module is Spark-free (the Spark source in `source.py` is a thin layer over 
   replaced; their batches are byte-identical, so any cover is correct, but no offset may
   be read twice), split into byte ranges with the index when a segment is large;
 * decoding: strict batch framing, CRC32C per batch (and per segment when the whole object is
-  read), all codecs, control batches skipped, into columns for Arrow or into row tuples.
+  read), all codecs, control batches skipped, into columns for Arrow or into row tuples;
+* read_committed (`transaction_outcomes`): the range ends before the first undecided
+  transaction, and the batches of aborted transactions are skipped.
 """
 
 from __future__ import annotations
@@ -368,6 +370,9 @@ class SegmentSlice:
     end_offset: int
     byte_range: tuple[int, int] | None = None
     size: int = 0  # bytes this slice reads (known when planned from metadata; for packing)
+    # read_committed: (producer id, first offset, marker offset) of aborted transactions;
+    # their transactional batches in this slice are skipped (see transaction_outcomes)
+    aborted: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(slots=True)
@@ -530,7 +535,7 @@ def group_slices(
                 continue
             span = max(1, s.end_offset - s.start_offset)
             size = s.size * (hi - lo) // span if (lo, hi) != (s.start_offset, s.end_offset) else s.size
-            inside.append(SegmentSlice(s.topic, s.partition, s.key, lo, hi, s.byte_range, size))
+            inside.append(SegmentSlice(s.topic, s.partition, s.key, lo, hi, s.byte_range, size, s.aborted))
         if inside:
             groups.extend(pack_slices(inside, max_bytes) if pack else [(s,) for s in inside])
     return groups
@@ -615,6 +620,47 @@ async def plan_slices(
     tps = sorted(ranges)
     planned = await asyncio.gather(*(plan_one(tp) for tp in tps))
     return [s for slices in planned for s in slices]
+
+
+async def transaction_outcomes(
+    store: ObjectStore, segs: list[tuple[int, str]], start: int, end: int, *, fail_on_corruption: bool = True
+) -> tuple[int, tuple[tuple[int, int, int], ...]]:
+    """What read_committed needs for offsets [start, end) of a partition, from its flushed
+    segments alone (no broker): (stable end, aborted). Each transactional batch's fate is the
+    next end-transaction marker of its producer; the stable end is the first offset of a
+    transaction with no marker up to `end` (so nothing undecided is read), else `end`;
+    aborted lists (producer id, first offset, marker offset) of the transactions aborted in
+    the range. Costs a read of every segment from `start` to `end` (only for read_committed).
+    """
+    if end <= start:
+        return end, ()
+    metas = await fetch_metas(store, candidate_keys(segs, start, end), fail_on_corruption=fail_on_corruption)
+    open_first: dict[int, int] = {}  # producer id -> first offset of its undecided data in range
+    aborted: list[tuple[int, int, int]] = []
+    for m, a, b in cover(metas, start, end, fail_on_data_loss=False):
+        if m.corrupt is not None:
+            continue
+        data = memoryview(await store.get(m.key))
+        body_end = len(data) - segment.FOOTER_SIZE
+        for pos, h in records.iter_batches(data, segment.HEADER_SIZE, body_end):
+            if h.last_offset < a or h.base_offset >= b or h.producer_id < 0 or not h.is_transactional:
+                continue
+            if not h.is_control:
+                open_first.setdefault(h.producer_id, h.base_offset)
+                continue
+            kind, _epoch = records.read_control(data, pos, h)
+            first = open_first.pop(h.producer_id, None)
+            if kind == records.CONTROL_ABORT and first is not None:
+                aborted.append((h.producer_id, first, h.base_offset))
+    stable = min([end, *open_first.values()])
+    return stable, tuple(a for a in aborted if a[1] < stable)
+
+
+def aborted_batch(aborted: tuple[tuple[int, int, int], ...], h: records.BatchHeader) -> bool:
+    """Is this transactional batch part of one of the `aborted` transactions?"""
+    if not aborted or not h.is_transactional:
+        return False
+    return any(pid == h.producer_id and first <= h.base_offset <= last for pid, first, last in aborted)
 
 
 async def offset_for_timestamp(store: ObjectStore, segs: list[tuple[int, str]], timestamp_ms: int) -> int | None:
@@ -1180,7 +1226,7 @@ def _decode_range(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str,
             st.skipped.add(e, min(h.last_offset + 1, hi) - max(h.base_offset, lo, st.next_expected))
             st.next_expected = max(st.next_expected, h.last_offset + 1)
             continue
-        if not h.is_control:
+        if not h.is_control and not aborted_batch(s.aborted, h):
             group.append((batch_pos, h, max(lo, st.next_expected)))
             group_rows += h.record_count
         st.next_expected = max(st.next_expected, h.last_offset + 1)

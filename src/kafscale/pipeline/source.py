@@ -14,6 +14,7 @@ the end of the last flushed segment. See docs/pipeline.md for all options.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -108,6 +109,7 @@ class SourceConfig:
     max_records_per_partition: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
+    read_committed: bool = False  # kafka.isolation.level / isolationLevel = read_committed
 
     def read_options(self) -> seg.ReadOptions:
         return seg.ReadOptions(self.storage, self.namespace, self.fail_on_corruption, self.corruption_log, self.batch_rows)
@@ -252,7 +254,7 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
     if assign is not None:
         topics = tuple(t for t, _ in assign)
     for key in sorted(lower):
-        if key.startswith("kafka.") or key in _CONSUMER_OPTIONS:
+        if (key.startswith("kafka.") and key != "kafka.isolation.level") or key in _CONSUMER_OPTIONS:
             raise ValueError(
                 f"option {key} is not supported: this source has no Kafka consumer, it reads the segment objects "
                 "named by the option storage (remove it; where to start is startingOffsets, see docs/pipeline.md)"
@@ -268,6 +270,12 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
     min_per_trigger = _int(options, "minOffsetsPerTrigger", None, positive=True)
     if min_per_trigger is not None and max_per_trigger is not None and min_per_trigger > max_per_trigger:
         raise ValueError(f"minOffsetsPerTrigger ({min_per_trigger}) is higher than maxOffsetsPerTrigger ({max_per_trigger})")
+    isolation = options.get("kafka.isolation.level") or options.get("isolationLevel") or "read_uncommitted"
+    isolation = str(isolation).strip().lower()
+    if isolation not in ("read_uncommitted", "read_committed"):
+        raise ValueError(f"isolation level (kafka.isolation.level / isolationLevel) must be read_uncommitted or read_committed, not {isolation!r}")
+    if isolation == "read_committed" and streaming:
+        raise ValueError("isolation level read_committed is supported for batch reads only (spark.read), not yet for streams")
     cfg = SourceConfig(
         storage=storage,
         namespace=options.get("namespace") or "default",
@@ -294,6 +302,7 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
         max_records_per_partition=_int(options, "maxRecordsPerPartition", None, positive=True),
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay", 15 * 60_000),
+        read_committed=isolation == "read_committed",
     )
     for name, spec in (
         ("startingOffsets", cfg.starting),
@@ -543,6 +552,14 @@ class KafScaleBatchReader(DataSourceReader):
                         "(as resolved from the starting and ending options)"
                     )
             ranges = {tp: PartitionRange(start[tp], end[tp]) for tp in start}
+            aborted: dict[TopicPartition, tuple] = {}
+            if cfg.read_committed:
+                # Up to the first undecided transaction, without the aborted ones' records.
+                for tp, r in ranges.items():
+                    stable, aborted[tp] = await seg.transaction_outcomes(
+                        store, listing.segments[tp], r.start, bounds[tp].end, fail_on_corruption=cfg.fail_on_corruption
+                    )
+                    r.end = max(r.start, min(r.end, stable))
             slices = await seg.plan_slices(
                 store,
                 listing,
@@ -553,6 +570,8 @@ class KafScaleBatchReader(DataSourceReader):
                 skipped=skipped,
             )
             skipped.write(cfg.corruption_log)
+            if aborted:
+                slices = [dataclasses.replace(sl, aborted=aborted.get((sl.topic, sl.partition), ())) for sl in slices]
             return ranges, slices
 
         return seg.run_with_store(cfg.storage, go)

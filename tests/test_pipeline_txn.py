@@ -1,0 +1,88 @@
+"""The Spark source with kafka.isolation.level=read_committed: segments written by the real
+partition log (transactional batches and markers through LogManager, in process) into a
+file:// store, then read straight from the segments: read_committed returns exactly the
+committed records (nothing of an aborted or still open transaction, no control batch),
+read_uncommitted (Spark's default) every record."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from kafscale.metadata.store import TopicMeta  # noqa: E402
+from kafscale.pipeline import segments as seg  # noqa: E402
+from kafscale.storage.objectstore import LocalObjectStore  # noqa: E402
+from kafscale.storage.txn import TxnMarker  # noqa: E402
+from tests.test_txn_partition import PID_A, PID_B, _manager, _produce, plain_batch, txn_batch  # noqa: E402
+
+TOPIC = "txns"
+COMMITTED = [b"p0", b"b1", b"p1"]  # a1, a2 aborted; a3 open (and p2 after it)
+EVERYTHING = [b"p0", b"a1", b"a2", b"b1", b"p1", b"a3", b"p2"]
+
+
+async def _write(tmp_path) -> None:
+    mgr = _manager(tmp_path)
+    await mgr.metadata.create_topic(TopicMeta(TOPIC, 1))
+    lg = await mgr.get_log(TOPIC, 0)
+    await _produce(lg, plain_batch(b"p0"))  # 0
+    await _produce(lg, txn_batch([b"a1", b"a2"], PID_A, 0))  # 1, 2
+    await _produce(lg, txn_batch([b"b1"], PID_B, 0))  # 3
+    await mgr.write_txn_markers(TxnMarker(PID_A, 0, 0, False, [(TOPIC, 0)]))  # 4
+    await mgr.write_txn_markers(TxnMarker(PID_B, 0, 0, True, [(TOPIC, 0)]))  # 5
+    await _produce(lg, plain_batch(b"p1"))  # 6
+    await _produce(lg, txn_batch([b"a3"], PID_A, 2))  # 7: left open
+    await _produce(lg, plain_batch(b"p2"))  # 8
+    await mgr.stop()
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("txnstore")
+    asyncio.run(_write(root))
+    return root
+
+
+def test_transaction_outcomes_from_the_segments_alone(store_dir):
+    async def go():
+        store = LocalObjectStore(store_dir / "objects")
+        listing = await seg.list_topics(store, "default", topics=[TOPIC])
+        segs = listing.segments[(TOPIC, 0)]
+        return [await seg.transaction_outcomes(store, segs, a, b) for a, b in ((0, 9), (0, 7), (3, 9), (5, 7), (8, 9))]
+
+    assert asyncio.run(go()) == [(7, ((PID_A, 1, 4),)), (7, ((PID_A, 1, 4),)), (7, ()), (7, ()), (9, ())]
+
+
+def _values(spark, store_dir, **options) -> list[bytes]:
+    reader = spark.read.format("kafscale").option("storage", f"file://{store_dir / 'objects'}").option("subscribe", TOPIC)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    rows = reader.load().orderBy("offset").collect()
+    return [bytes(r["value"]) for r in rows]
+
+
+@pytest.mark.parametrize("arrow", ["true", "false"])
+def test_spark_read_committed_returns_exactly_the_committed_records(spark, store_dir, arrow):
+    assert _values(spark, store_dir, arrow=arrow) == EVERYTHING  # Spark's default: read_uncommitted
+    assert _values(spark, store_dir, arrow=arrow, **{"kafka.isolation.level": "read_committed"}) == COMMITTED
+    assert _values(spark, store_dir, arrow=arrow, isolationLevel="read_committed") == COMMITTED
+    assert _values(spark, store_dir, arrow=arrow, isolationLevel="read_uncommitted") == EVERYTHING
+
+
+def test_isolation_level_options_are_validated():
+    from kafscale.pipeline.source import parse_options
+
+    base = {"storage": "file:///x", "subscribe": "t"}
+    assert parse_options({**base, "kafka.isolation.level": "read_committed"}, streaming=False).read_committed
+    assert not parse_options(base, streaming=False).read_committed
+    with pytest.raises(ValueError, match="read_uncommitted or read_committed"):
+        parse_options({**base, "isolationLevel": "serializable"}, streaming=False)
+    with pytest.raises(ValueError, match="batch reads only"):
+        parse_options({**base, "isolationLevel": "read_committed"}, streaming=True)
+
+
+def test_read_committed_with_min_partitions_splitting_the_range(spark, store_dir):
+    got = _values(spark, store_dir, isolationLevel="read_committed", minPartitions="4")
+    assert got == COMMITTED
