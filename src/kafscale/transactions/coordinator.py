@@ -60,6 +60,7 @@ COORDINATOR_EPOCH = 0  # ownership is fenced by the guarded store writes, not by
 # is answered CONCURRENT_TRANSACTIONS: a producer's next transaction usually starts right
 # after its commit, and a retry costs it the client's backoff (librdkafka: 100 ms).
 MARKER_WAIT_S = 1.0
+INTER_BROKER_LISTENER = "PLAINTEXT"
 
 
 class TransactionCoordinator:
@@ -378,7 +379,10 @@ class TransactionCoordinator:
                     node = self.cluster.node(owner)
                     if node is None:
                         continue  # owner unknown right now: retried
-                    results.update(await self.remote.write(node.host, node.port, markers, tps))
+                    # Broker to broker in plaintext: the PLAINTEXT listener when the owner
+                    # advertises one, else its first listener.
+                    host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
+                    results.update(await self.remote.write(host, port, markers, tps))
             except asyncio.CancelledError:
                 raise
             except Exception as e:
