@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kafscale.broker.auth import Authenticator
 from kafscale.broker.config import BrokerConfig
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
@@ -53,6 +54,7 @@ class Broker:
 
             for key in TRANSACTION_APIS:
                 self.router.unregister(key)
+        self.auth = Authenticator(config, self.metadata)
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()

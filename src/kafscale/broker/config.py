@@ -22,6 +22,11 @@ class BrokerConfig:
     ssl_principal_mapping_rules: str = field(default="DEFAULT", metadata={"help": "client certificate subject to principal: DEFAULT and RULE:pattern/replacement/[LU], comma separated (Kafka's ssl.principal.mapping.rules)"})
     ssl_reload_interval_ms: int = field(default=5000, metadata={"help": "how often the TLS files are checked for changes (a change is loaded without restart; 0: never)"})
     ssl_handshake_timeout_ms: int = field(default=10_000, metadata={"help": "close a TLS connection whose handshake is not done in this time"})
+    sasl_mechanisms: str = field(default="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", metadata={"help": "SASL mechanisms offered on SASL listeners (Kafka's sasl.enabled.mechanisms)"})
+    sasl_users_file: str = field(default="", metadata={"help": "PLAIN users, NAME:PASSWORD per line (PLAIN also accepts SCRAM users' passwords)"})
+    connections_max_reauth_ms: int = field(default=0, metadata={"help": "SASL session lifetime: clients re-authenticate (KIP-368) before it ends or are disconnected (Kafka's connections.max.reauth.ms; 0: no limit)"})
+    sasl_server_max_receive_size: int = field(default=524_288, metadata={"help": "largest request before SASL authentication completes (Kafka's sasl.server.max.receive.size)"})
+    sasl_failed_authentication_delay_ms: int = field(default=100, metadata={"help": "after a failed authentication, the least wait before the next attempt from the same address; doubles with each failure up to 5 s (Kafka's connection.failed.authentication.delay.ms)"})
     data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
     broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
     storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
@@ -110,6 +115,13 @@ class BrokerConfig:
         if any(l.tls for l in bound):
             self.tls_settings().check()
         parse_rules(self.ssl_principal_mapping_rules)
+        if any(l.sasl for l in bound):
+            from kafscale.security.sasl import load_users_file, parse_mechanisms
+
+            if not parse_mechanisms(self.sasl_mechanisms):
+                raise ValueError("a SASL listener needs at least one mechanism in --sasl-mechanisms")
+            if self.sasl_users_file:
+                load_users_file(self.sasl_users_file)
 
     @staticmethod
     def split_hostport(value: str) -> tuple[str, int]:

@@ -30,6 +30,7 @@ class RequestContext:
     turn: asyncio.Future | None = None
     listener: str | None = None  # name of the listener the request came in on
     principal: str = "User:ANONYMOUS"  # who sent it (kafscale.security.principal)
+    session: Any = None  # the connection's SaslSession on a SASL listener (handlers/sasl.py)
 
     async def wait_turn(self) -> None:
         if self.turn_before is not None:

@@ -23,6 +23,7 @@ from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol import codec, error_response
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
+from kafscale.security.sasl import BEFORE_AUTHENTICATION, SASL_AUTHENTICATE, SASL_HANDSHAKE, IllegalSaslState
 from kafscale.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffe
 MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the OS (memory.py)
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
 # Why a connection does not read (any of them pauses it).
-PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING = 1, 2, 4
+PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH = 1, 2, 4, 8
 API_VERSIONS = 18
 PRODUCE = 0
 
@@ -85,6 +86,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self.admitted = False
         self.closing = False
         self.principal = ANONYMOUS  # who the client is (TLS certificate, SASL)
+        # SASL state on a SASL listener (None elsewhere): until it is authenticated, only
+        # ApiVersions, SaslHandshake and SaslAuthenticate are served, one at a time.
+        self.sasl = server.broker.auth.new_session() if listener is not None and listener.sasl else None
         self.last_active = time.monotonic()
 
     # -- asyncio protocol ----------------------------------------------------------------
@@ -164,8 +168,14 @@ class KafkaConnection(asyncio.BufferedProtocol):
         into its own buffer. Each frame first reserves its size from the server's request
         memory budget; a frame that does not fit waits there, with reading paused."""
         buf = self._buf
-        while self._end - self._start >= 4 and not self.closing:
+        while self._end - self._start >= 4 and not self.closing and not self._pause_reasons & PAUSE_AUTH:
             (length,) = _LEN.unpack_from(buf, self._start)
+            sasl = self.sasl
+            if sasl is not None and not sasl.authenticated and length > self.server.config.sasl_server_max_receive_size:
+                # Kafka's sasl.server.max.receive.size: an unauthenticated client gets no
+                # more memory than a SASL token needs.
+                self._close(f"request of {length} bytes before SASL authentication is over sasl.server.max.receive.size ({self.server.config.sasl_server_max_receive_size})")
+                return
             if length < 0 or length > self.max_frame:
                 if buf[self._start] == 0x16 and buf[self._start + 1] == 0x03 and (self.listener is None or not self.listener.tls):
                     # 0x16 0x03: a TLS record (ClientHello), not a Kafka frame length
@@ -201,6 +211,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.closing or not self._pause_reasons & PAUSE_MEMORY:
             return
         self._pause_reasons &= ~PAUSE_MEMORY
+        self._read_frames()
+        self._update_reading()
+
+    def _auth_step_done(self, _task) -> None:
+        if self.closing or not self._pause_reasons & PAUSE_AUTH:
+            return
+        self._pause_reasons &= ~PAUSE_AUTH
         self._read_frames()
         self._update_reading()
 
@@ -250,6 +267,12 @@ class KafkaConnection(asyncio.BufferedProtocol):
         task = asyncio.get_running_loop().create_task(self.server.handle(self, frame))
         self._pending.append(task)
         task.add_done_callback(self._on_done)
+        sasl = self.sasl
+        if sasl is not None and (sasl.in_exchange or (len(frame) >= 2 and int.from_bytes(frame[:2], "big") in (17, 36))):
+            # A SASL exchange goes one request at a time: each step sees the state the
+            # previous one left (and a pipelining client gets no parallel guesses).
+            self._pause(PAUSE_AUTH)
+            task.add_done_callback(self._auth_step_done)
         if reserved > 0:
             task.add_done_callback(lambda _task: self.server.release_request_memory(self, reserved))
         if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
@@ -278,6 +301,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if ready and not self.closing:
             self.last_active = time.monotonic()
             self.transport.writelines(ready)
+        if self.sasl is not None and self.sasl.failed and not self._pending:
+            # Kafka closes the connection once the failure is answered (logged already).
+            self._close("SASL authentication failed", logging.DEBUG)
+            return
         if self._pause_reasons & PAUSE_INFLIGHT and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2:
             self._unpause(PAUSE_INFLIGHT)
 
@@ -501,10 +528,18 @@ class KafkaServer:
     async def handle(self, conn: KafkaConnection, frame: bytearray) -> list | None:
         payload = memoryview(frame)
         started = time.perf_counter()
+        session = conn.sasl
+        if session is not None and session.raw_tokens:
+            return await self._raw_sasl_token(conn, bytes(frame))
         try:
             api_key, version, correlation_id = codec.peek_api(payload)
         except codec.MalformedRequest as e:
             raise CloseConnection(str(e)) from None
+        if session is not None:
+            if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
+                raise CloseConnection(f"unexpected request {api_key_map.get(api_key, api_key)} (api {api_key}) before SASL authentication on listener {conn.listener.name}")
+            if session.expired() and api_key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+                raise CloseConnection(f"SASL session of {session.principal} expired (connections.max.reauth.ms) and was not re-authenticated")
         api = self.broker.router.get(api_key)
         if api_key == API_VERSIONS and api is not None and version > api.max_version:
             # Kafka answers a too-new ApiVersions with a v0 error response listing what it
@@ -523,7 +558,10 @@ class KafkaServer:
             # there closes the connection without an answer (SocketServer
             # processChannelException), for every API. So do we: one log line, no traceback.
             raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
-        ctx = RequestContext(self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None, principal=conn.principal)
+        ctx = RequestContext(
+            self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None,
+            principal=session.principal if session is not None else conn.principal, session=session,
+        )
         if api_key == PRODUCE:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
             ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()
@@ -535,6 +573,10 @@ class KafkaServer:
             if observers:
                 for hook in observers:
                     hook(request, response)
+        except IllegalSaslState as e:
+            # Kafka closes the connection (IllegalSaslStateException), answering nothing.
+            error = e
+            raise CloseConnection(f"SASL: {e}") from None
         except Exception as e:
             error = e
             response = self._error_response(ctx, conn, request, e)
@@ -583,6 +625,15 @@ class KafkaServer:
             # producer learns of the failure (KafkaApis.handleProduceRequest).
             raise CloseConnection(f"internal error in api {header.api_key} (acks=0): {exc!r}")
         return response
+
+    async def _raw_sasl_token(self, conn: KafkaConnection, token: bytes) -> list | None:
+        """After SaslHandshake v0 the client sends bare tokens and expects bare answers;
+        a failure closes the connection (there is no error field)."""
+        session = conn.sasl
+        reply, failure = await self.broker.auth.step(session, token, conn.peer, conn.address)
+        if failure is not None:
+            return None  # session.failed: closed once answered (the failure is logged)
+        return [_LEN.pack(len(reply)) + reply]
 
     def _unsupported_api_versions(self, correlation_id: int) -> bytes:
         body = bytearray(struct.pack(">hi", ErrorCode.unsupported_version, len(self.broker.router.apis)))

@@ -10,6 +10,7 @@ Layout, relative to the backend's prefix (`/kafscale` on etcd):
     /producer-ids                             next free producer id block
     /brokers/{id}                             live broker registration (etcd lease)
     /owners/{topic}/{p}                       current owner and leader epoch (owner's lease)
+    /scram-credentials/{user}/{mechanism}     salted SCRAM credential (security/scram.py)
     /transactions/{transactional id}          transaction state (owned by its coordinator)
     /pending-offsets/{group}/{producer id}/{topic}/{p}
                                               TxnOffsetCommit offsets until the transaction ends
@@ -46,6 +47,7 @@ OWNERS = "/owners/"
 TRANSACTIONS = "/transactions/"
 PENDING_OFFSETS = "/pending-offsets/"
 CLIENT_QUOTAS = "/client-quotas/"
+SCRAM_CREDENTIALS = "/scram-credentials/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -240,3 +242,18 @@ def client_quota(entity) -> str:
     hold "=", "," or "/", and a name is never empty (Kafka refuses it), so the empty name
     stands for the default entity unambiguously."""
     return CLIENT_QUOTAS + ",".join(f"{escape(kind)}={escape(name) if name is not None else ''}" for kind, name in entity)
+# -- SCRAM credentials ---------------------------------------------------------------------
+
+
+def scram_credential(user: str, mechanism: str) -> str:
+    return f"{SCRAM_CREDENTIALS}{escape(user)}/{escape(mechanism)}"
+
+
+def scram_user_prefix(user: str) -> str:
+    return f"{SCRAM_CREDENTIALS}{escape(user)}/"
+
+
+def scram_credential_of(key: str) -> tuple[str, str]:
+    """(user, mechanism) of a key made by `scram_credential`."""
+    user, mechanism = _split(key, SCRAM_CREDENTIALS, 2)
+    return unescape(user), unescape(mechanism)

@@ -390,6 +390,28 @@ class MetadataStore:
 
     # -- transactions ------------------------------------------------------------------
 
+    # -- SCRAM credentials (documents of kafscale.security.scram.ScramCredential.to_doc) ----
+
+    async def get_scram_credential(self, user: str, mechanism: str) -> dict | None:
+        kv = await self.kv.get(keys.scram_credential(user, mechanism))
+        return json.loads(kv.value) if kv else None
+
+    async def list_scram_credentials(self) -> dict[tuple[str, str], dict]:
+        out = {}
+        for kv in await self.kv.range(keys.SCRAM_CREDENTIALS):
+            try:
+                out[keys.scram_credential_of(kv.key)] = json.loads(kv.value)
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
+        return out
+
+    async def change_scram_credentials(self, puts: dict[tuple[str, str], dict], deletes: list[tuple[str, str]]) -> None:
+        """Upsert and delete credentials in one transaction."""
+        await self.kv.commit(Txn(
+            puts=[(keys.scram_credential(u, m), _dump(doc)) for (u, m), doc in puts.items()],
+            deletes=[keys.scram_credential(u, m) for u, m in deletes],
+        ))
+
     async def get_transaction(self, transactional_id: str) -> tuple[dict, int] | None:
         """(state doc, version) of a transactional id, or None."""
         kv = await self.kv.get(keys.transaction(transactional_id))

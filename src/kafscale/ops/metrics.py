@@ -68,6 +68,9 @@ class BrokerMetrics:
         self.latency = Histogram(
             "kafscale_request_duration_seconds", "Time from a request's arrival to its response being ready, by API", ["api"], buckets=LATENCY_BUCKETS, registry=r
         )
+        self.sasl_authentications = Counter(
+            "kafscale_sasl_authentications", "SASL authentications, by mechanism and result (succeeded, failed)", ["mechanism", "result"], registry=r
+        )
         self.bytes_in = Counter("kafscale_topic_bytes_in", "Record-batch bytes appended by Produce, by topic", ["topic"], registry=r)
         self.bytes_out = Counter("kafscale_topic_bytes_out", "Record-batch bytes returned by Fetch, by topic", ["topic"], registry=r)
         self.batches_in = Counter("kafscale_produce_batches", "Record batches appended by Produce, by topic", ["topic"], registry=r)
@@ -179,6 +182,9 @@ class BrokerMetrics:
         self.flush_seconds.observe(seconds)
         self.flush_bytes.observe(info.size)
 
+    def on_authentication(self, mechanism: str, succeeded: bool) -> None:
+        self.sasl_authentications.labels(mechanism, "succeeded" if succeeded else "failed").inc()
+
     def install_taps(self) -> None:
         """Register on the server's Produce and Fetch response hooks and the log manager's
         flush hooks; `remove_taps` unregisters."""
@@ -187,6 +193,7 @@ class BrokerMetrics:
         for key, hook in self._response_hooks.items():
             self.broker.server.response_hooks.setdefault(key, []).append(hook)
         self.broker.logs.flush_hooks.append(self.on_flush)
+        self.broker.auth.hooks.append(self.on_authentication)
 
     def remove_taps(self) -> None:
         hooks = self.broker.server.response_hooks
@@ -199,6 +206,8 @@ class BrokerMetrics:
         self._response_hooks = {}
         if self.on_flush in self.broker.logs.flush_hooks:
             self.broker.logs.flush_hooks.remove(self.on_flush)
+        if self.on_authentication in self.broker.auth.hooks:
+            self.broker.auth.hooks.remove(self.on_authentication)
 
 
 def _never_raising(account):

@@ -1,0 +1,124 @@
+"""SASL authentication for the broker's connections: runs one step of a client's SASL
+exchange (PLAIN against --sasl-users-file and the SCRAM credentials in the metadata
+store; SCRAM-SHA-256/512 against the metadata store), with the per-address failure
+limiter, one log line per failure and the hooks ops/metrics counts with.
+
+The rules are in `kafscale.security` (sasl.py, scram.py); this is the I/O around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.security import scram
+from kafscale.security.principal import user as user_principal
+from kafscale.security.sasl import FailureLimiter, SaslError, SaslSession, load_users_file, parse_mechanisms, parse_plain
+
+if TYPE_CHECKING:
+    from kafscale.broker.config import BrokerConfig
+    from kafscale.metadata.store import MetadataStore
+
+log = logging.getLogger("kafscale.auth")
+
+
+class Authenticator:
+    def __init__(self, config: "BrokerConfig", metadata: "MetadataStore"):
+        self.config = config
+        self.metadata = metadata
+        self.mechanisms = parse_mechanisms(config.sasl_mechanisms)
+        self.limiter = FailureLimiter(base_s=config.sasl_failed_authentication_delay_ms / 1000)
+        self.hooks: list = []  # hook(mechanism, succeeded: bool), by ops/metrics
+        self._users: dict[str, str] = {}
+        self._users_seen: tuple | None = None
+
+    def new_session(self) -> SaslSession:
+        return SaslSession(self.mechanisms)
+
+    @property
+    def session_lifetime_ms(self) -> int:
+        return max(0, self.config.connections_max_reauth_ms)
+
+    def _plain_users(self) -> dict[str, str]:
+        """The users file, read again when it changed (no restart to add a user)."""
+        path = self.config.sasl_users_file
+        if not path:
+            return {}
+        try:
+            st = os.stat(path)
+            seen = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if seen != self._users_seen:
+                self._users = load_users_file(path)
+                self._users_seen = seen
+        except (OSError, ValueError) as e:
+            log.error("cannot read --sasl-users-file, keeping the users read before: %s", e)
+        return self._users
+
+    async def step(self, session: SaslSession, token: bytes, peer: str, address: str) -> tuple[bytes, str | None]:
+        """One client token -> (reply token, None) or (b"", failure message). The session
+        records success (principal, lifetime); the caller closes the connection on failure."""
+        wait = self.limiter.slot(address, time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
+        mechanism = session.mechanism or "?"
+        try:
+            if mechanism == "PLAIN":
+                reply, user = b"", await self._plain(token)
+            else:
+                reply, user = await self._scram(session, token)
+            if user is None:
+                return reply, None  # mid-exchange (SCRAM server-first)
+            session.succeeded(user_principal(user), self.session_lifetime_ms)
+        except (SaslError, scram.ScramError) as e:
+            message = str(e) if isinstance(e, SaslError) else (
+                f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
+                if str(e) == "invalid credentials" else f"Authentication failed: {e}")
+            self.limiter.failed(address, time.monotonic())
+            session.failed = True
+            log.warning("SASL %s authentication from %s failed: %s", mechanism, peer, e, extra={"peer": peer})
+            for hook in self.hooks:
+                hook(mechanism, False)
+            return b"", message
+        except MetadataUnavailable as e:
+            session.failed = True
+            log.warning("SASL %s authentication from %s: the credential store is unavailable: %s", mechanism, peer, e, extra={"peer": peer})
+            return b"", "Authentication failed: the credential store is unavailable, try again"
+        self.limiter.succeeded(address)
+        for hook in self.hooks:
+            hook(mechanism, True)
+        log.info("%s authenticated %s with SASL %s%s", peer, session.principal, mechanism,
+                 " (re-authentication)" if session.reauthentications else "", extra={"peer": peer})
+        session.reauthentications += 1
+        return reply, None
+
+    async def _plain(self, token: bytes) -> str:
+        _authzid, name, password = parse_plain(token)
+        known = self._plain_users().get(name)
+        if known is not None and hmac.compare_digest(known.encode(), password.encode()):
+            return name
+        for mech in ("SCRAM-SHA-512", "SCRAM-SHA-256"):  # users made with AlterUserScramCredentials
+            doc = await self.metadata.get_scram_credential(name, mech)
+            if doc is not None:
+                cred = scram.ScramCredential.from_doc(doc)
+                if await asyncio.to_thread(scram.check_password, mech, cred, password):
+                    return name
+                break
+        raise SaslError("Authentication failed: Invalid username or password")
+
+    async def _scram(self, session: SaslSession, token: bytes) -> tuple[bytes, str | None]:
+        server = session.exchange
+        if server is None:
+            server = scram.ScramServer(session.mechanism)
+            name = server.client_first(token)
+            doc = await self.metadata.get_scram_credential(name, session.mechanism)
+            if doc is None:
+                raise SaslError(f"Authentication failed during authentication due to invalid credentials with SASL mechanism {session.mechanism}")
+            session.exchange = server
+            return server.server_first(scram.ScramCredential.from_doc(doc)), None
+        final = server.client_final(token)
+        return final, server.user

@@ -1,0 +1,323 @@
+"""SASL on real brokers (#17): confluent-kafka, kafka-python, aiokafka and kcat over
+SASL_SSL with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512 (users made with confluent-kafka's
+AdminClient.alter_user_scram_credentials); wrong passwords fail with the client's
+authentication error, are logged and counted; bad input on a SASL listener (garbage
+tokens, SaslAuthenticate before SaslHandshake, requests before authentication, a 1 MiB
+token) closes that connection with one log line; KIP-368 re-authentication."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion, UserScramCredentialUpsertion
+
+from kafscale.errors import ErrorCode
+from kafscale.security import certs
+from tests.support import raw
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.wait import wait_until
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sasl")
+    paths = certs.write_self_signed(str(d))
+    users = d / "users.txt"
+    users.write_text("# PLAIN users\nalice:alice-secret\n")
+    plain, sasl_plain, sasl_ssl, http = free_port(), free_port(), free_port(), free_port()
+    b = BrokerProcess(
+        port=plain,
+        extra_args=[
+            "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl_plain},SASL_SSL://127.0.0.1:{sasl_ssl}",
+            "--ssl-cert", paths["cert"], "--ssl-key", paths["key"],
+            "--sasl-users-file", str(users), "--sasl-failed-authentication-delay-ms", "20",
+            "--group-initial-rebalance-delay-ms", "0", "--http", f"127.0.0.1:{http}",
+        ],
+    ).start()  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    ups = [
+        UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"bob-secret"),
+        UserScramCredentialUpsertion("carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), b"carol-secret"),
+    ]
+    for fut in admin.alter_user_scram_credentials(ups).values():
+        fut.result(10)
+    yield dict(broker=b, plain=plain, sasl_plain=sasl_plain, sasl_ssl=sasl_ssl, http=http, paths=paths, admin=admin)
+    b.stop()
+
+
+def _conf(env, mechanism, user, password, ssl=True) -> dict:
+    port = env["sasl_ssl"] if ssl else env["sasl_plain"]
+    conf = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_SSL" if ssl else "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password}
+    if ssl:
+        conf["ssl.ca.location"] = env["paths"]["ca"]
+    return conf
+
+
+def _roundtrip(conf: dict, topic: str, n: int = 3) -> list[bytes]:
+    p = Producer(conf)
+    for i in range(n):
+        p.produce(topic, value=f"{topic}-{i}".encode())
+    assert p.flush(20) == 0
+    c = Consumer({**conf, "group.id": f"{topic}-g", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    try:
+        def more() -> bool:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+            return len(got) >= n
+        wait_until(more, 30, f"{n} records from {topic}")
+    finally:
+        c.close()
+    return got
+
+
+def _metric(env, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{env['http']}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.mark.parametrize("mechanism, user, password", [
+    ("PLAIN", "alice", "alice-secret"),  # the users file
+    ("PLAIN", "carol", "carol-secret"),  # a SCRAM user's password over PLAIN
+    ("SCRAM-SHA-256", "bob", "bob-secret"),
+    ("SCRAM-SHA-512", "carol", "carol-secret"),
+])
+def test_confluent_kafka_sasl_ssl(env, mechanism, user, password):
+    topic = f"sasl-{mechanism.lower()}-{user}"
+    assert _roundtrip(_conf(env, mechanism, user, password), topic) == [f"{topic}-{i}".encode() for i in range(3)]
+
+
+def test_confluent_kafka_sasl_plaintext_scram(env):
+    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "carol", "carol-secret", ssl=False), "sasl-plaintext-scram", 2)) == 2
+
+
+@pytest.mark.parametrize("mechanism, user, password", [("PLAIN", "alice", "alice-secret"), ("SCRAM-SHA-512", "carol", "carol-secret")])
+def test_kafka_python_sasl_ssl(env, mechanism, user, password):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    common = dict(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL", ssl_cafile=env["paths"]["ca"],
+                  sasl_mechanism=mechanism, sasl_plain_username=user, sasl_plain_password=password)
+    topic = f"sasl-kp-{mechanism.lower()}"
+    p = KafkaProducer(**common)
+    for i in range(3):
+        p.send(topic, f"kp-{i}".encode()).get(20)
+    p.close()
+    c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
+    got = [m.value for _, m in zip(range(3), c)]
+    c.close()
+    assert got == [b"kp-0", b"kp-1", b"kp-2"]
+
+
+def test_aiokafka_sasl_ssl_scram_sha_256(env):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.helpers import create_ssl_context
+
+    async def run() -> list[bytes]:
+        common = dict(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL",
+                      ssl_context=create_ssl_context(cafile=env["paths"]["ca"]), sasl_mechanism="SCRAM-SHA-256",
+                      sasl_plain_username="bob", sasl_plain_password="bob-secret")
+        p = AIOKafkaProducer(**common)
+        await p.start()
+        try:
+            for i in range(3):
+                await p.send_and_wait("sasl-aiokafka", f"ak-{i}".encode())
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer("sasl-aiokafka", auto_offset_reset="earliest", **common)
+        await c.start()
+        try:
+            out = []
+            while len(out) < 3:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 20)
+                for msgs in batch.values():
+                    out += [m.value for m in msgs]
+            return out
+        finally:
+            await c.stop()
+
+    assert asyncio.run(run()) == [b"ak-0", b"ak-1", b"ak-2"]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make test installs it)")
+@pytest.mark.parametrize("mechanism, user, password", [("PLAIN", "alice", "alice-secret")])
+def test_kcat_sasl_ssl(env, mechanism, user, password):
+    topic = f"sasl-kcat-{mechanism.lower()}"
+    args = ["-b", f"127.0.0.1:{env['sasl_ssl']}", "-X", "security.protocol=SASL_SSL", "-X", f"ssl.ca.location={env['paths']['ca']}",
+            "-X", f"sasl.mechanisms={mechanism}", "-X", f"sasl.username={user}", "-X", f"sasl.password={password}"]
+    subprocess.run(["kcat", "-P", *args, "-t", topic], input=b"one\ntwo\n", check=True, timeout=30)
+    out = subprocess.run(["kcat", "-C", *args, "-t", topic, "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
+    assert out.stdout.split() == [b"one", b"two"]
+
+
+@pytest.mark.parametrize("mechanism, user", [("PLAIN", "alice"), ("SCRAM-SHA-256", "bob"), ("SCRAM-SHA-512", "carol"), ("SCRAM-SHA-512", "nobody")])
+def test_wrong_password_fails_with_authentication_error(env, mechanism, user):
+    b = env["broker"]
+    failed_before = _metric(env, f'kafscale_sasl_authentications_total{{mechanism="{mechanism}",result="failed"}}')
+    errors = []
+    p = Producer({**_conf(env, mechanism, user, "wrong"), "error_cb": errors.append})
+    wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "an authentication error")
+    assert any("Authentication failed" in e.str() for e in errors), [e.str() for e in errors]
+    assert f"SASL {mechanism} authentication from 127.0.0.1" in b.log_text()
+    wait_until(lambda: _metric(env, f'kafscale_sasl_authentications_total{{mechanism="{mechanism}",result="failed"}}') > failed_before, 10, "the failure counted")
+
+
+def test_kafka_python_wrong_password(env):
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KPError
+
+    with pytest.raises(KPError):
+        KafkaProducer(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL", ssl_cafile=env["paths"]["ca"],
+                      sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="carol", sasl_plain_password="nope",
+                      max_block_ms=5000).send("x", b"v").get(10)
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+def _handshake(c: raw.RawClient, mechanism: str, version: int = 1):
+    return c.request(SASL_HANDSHAKE, version, raw.req(SASL_HANDSHAKE, version, mechanism=mechanism))
+
+
+def _authenticate(c: raw.RawClient, token: bytes, version: int = 2):
+    return c.request(SASL_AUTHENTICATE, version, raw.req(SASL_AUTHENTICATE, version, auth_bytes=token))
+
+
+def _closes_with_one_line(env, action, needle: str) -> None:
+    b = env["broker"]
+    before = b.log_text().count(needle)
+    with raw.RawClient(f"127.0.0.1:{env['sasl_plain']}") as c:
+        action(c)
+        assert c.wait_closed(5)
+    wait_until(lambda: b.log_text().count(needle) == before + 1, 10, f"one log line with {needle!r}")
+    # others unaffected
+    with raw.RawClient(f"127.0.0.1:{env['sasl_plain']}") as c:
+        assert _handshake(c, "PLAIN").error_code == ErrorCode.none
+        assert _authenticate(c, b"\x00alice\x00alice-secret").error_code == ErrorCode.none
+        assert c.metadata(None).brokers
+
+
+def test_request_before_authentication_closes(env):
+    _closes_with_one_line(env, lambda c: c.send_request(3, 12, raw.req(3, 12, topics=None, allow_auto_topic_creation=False,
+                                                                    include_topic_authorized_operations=False)),
+                          "before SASL authentication on listener SASL_PLAINTEXT")
+
+
+def test_authenticate_before_handshake_closes(env):
+    _closes_with_one_line(env, lambda c: c.send_request(SASL_AUTHENTICATE, 2, raw.req(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00a\x00b")),
+                          "SaslAuthenticate received before SaslHandshake")
+
+
+def test_garbage_scram_token_gets_an_error_and_a_closed_connection(env):
+    def action(c):
+        assert _handshake(c, "SCRAM-SHA-512").error_code == ErrorCode.none
+        resp = _authenticate(c, b"\xff\x00garbage" * 10)
+        assert resp.error_code == ErrorCode.sasl_authentication_failed and "Authentication failed" in resp.error_message
+    _closes_with_one_line(env, action, "SASL SCRAM-SHA-512 authentication from")
+
+
+def test_one_mib_token_closes(env):
+    def action(c):
+        assert _handshake(c, "PLAIN").error_code == ErrorCode.none
+        try:
+            c.send_frame(raw.encode_request(SASL_AUTHENTICATE, 2, raw.req(SASL_AUTHENTICATE, 2, auth_bytes=b"x" * (1 << 20)), 9))
+        except OSError:
+            pass
+    _closes_with_one_line(env, action, "is over sasl.server.max.receive.size")
+
+
+def test_unknown_mechanism_and_sasl_on_plaintext_listener(env):
+    with raw.RawClient(f"127.0.0.1:{env['sasl_plain']}") as c:
+        resp = _handshake(c, "GSSAPI")
+        assert resp.error_code == ErrorCode.unsupported_sasl_mechanism and set(resp.mechanisms) == {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"}
+    with raw.RawClient(env["broker"].bootstrap) as c:
+        assert _handshake(c, "PLAIN").error_code == ErrorCode.illegal_sasl_state
+        assert _authenticate(c, b"\x00a\x00b").error_code == ErrorCode.illegal_sasl_state
+        assert c.metadata(None).brokers  # the plaintext connection goes on
+
+
+def test_handshake_v0_then_raw_plain_token(env):
+    with raw.RawClient(f"127.0.0.1:{env['sasl_plain']}") as c:
+        assert _handshake(c, "PLAIN", version=0).error_code == ErrorCode.none
+        c.send_frame(b"\x00alice\x00alice-secret")
+        assert c.recv_frame() == b""  # the empty server token: authenticated
+        assert c.metadata(None).brokers
+    with raw.RawClient(f"127.0.0.1:{env['sasl_plain']}") as c:
+        assert _handshake(c, "PLAIN", version=0).error_code == ErrorCode.none
+        c.send_frame(b"\x00alice\x00wrong")
+        assert c.wait_closed(5)
+
+
+def test_scram_credentials_admin(env):
+    admin = env["admin"]
+    described = admin.describe_user_scram_credentials(["bob", "carol", "nobody"])
+    bob = described["bob"].result(10)
+    assert [(i.mechanism, i.iterations) for i in bob.scram_credential_infos] == [(ScramMechanism.SCRAM_SHA_256, 4096)]
+    with pytest.raises(Exception, match="does not exist"):
+        described["nobody"].result(10)
+    up = admin.alter_user_scram_credentials([UserScramCredentialUpsertion("dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 100), b"pw")])
+    with pytest.raises(Exception, match="Iterations"):
+        up["dave"].result(10)
+    up = admin.alter_user_scram_credentials([UserScramCredentialUpsertion("erin", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"erin-pw")])
+    up["erin"].result(10)
+    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "sasl-erin", 1)) == 1
+    admin.alter_user_scram_credentials([UserScramCredentialDeletion("erin", ScramMechanism.SCRAM_SHA_512)])["erin"].result(10)
+    errors = []
+    p = Producer({**_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "error_cb": errors.append})
+    wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "erin refused after deletion")
+
+
+def test_users_add_cli(env, tmp_path):
+    pw = tmp_path / "pw"
+    pw.write_text("frank-secret\n")
+    subprocess.run([sys.executable, "-m", "kafscale", "users", "add", "frank", "--mechanism", "SCRAM-SHA-512", "--password-file", str(pw),
+                    "--bootstrap", env["broker"].bootstrap], check=True, timeout=60, capture_output=True)
+    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "frank", "frank-secret"), "sasl-frank", 1)) == 1
+
+
+def test_reauthentication_kip368(tmp_path):
+    users = tmp_path / "users.txt"
+    users.write_text("alice:alice-secret\n")
+    plain, sasl = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
+        "--connections-max-reauth-ms", "1500"]).start()
+    try:
+        conf = {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": "alice", "sasl.password": "alice-secret"}
+        p = Producer(conf)
+        sent = []
+
+        def produce_one() -> bool:
+            p.produce("reauth", value=str(len(sent)).encode())
+            assert p.flush(10) == 0
+            sent.append(1)
+            return "(re-authentication)" in b.log_text()
+
+        # librdkafka re-authenticates on its own before the 1.5 s session ends, and
+        # producing goes on over the same connection.
+        wait_until(produce_one, 20, "a re-authentication while producing", interval=0.3)
+        assert "expired" not in b.log_text()
+        # a raw client that does not re-authenticate is disconnected after the lifetime
+        with raw.RawClient(f"127.0.0.1:{sasl}") as c:
+            assert _handshake(c, "PLAIN").error_code == ErrorCode.none
+            resp = _authenticate(c, b"\x00alice\x00alice-secret")
+            assert resp.session_lifetime.total_seconds() == 1.5
+            time.sleep(1.6)  # let the session end: the point of this check
+            c.send_request(3, 12, raw.req(3, 12, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
+            assert c.wait_closed(5)
+        wait_until(lambda: "expired (connections.max.reauth.ms)" in b.log_text(), 5, "the expiry logged")
+    finally:
+        b.stop()
