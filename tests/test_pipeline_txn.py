@@ -79,10 +79,35 @@ def test_isolation_level_options_are_validated():
     assert not parse_options(base, streaming=False).read_committed
     with pytest.raises(ValueError, match="read_uncommitted or read_committed"):
         parse_options({**base, "isolationLevel": "serializable"}, streaming=False)
-    with pytest.raises(ValueError, match="batch reads only"):
-        parse_options({**base, "isolationLevel": "read_committed"}, streaming=True)
+    assert parse_options({**base, "isolationLevel": "read_committed"}, streaming=True).read_committed
 
 
 def test_read_committed_with_min_partitions_splitting_the_range(spark, store_dir):
     got = _values(spark, store_dir, isolationLevel="read_committed", minPartitions="4")
     assert got == COMMITTED
+
+
+def test_stream_read_committed_holds_an_open_transaction_back_until_its_marker(spark, tmp_path):
+    asyncio.run(_write(tmp_path))
+    url, out, checkpoint = f"file://{tmp_path / 'objects'}", str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def run() -> list[bytes]:
+        reader = spark.readStream.format("kafscale").option("storage", url).option("subscribe", TOPIC)
+        reader = reader.option("startingOffsets", "earliest").option("kafka.isolation.level", "read_committed").option("maxOffsetsPerTrigger", "2")
+        q = reader.load().writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+        q.awaitTermination(120)
+        assert not q.isActive and q.exception() is None
+        return [bytes(r["value"]) for r in spark.read.parquet(out).orderBy("offset").collect()]
+
+    assert run() == COMMITTED  # a3 (open) and p2 after it wait
+
+    async def commit_a3():
+        mgr = _manager(tmp_path)
+        lg = await mgr.get_log(TOPIC, 0)
+        assert lg.last_stable_offset == 7  # the open transaction came back with the restart
+        await mgr.write_txn_markers(TxnMarker(PID_A, 0, 0, True, [(TOPIC, 0)]))  # 9
+        await _produce(lg, plain_batch(b"p3"))  # 10
+        await mgr.stop()
+
+    asyncio.run(commit_a3())
+    assert run() == COMMITTED + [b"a3", b"p2", b"p3"]

@@ -622,6 +622,9 @@ async def plan_slices(
     return [s for slices in planned for s in slices]
 
 
+END_OF_LOG = 1 << 62  # an end offset past every segment (transaction_outcomes to the end)
+
+
 async def transaction_outcomes(
     store: ObjectStore, segs: list[tuple[int, str]], start: int, end: int, *, fail_on_corruption: bool = True
 ) -> tuple[int, tuple[tuple[int, int, int], ...]]:

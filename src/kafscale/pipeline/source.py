@@ -274,8 +274,6 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
     isolation = str(isolation).strip().lower()
     if isolation not in ("read_uncommitted", "read_committed"):
         raise ValueError(f"isolation level (kafka.isolation.level / isolationLevel) must be read_uncommitted or read_committed, not {isolation!r}")
-    if isolation == "read_committed" and streaming:
-        raise ValueError("isolation level read_committed is supported for batch reads only (spark.read), not yet for streams")
     cfg = SourceConfig(
         storage=storage,
         namespace=options.get("namespace") or "default",
@@ -619,7 +617,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._bounds()[0]
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
-        latest, earliest = self._bounds()
+        latest, earliest = self._bounds(offsets_from_json(start) if start is not None else None)
         target = dict(latest)
         if self._available_now_target is not None:
             # behave as if nothing arrived after the query started, new partitions included
@@ -660,15 +658,22 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger_ms = now
         return False
 
-    def _bounds(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    def _bounds(self, start: dict[TopicPartition, int] | None = None) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """(latest, earliest) per partition; read_committed: latest is the first offset of a
+        transaction without a marker yet (found from `start`, else from the earliest)."""
         cfg = self.cfg
 
         async def go(store):
-            _, bounds = await _listing_and_bounds(store, cfg, require_all=False)
-            return bounds
+            listing, bounds = await _listing_and_bounds(store, cfg, require_all=False)
+            latest = {tp: b.end for tp, b in bounds.items()}
+            if cfg.read_committed:
+                for tp, b in bounds.items():
+                    begin = max(b.start, (start or {}).get(tp, b.start))
+                    latest[tp], _ = await seg.transaction_outcomes(store, listing.segments[tp], begin, b.end, fail_on_corruption=cfg.fail_on_corruption)
+                    latest[tp] = max(latest[tp], begin)
+            return latest, {tp: b.start for tp, b in bounds.items()}
 
-        bounds = seg.run_with_store(cfg.storage, go)
-        return {tp: b.end for tp, b in bounds.items()}, {tp: b.start for tp, b in bounds.items()}
+        return seg.run_with_store(cfg.storage, go)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         cfg = self.cfg
@@ -688,6 +693,15 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         raise seg.DataLossError(f"{tp[0]}/{tp[1]}: offsets {begin}..{segs[0][0] - 1} were deleted before they were read; set failOnDataLoss=false to skip them")
                     begin = segs[0][0]
                 ranges[tp] = PartitionRange(begin, stop)
+            aborted: dict[TopicPartition, tuple] = {}
+            if cfg.read_committed:
+                # latestOffset ended the range at or before the first undecided transaction:
+                # every transaction with records in it has its marker among the segments now.
+                for tp, r in ranges.items():
+                    _, aborted[tp] = await seg.transaction_outcomes(
+                        store, listing.segments[tp], r.start, seg.END_OF_LOG, fail_on_corruption=cfg.fail_on_corruption
+                    )
+                    aborted[tp] = tuple(a for a in aborted[tp] if a[1] < r.end)
             slices = await seg.plan_slices(
                 store,
                 listing,
@@ -698,6 +712,8 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 skipped=skipped,
             )
             skipped.write(cfg.corruption_log)
+            if aborted:
+                slices = [dataclasses.replace(sl, aborted=aborted.get((sl.topic, sl.partition), ())) for sl in slices]
             return ranges, slices
 
         return _input_partitions(cfg, *seg.run_with_store(cfg.storage, go))
