@@ -107,6 +107,10 @@ def _cleanup_policy(v: str) -> None:
         raise InvalidConfigError("must be a list of compact, delete")
     if "compact" in policies:
         raise InvalidConfigError("cleanup.policy=compact is not supported: KafScale segments are immutable; use delete")
+    if not policies:
+        # Kafka takes an empty list as "neither": keep everything. Refused here rather than
+        # half-honoured: retention.ms / retention.bytes always apply in KafScale.
+        raise InvalidConfigError("must be delete (an empty policy would keep data forever: set retention.ms=-1 for that)")
 
 
 def _throttled_replicas(v: str) -> None:
