@@ -185,3 +185,18 @@ def test_the_new_apis_are_advertised_over_kios_range(broker):
 
     for key in (34, 35, 43, 45, 46, 75):
         assert (versions(key, broker.bootstrap).start, versions(key, broker.bootstrap).stop - 1) == kio_versions(key), key
+
+
+def test_kafka_python_alter_calls(broker, admin, kp, topic_name):
+    """kafka-python's own calls for the two "alter" APIs get the answers above."""
+    from kafka import TopicPartition as KTP, TopicPartitionReplica
+    from kafka.errors import InvalidReplicationAssignmentError, LogDirNotFoundError, NoError
+
+    create(admin, topic_name, 2)
+    own = f"file://{broker.data_dir}/objects/default"
+    got = kp.alter_replica_log_dirs({TopicPartitionReplica(topic_name, 0, 0): "/elsewhere", TopicPartitionReplica(topic_name, 1, 0): own})
+    assert got == {TopicPartitionReplica(topic_name, 0, 0): LogDirNotFoundError, TopicPartitionReplica(topic_name, 1, 0): NoError}
+    got = kp.alter_partition_reassignments({KTP(topic_name, 0): [0], KTP(topic_name, 1): [1]})
+    assert got[KTP(topic_name, 0)] is None and got[KTP(topic_name, 1)] is InvalidReplicationAssignmentError
+    [t] = kp.describe_topics([topic_name])
+    assert [(p["partition_index"], p["leader_id"], p["replica_nodes"], p["isr_nodes"]) for p in t["partitions"]] == [(0, 0, [0], [0]), (1, 0, [0], [0])]
