@@ -200,3 +200,26 @@ def test_kafka_python_alter_calls(broker, admin, kp, topic_name):
     assert got[KTP(topic_name, 0)] is None and got[KTP(topic_name, 1)] is InvalidReplicationAssignmentError
     [t] = kp.describe_topics([topic_name])
     assert [(p["partition_index"], p["leader_id"], p["replica_nodes"], p["isr_nodes"]) for p in t["partitions"]] == [(0, 0, [0], [0]), (1, 0, [0], [0])]
+
+
+def test_features_in_api_versions_and_update_features_refused(broker, kp):
+    assert kp.describe_features() == {"metadata.version": {"supported": (1, 21), "finalized": (21, 21), "finalized_epoch": 0}}
+    from kafka.errors import InvalidUpdateVersionError
+
+    with pytest.raises(InvalidUpdateVersionError):
+        kp.update_features({"metadata.version": 22})
+    for v in (3, 4):
+        with RawClient(broker.bootstrap) as c:
+            r = c.request(18, v, req(18, v, client_software_name="t", client_software_version="1"))
+        assert [(f.name, f.min_version, f.max_version) for f in r.supported_features] == [("metadata.version", 1, 21)]
+        assert [(f.name, f.min_version_level, f.max_version_level) for f in r.finalized_features] == [("metadata.version", 21, 21)]
+        assert r.finalized_features_epoch == 0
+    for v in versions(57, broker.bootstrap):
+        with RawClient(broker.bootstrap) as c:
+            ups = tuple(req(57, v, "FeatureUpdateKey", feature=f, max_version_level=lvl, allow_downgrade=False, upgrade_type=1)
+                        for f, lvl in (("metadata.version", 21), ("group.version", 1)))
+            resp = c.request(57, v, req(57, v, timeout=5000, feature_updates=ups, validate_only=False))
+        if v >= 2:
+            assert error_code(resp.error_code) == ErrorCode.invalid_update_version.value, v
+        else:
+            assert [(x.feature, error_code(x.error_code)) for x in resp.results] == [("metadata.version", 0), ("group.version", ErrorCode.invalid_update_version.value)], v

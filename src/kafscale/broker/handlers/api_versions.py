@@ -1,11 +1,22 @@
-"""ApiVersions (18): advertise exactly what the router has."""
+"""ApiVersions (18): advertise exactly what the router has, with the feature levels of the
+Kafka version KafScale answers as; UpdateFeatures (57) refuses to change them.
+
+Features (KIP-584), what `kafka-features describe` and Admin.describeFeatures read from
+ApiVersions: metadata.version, supported 1 (3.0-IV1) to 21 (3.9-IV0) and finalized at 21, as
+a Kafka 3.9 cluster. Nothing else is claimed: no kraft.version (there is no KRaft quorum),
+no group.version (no KIP-848 consumer groups), no transaction.version (clients keep the
+transaction protocol they use with Kafka 3.9). The levels are fixed: UpdateFeatures answers
+INVALID_UPDATE_VERSION for any change (a no-op request for the current level succeeds)."""
 
 import re
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
 
-API_VERSIONS = 18
+API_VERSIONS, UPDATE_FEATURES = 18, 57
+# name -> (supported min, supported max, finalized level)
+FEATURES = {"metadata.version": (1, 21, 21)}
+FINALIZED_EPOCH = 0
 # What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)
 SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
@@ -22,8 +33,39 @@ async def api_versions(ctx, req):
         make(entry, api_key=a.key, min_version=a.min_version, max_version=a.max_version)
         for a in sorted(ctx.broker.router.apis.values(), key=lambda a: a.key)
     )
-    return make(cls, error_code=ErrorCode.none, api_keys=keys, throttle_time=0)
+    extra = {}
+    if ctx.version >= 3:
+        supported_cls, finalized_cls = nested(cls, "SupportedFeatureKey"), nested(cls, "FinalizedFeatureKey")
+        # Kafka leaves out features whose minimum is 0 below v4 (old clients fail on them)
+        extra["supported_features"] = tuple(
+            make(supported_cls, name=n, min_version=lo, max_version=hi) for n, (lo, hi, _) in FEATURES.items() if lo > 0 or ctx.version >= 4
+        )
+        extra["finalized_features_epoch"] = FINALIZED_EPOCH
+        extra["finalized_features"] = tuple(
+            make(finalized_cls, name=n, min_version_level=level, max_version_level=level) for n, (_, _, level) in FEATURES.items() if level > 0
+        )
+    return make(cls, error_code=ErrorCode.none, api_keys=keys, throttle_time=0, **extra)
+
+
+async def update_features(ctx, req):
+    cls = response(UPDATE_FEATURES, ctx.version)
+    outcomes = []
+    for u in req.feature_updates:
+        known = FEATURES.get(u.feature)
+        if known is not None and u.max_version_level == known[2]:
+            outcomes.append((u.feature, ErrorCode.none, None))
+        elif known is None:
+            outcomes.append((u.feature, ErrorCode.invalid_update_version, f"feature {u.feature} is not supported"))
+        else:
+            outcomes.append((u.feature, ErrorCode.invalid_update_version, f"{u.feature} is fixed at level {known[2]} in KafScale"))
+    if ctx.version >= 2:  # v2 has no per-feature results: the first error is the request's (as Kafka)
+        code, msg = next(((c, m) for _, c, m in outcomes if c != ErrorCode.none), (ErrorCode.none, None))
+        return make(cls, throttle_time=0, error_code=code, error_message=msg)
+    result_cls = nested(cls, "UpdatableFeatureResult")
+    results = tuple(make(result_cls, feature=f, error_code=c, error_message=m) for f, c, m in outcomes)
+    return make(cls, throttle_time=0, error_code=ErrorCode.none, error_message=None, results=results)
 
 
 def register(router):
     router.register(API_VERSIONS, api_versions)
+    router.register(UPDATE_FEATURES, update_features)
