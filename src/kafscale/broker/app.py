@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from kafscale.broker.auth import Authenticator
+from kafscale.broker.authz import BrokerAuthorizer
 from kafscale.broker.config import BrokerConfig
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
@@ -55,6 +56,7 @@ class Broker:
             for key in TRANSACTION_APIS:
                 self.router.unregister(key)
         self.auth = Authenticator(config, self.metadata)
+        self.authorizer = BrokerAuthorizer(config, self.metadata)
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()
@@ -67,6 +69,7 @@ class Broker:
         await self.groups.start()
         if self.transactions is not None:
             await self.transactions.start()
+        await self.authorizer.start()
         await self.server.start()
         self.ops = await start_ops(self)
 
@@ -80,6 +83,7 @@ class Broker:
         await self.logs.stop()
         await self.groups.stop()
         await self.server.close()
+        await self.authorizer.stop()
         await self.cluster.stop()
         await self.metadata.close()
         await self.store.close()

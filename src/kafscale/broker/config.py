@@ -27,6 +27,10 @@ class BrokerConfig:
     connections_max_reauth_ms: int = field(default=0, metadata={"help": "SASL session lifetime: clients re-authenticate (KIP-368) before it ends or are disconnected (Kafka's connections.max.reauth.ms; 0: no limit)"})
     sasl_server_max_receive_size: int = field(default=524_288, metadata={"help": "largest request before SASL authentication completes (Kafka's sasl.server.max.receive.size)"})
     sasl_failed_authentication_delay_ms: int = field(default=100, metadata={"help": "after a failed authentication, the least wait before the next attempt from the same address; doubles with each failure up to 5 s (Kafka's connection.failed.authentication.delay.ms)"})
+    authorizer: str = field(default="none", metadata={"help": "none or acls: check every request against the ACLs in the metadata store (Kafka's authorizer.class.name)"})
+    super_users: str = field(default="", metadata={"help": "principals allowed everything, ';' separated: User:admin;User:ops (Kafka's super.users)"})
+    allow_everyone_if_no_acl_found: bool = field(default=False, metadata={"help": "with --authorizer acls: allow access to resources no ACL applies to (Kafka's allow.everyone.if.no.acl.found)"})
+    acl_refresh_ms: int = field(default=500, metadata={"help": "with --authorizer acls: how often ACLs changed through other brokers are read"})
     data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
     broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
     storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
@@ -115,6 +119,8 @@ class BrokerConfig:
         if any(l.tls for l in bound):
             self.tls_settings().check()
         parse_rules(self.ssl_principal_mapping_rules)
+        if self.authorizer not in ("none", "acls"):
+            raise ValueError(f"--authorizer must be none or acls, not {self.authorizer!r}")
         if any(l.sasl for l in bound):
             from kafscale.security.sasl import load_users_file, parse_mechanisms
 

@@ -11,6 +11,8 @@ Layout, relative to the backend's prefix (`/kafscale` on etcd):
     /brokers/{id}                             live broker registration (etcd lease)
     /owners/{topic}/{p}                       current owner and leader epoch (owner's lease)
     /scram-credentials/{user}/{mechanism}     salted SCRAM credential (security/scram.py)
+    /acls/{type}/{pattern}/{name}/{principal}/{host}/{operation}/{permission}
+                                              one ACL binding (security/acl.py; numbers are the protocol's)
     /transactions/{transactional id}          transaction state (owned by its coordinator)
     /pending-offsets/{group}/{producer id}/{topic}/{p}
                                               TxnOffsetCommit offsets until the transaction ends
@@ -48,6 +50,7 @@ TRANSACTIONS = "/transactions/"
 PENDING_OFFSETS = "/pending-offsets/"
 CLIENT_QUOTAS = "/client-quotas/"
 SCRAM_CREDENTIALS = "/scram-credentials/"
+ACLS = "/acls/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -257,3 +260,12 @@ def scram_credential_of(key: str) -> tuple[str, str]:
     """(user, mechanism) of a key made by `scram_credential`."""
     user, mechanism = _split(key, SCRAM_CREDENTIALS, 2)
     return unescape(user), unescape(mechanism)
+
+
+# -- ACL bindings ------------------------------------------------------------------------------
+
+
+def acl(resource_type: int, name: str, pattern_type: int, principal: str, host: str, operation: int, permission: int) -> str:
+    """One key per binding: creating the same binding twice writes the same key."""
+    return (f"{ACLS}{int(resource_type)}/{int(pattern_type)}/{escape(name)}/{escape(principal)}/{escape(host)}/"
+            f"{int(operation)}/{int(permission)}")

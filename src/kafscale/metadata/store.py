@@ -412,6 +412,19 @@ class MetadataStore:
             deletes=[keys.scram_credential(u, m) for u, m in deletes],
         ))
 
+    # -- ACL bindings (documents of kafscale.security.acl.AclBinding.to_doc) ----------------
+
+    @staticmethod
+    def _acl_key(doc: dict) -> str:
+        return keys.acl(doc["resource_type"], doc["name"], doc["pattern_type"], doc["principal"], doc["host"], doc["operation"], doc["permission"])
+
+    async def list_acls(self) -> list[dict]:
+        return [json.loads(kv.value) for kv in await self.kv.range(keys.ACLS)]
+
+    async def change_acls(self, puts: list[dict], deletes: list[dict]) -> None:
+        """Create and delete bindings in one transaction."""
+        await self.kv.commit(Txn(puts=[(self._acl_key(d), _dump(d)) for d in puts], deletes=[self._acl_key(d) for d in deletes]))
+
     async def get_transaction(self, transactional_id: str) -> tuple[dict, int] | None:
         """(state doc, version) of a transactional id, or None."""
         kv = await self.kv.get(keys.transaction(transactional_id))
