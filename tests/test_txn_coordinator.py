@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from kio.schema.errors import ErrorCode
 
+from kafscale.protocol import records
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
@@ -320,3 +321,29 @@ def test_end_txn_v5_bumps_the_epoch(txb):
         assert add_offsets(c, "tx-v5", pid, epoch, "g-v5") == ErrorCode.producer_fenced
         assert add_offsets(c, "tx-v5", pid, epoch + 1, "g-v5") == 0
         assert end(c, "tx-v5", pid, epoch + 1, False) == 0
+
+
+def test_transactional_batch_outside_the_transaction_is_refused(txb, topic_name):
+    """KIP-890 verification: the first transactional batch of a transaction on a partition
+    is appended only if the coordinator has the partition in the producer's transaction."""
+    from tests.test_txn_partition import plain_batch, txn_batch
+
+    def produce(tid: str, pid: int, epoch: int, value: bytes):
+        p = req(0, 9, "PartitionProduceData", index=0, records=txn_batch([value], pid, 0, epoch))
+        t = req(0, 9, "TopicProduceData", name=topic_name, partition_data=(p,))
+        r = c.request(0, 9, req(0, 9, transactional_id=tid, acks=-1, timeout=10000, topic_data=(t,)))
+        return error_code(r.responses[0].partition_responses[0].error_code)
+
+    with RawClient(txb.bootstrap) as c:
+        c.metadata([topic_name])
+        wait_until(lambda: error_code(c.produce(topic_name, 0, plain_batch(b"p0")).error_code) == 0, 10, "the topic")
+        _, pid, epoch = init(c, "tx-verify")
+        assert produce("tx-verify", pid, epoch, b"no-txn") == ErrorCode.invalid_txn_state  # no AddPartitionsToTxn
+        assert produce("tx-verify-unknown", pid, epoch, b"unknown") == ErrorCode.invalid_producer_id_mapping
+        assert add_partitions(c, "tx-verify", pid, epoch, topic_name) == {(topic_name, 0): 0}
+        assert produce("tx-verify", pid, epoch + 1, b"stale") == ErrorCode.invalid_producer_epoch
+        assert produce("tx-verify", pid, epoch, b"in-txn") == 0
+        assert end(c, "tx-verify", pid, epoch, True) == 0
+        values = lambda: [r.value for pos, h in records.iter_batches(c.fetch(topic_name, 0, 0).records or b"")
+                          if not h.is_control for r in records.decode_records(c.fetch(topic_name, 0, 0).records, pos, h)]
+        assert wait_until(lambda: values() == [b"p0", b"in-txn"] and values(), 10, "only the verified batch stored")

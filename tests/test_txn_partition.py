@@ -183,7 +183,8 @@ def consume_all(bootstrap: str, topic: str, isolation: str, end: int) -> list[by
 
 
 def test_read_committed_over_tcp_and_after_a_broker_restart(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--merge-interval-ms", "0"])
+    # Raw transactional batches without a coordinator transaction: verification off.
+    b = broker_factory(extra_args=["--merge-interval-ms", "0", "--transaction-partition-verification-enable", "false"])
     topic = topic_name
     with RawClient(b.bootstrap) as c:
         c.metadata([topic])  # auto-create
@@ -268,7 +269,7 @@ def test_confluent_kafka_transactional_producer_commit_and_abort(broker_factory,
 # -- other clients' read_committed consumers, DescribeProducers, bad input ---------------
 
 
-def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker, topic_name):
+def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker_factory, topic_name):
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
@@ -277,6 +278,8 @@ def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker,
     from kafka import TopicPartition as KTP
 
     topic = topic_name
+    # Raw transactional batches without a coordinator transaction: verification off.
+    broker = broker_factory(extra_args=["--transaction-partition-verification-enable", "false"])
     with RawClient(broker.bootstrap) as c:
         c.metadata([topic])
         wait_until(lambda: error_code(c.produce(topic, 0, plain_batch(b"p0")).error_code) == 0, 10, "the topic")

@@ -89,6 +89,23 @@ class Broker:
         await self.store.close()
         self.stopped.set()
 
+    async def txn_produce_check(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                                topic: str, partition: int):
+        """The produce path's hook (handlers/produce.py): the first transactional batch of a
+        producer's transaction on a partition is accepted only if the transaction coordinator
+        has the partition in that transaction (KIP-890). Later batches of the same open
+        transaction go through without asking."""
+        if self.transactions is None or not self.config.transaction_partition_verification_enable:
+            return None
+        try:
+            lg = await self.logs.get_log(topic, partition)
+        except Exception:
+            return None  # the append answers this partition's error itself
+        entry = lg.producers.producers.get(producer_id)
+        if entry is not None and entry.txn_first_offset >= 0 and entry.epoch == producer_epoch:
+            return None  # verified when the transaction opened here
+        return await self.transactions.verify_produce(transactional_id, producer_id, producer_epoch, topic, partition)
+
     async def _release_log(self, topic: str, partition: int, flush: bool) -> None:
         await self.logs.release(topic, partition, flush=flush)
 

@@ -65,6 +65,7 @@ class BrokerConfig:
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     transactions: bool = field(default=True, metadata={"help": "serve the transaction APIs (false: transactional ids are refused and the APIs not advertised)"})
+    transaction_partition_verification_enable: bool = field(default=True, metadata={"help": "a partition accepts the first transactional batch of a transaction only if the coordinator has the partition in it (KIP-890; Kafka's setting of this name)"})
     transaction_max_timeout_ms: int = field(default=900_000, metadata={"help": "greatest transaction.timeout.ms a transactional producer may ask for (Kafka's transaction.max.timeout.ms)"})
     transactional_id_expiration_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={"help": "forget a transactional id after this long without a transaction (Kafka's transactional.id.expiration.ms)"})
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = field(default=10_000, metadata={"help": "how often transactions past their timeout are aborted and prepared ones this broker coordinates are finished (Kafka's setting of this name)"})

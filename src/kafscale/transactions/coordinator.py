@@ -61,6 +61,17 @@ COORDINATOR_EPOCH = 0  # ownership is fenced by the guarded store writes, not by
 # after its commit, and a retry costs it the client's backoff (librdkafka: 100 ms).
 MARKER_WAIT_S = 1.0
 INTER_BROKER_LISTENER = "PLAINTEXT"
+ADD_PARTITIONS_TO_TXN = 24
+# What a failed produce verification answers (Kafka's ReplicaManager): a partition not in
+# the transaction is INVALID_TXN_STATE for these clients, a stale epoch INVALID_PRODUCER_EPOCH,
+# an unreachable or moving coordinator a retriable NOT_ENOUGH_REPLICAS.
+PRODUCE_ERRORS = {
+    ErrorCode.transaction_abortable: ErrorCode.invalid_txn_state,
+    ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
+    ErrorCode.not_coordinator: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_not_available: ErrorCode.not_enough_replicas,
+    ErrorCode.coordinator_load_in_progress: ErrorCode.not_enough_replicas,
+}
 
 
 class TransactionCoordinator:
@@ -202,6 +213,29 @@ class TransactionCoordinator:
             meta = self.txns.get(tid) or TransactionMetadata.from_doc(tid, doc, version)
             out.append(meta)
         return out
+
+    async def verify_produce(self, tid: str, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode | None:
+        """KIP-890's check before a partition accepts the first transactional batch of a
+        producer's transaction: is the partition in the producer's ongoing transaction?
+        Asked of this broker's coordinator directly, else of the id's coordinator with
+        AddPartitionsToTxn v4 verify-only (as Kafka's partition leaders do). Returns the
+        error to refuse the batch with (Produce's codes), or None to accept it."""
+        tp = (topic, partition)
+        if not tid:
+            return ErrorCode.invalid_request
+        if self.owns(tid):
+            error = (await self.verify_partitions(tid, producer_id, producer_epoch, [tp]))[tp]
+        else:
+            node = self.cluster.coordinator_for(tid)
+            host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
+            try:
+                error = await self.remote.verify(host, port, tid, producer_id, producer_epoch, tp)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("could not verify the transaction of %r with its coordinator %d: %s", tid, node.node_id, e)
+                error = ErrorCode.not_enough_replicas  # retriable, as Kafka answers when it cannot verify
+        return None if error is ErrorCode.none else PRODUCE_ERRORS.get(error, error)
 
     async def check_offset_commit(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         """TxnOffsetCommit (answered by the group's coordinator, maybe another broker): the
@@ -437,6 +471,28 @@ class RemoteMarkerWriter:
                 for p in t.partitions:
                     out[(t.name, p.partition_index)] = ErrorCode(p.error_code)
         return out
+
+    async def verify(self, host: str, port: int, tid: str, producer_id: int, producer_epoch: int,
+                     tp: tuple[str, int]) -> ErrorCode:
+        """AddPartitionsToTxn v4 verify-only for one partition, to the id's coordinator."""
+        from kafscale.protocol.build import nested
+        from kafscale.protocol.codec import schema
+
+        cls = schema(ADD_PARTITIONS_TO_TXN, 4, "request")
+        topic_cls, txn_cls = nested(cls, "AddPartitionsToTxnTopic"), nested(cls, "AddPartitionsToTxnTransaction")
+        body = cls(transactions=(txn_cls(
+            transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, verify_only=True,
+            topics=(topic_cls(name=tp[0], partitions=(tp[1],)),),
+        ),))
+        resp = await self._request((host, port), ADD_PARTITIONS_TO_TXN, 4, body)
+        if resp.error_code != ErrorCode.none:
+            return ErrorCode(resp.error_code)
+        for res in resp.results_by_transaction:
+            for t in res.topic_results:
+                for p in t.results_by_partition:
+                    if (t.name, p.partition_index) == tp:
+                        return ErrorCode(p.partition_error_code)
+        return ErrorCode.unknown_server_error
 
     async def _request(self, addr: tuple[str, int], api_key: int, version: int, body):
         from kafscale.protocol.codec import decode_response, encode_request
