@@ -323,3 +323,26 @@ def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker_
             await ac.stop()
 
     assert asyncio.run(aio()) == want
+
+
+async def test_a_transaction_older_than_the_replayed_tail_comes_back_from_the_segment_metadata(tmp_path, monkeypatch):
+    from kafscale.storage import recovery
+
+    mgr = _manager(tmp_path)
+    await mgr.metadata.create_topic(TopicMeta("old", 1))
+    lg = await mgr.get_log("old", 0)
+    await _produce(lg, txn_batch([b"a1"], PID_A, 0))  # 0: A opens, in the first segment
+    for i in range(3):
+        await _produce(lg, plain_batch(b"x%d" % i))  # 1..3: later segments
+    assert [s.open_txns for s in lg.state.segments] == [((PID_A, 0, 0),)] * 4
+    await mgr.stop()
+
+    monkeypatch.setattr(recovery, "PRODUCER_STATE_REPLAY_BYTES", 1)  # replay the last segment only
+    again = _manager(tmp_path)
+    lg = await again.get_log("old", 0)
+    assert (lg.high_watermark, lg.last_stable_offset) == (4, 0)
+    assert await again.write_txn_markers(TxnMarker(PID_A, 0, 0, False, [("old", 0)])) == {("old", 0): E.none}
+    assert lg.last_stable_offset == 5
+    assert lg.aborted_transactions(0, 5) == [(PID_A, 0)]
+    assert lg.state.segments[-1].open_txns == ()
+    await again.stop()

@@ -233,3 +233,28 @@ def test_segment_info_keeps_aborted_entries_through_json():
     again = SegmentInfo(**json.loads(json.dumps(dataclasses.asdict(info))))
     assert again == info and again.aborted == ((1, 2, 5),)
     assert SegmentInfo(0, 9, 100, 10, -1, 0).aborted == ()  # metadata written before transactions
+
+
+def test_each_upload_records_the_transactions_open_at_its_end():
+    core = make_core(segment_bytes=2 * len(txn(0)))  # two one-record batches per upload
+    append(core, txn(0), waiter="a")  # 10: PID opens
+    append(core, txn(0, pid=OTHER), waiter="b")  # 11: OTHER opens
+    marker(core, commit=True)  # 12: PID closes (after the first upload's end)
+    append(core, txn(0, pid=99), waiter="c")  # 13: opens after it
+    out = core.begin_flush(T0, owned=True)
+    assert [b.base_offset for b in out.upload.batches] == [10, 11]
+    assert out.upload.open_txns == ((PID, 0, 10), (OTHER, 0, 11))  # PID's marker is not in this segment
+    core.flush_committed(committed(core.state, dataclasses.replace(segment_of(out.upload), open_txns=out.upload.open_txns)))
+    out = core.begin_flush(T0, owned=True)
+    assert out.upload.open_txns == ((OTHER, 0, 11), (99, 0, 13))
+
+
+def test_seeded_open_transactions_end_with_their_marker():
+    table = ProducerStateTable()
+    table.seed_open(PID, 3, 40)
+    assert table.first_unstable_offset() == 40
+    with pytest.raises(InvalidRecordError):
+        table.check_marker(PID, 2, 0)  # the seeded epoch fences older markers
+    table.check(records.read_header(txn(7, epoch=3)))  # mid-sequence: no UNKNOWN_PRODUCER_ID after a seed
+    assert table.end_txn(PID, 3, 0, 50, NOW_MS, 0) == 40
+    assert table.open_txns == {}

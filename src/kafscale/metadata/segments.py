@@ -23,9 +23,13 @@ class SegmentInfo:
     # first offset, last offset = the marker's offset); a read_committed fetch hands them to
     # the consumer so it drops their records. Absent in metadata written before transactions.
     aborted: tuple[tuple[int, int, int], ...] = ()
+    # The transactions still open at the end of this segment, as (producer id, producer
+    # epoch, first offset): where loading a log starts when its producer state is rebuilt
+    # from a tail that begins after this segment (a transaction older than the tail).
+    open_txns: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.aborted and not isinstance(self.aborted[0], tuple):  # loaded from JSON: lists
-            object.__setattr__(self, "aborted", tuple(tuple(a) for a in self.aborted))
-        elif not isinstance(self.aborted, tuple):
-            object.__setattr__(self, "aborted", tuple(self.aborted))
+        for name in ("aborted", "open_txns"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or (value and not isinstance(value[0], tuple)):  # loaded from JSON: lists
+                object.__setattr__(self, name, tuple(tuple(a) for a in value))

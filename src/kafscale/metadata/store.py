@@ -102,8 +102,9 @@ def _dump(obj) -> bytes:
 
 def _segment_json(seg: SegmentInfo) -> bytes:
     d = asdict(seg)
-    if not seg.aborted:
-        del d["aborted"]  # the common case stays as compact as before transactions
+    for name in ("aborted", "open_txns"):
+        if not d[name]:
+            del d[name]  # the common case stays as compact as before transactions
     return _dump(d)
 
 

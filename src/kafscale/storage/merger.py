@@ -136,7 +136,7 @@ class SegmentMerger:
             bodies.append(_batches_through(view.data, seg.last_offset))
         body = b"".join(bodies)
         # The aborted-transaction entries of the run, in offset order (each segment's are).
-        enc = segment.encode([body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted))
+        enc = segment.encode([body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns)
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
         objects = mgr.segment_objects(lg.topic, lg.partition, enc)

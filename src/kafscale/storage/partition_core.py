@@ -70,6 +70,7 @@ class Upload:
 
     batches: list[BufferedBatch]
     base_offset: int
+    open_txns: tuple[tuple[int, int, int], ...] = ()  # open at the segment's end (SegmentInfo.open_txns)
 
     @property
     def aborted(self) -> tuple[tuple[int, int, int], ...]:
@@ -126,9 +127,9 @@ class PartitionCore:
         self.waiting_acks = 0  # buffered batches someone waits on
         self.last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
         self.in_flight: list[BufferedBatch] = []
-        # Transactions whose marker is appended but not durable yet, as (first offset, marker
-        # offset): still undecided for readers, so they hold the last stable offset back.
-        self.closing_txns: list[tuple[int, int]] = []
+        # Transactions whose marker is appended but not durable yet, as (producer id, first
+        # offset, marker offset): still undecided for readers, so they hold the LSO back.
+        self.closing_txns: list[tuple[int, int, int]] = []
         self.uploading = False
         self.closed = False  # no more appends: the log is stopping or stopped
         self.stopped_by: StorageError | None = None  # why: what every waiter left is answered with
@@ -184,7 +185,7 @@ class PartitionCore:
         first = self.producers.end_txn(producer_id, producer_epoch, coordinator_epoch, offset, now_ms, self.state.high_watermark)
         aborted = ((producer_id, first, offset),) if first is not None and not commit else ()
         if first is not None:
-            self.closing_txns.append((first, offset))
+            self.closing_txns.append((producer_id, first, offset))
         self.next_offset = offset + 1
         self._buffer(BufferedBatch(data, len(data), offset, [waiter] if waiter is not None else [], aborted), now)
         return Appended(offset, -1, True)
@@ -195,7 +196,7 @@ class PartitionCore:
         transactions, else the high watermark (never above it)."""
         hw = self.state.high_watermark
         first = self.producers.first_unstable_offset()
-        for txn_first, _marker in self.closing_txns:
+        for _pid, txn_first, _marker in self.closing_txns:
             if first is None or txn_first < first:
                 first = txn_first
         return hw if first is None or first > hw else first
@@ -251,7 +252,8 @@ class PartitionCore:
         self.waiting_acks -= sum(1 for b in taken if b.waiters)
         self.in_flight = taken
         self.uploading = True
-        return Outcome(upload=Upload(taken, self.state.high_watermark))
+        end = self.buffer[0].base_offset if self.buffer else self.next_offset
+        return Outcome(upload=Upload(taken, self.state.high_watermark, self.producers.open_at(end, self.closing_txns)))
 
     def commit_landed(self, latest: PartitionState | None, info: SegmentInfo) -> bool:
         """After an ambiguous failure: does `latest` (the metadata re-read) hold this very
@@ -267,7 +269,7 @@ class PartitionCore:
         """The upload is durable and committed as `state`: acknowledge its batches."""
         self.state = state
         self.producers.durable(state.high_watermark)
-        self.closing_txns = [t for t in self.closing_txns if t[1] >= state.high_watermark]
+        self.closing_txns = [t for t in self.closing_txns if t[2] >= state.high_watermark]
         done, self.in_flight = self.in_flight, []
         self.uploading = False
         return Outcome([self._answer(done, None)], notify_readers=True)
@@ -286,7 +288,7 @@ class PartitionCore:
         self.waiting_acks = 0
         self.next_offset = self.state.high_watermark
         self.producers.roll_back(self.next_offset)  # a dropped marker's transaction is open again
-        self.closing_txns = [t for t in self.closing_txns if t[1] < self.next_offset]
+        self.closing_txns = [t for t in self.closing_txns if t[2] < self.next_offset]
         return Outcome([self._answer(dropped, StorageError(what, code))], forget=code == ErrorCode.not_leader_or_follower, rejected_batches=len(dropped))
 
     def _flush_failure(self, error: BaseException) -> tuple[ErrorCode, str]:

@@ -191,12 +191,12 @@ class PartitionLog:
             if out.upload is None:  # ownership lost: halted
                 self._apply(out)
                 return
-            await self._upload(out.upload.batches, out.upload.base_offset, out.upload.aborted)
+            await self._upload(out.upload.batches, out.upload.base_offset, out.upload.aborted, out.upload.open_txns)
 
-    async def _upload(self, batches, base: int, aborted: tuple = ()) -> None:
+    async def _upload(self, batches, base: int, aborted: tuple = (), open_txns: tuple = ()) -> None:
         """Make one segment durable: upload it, commit it, answer its producers."""
         body = b"".join(b.data for b in batches)
-        enc = segment.encode([body], base, aborted=aborted)
+        enc = segment.encode([body], base, aborted=aborted, open_txns=open_txns)
         mgr = self.manager
         started = time.monotonic()
         try:

@@ -99,6 +99,22 @@ class ProducerStateTable:
         else:
             self.open_txns.pop(entry.producer_id, None)
 
+    def open_at(self, end: int, closing: list[tuple[int, int, int]] = ()) -> tuple[tuple[int, int, int], ...]:
+        """(producer id, epoch, first offset) of the transactions open at offset `end`: those
+        open now that began before it, and those `closing` (producer id, first, marker
+        offset) by a marker at or after it."""
+        out = [(pid, self.producers[pid].epoch, first) for pid, first in self.open_txns.items() if first < end]
+        out += [(pid, self.producers[pid].epoch if pid in self.producers else -1, first) for pid, first, marker in closing if first < end <= marker]
+        return tuple(sorted(out, key=lambda t: (t[2], t[0])))
+
+    def seed_open(self, producer_id: int, epoch: int, first_offset: int) -> None:
+        """A transaction known open from the metadata (SegmentInfo.open_txns) before the
+        replayed tail of the log."""
+        entry = self.producers.get(producer_id)
+        if entry is None or entry.epoch != epoch:
+            entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
+        self._set_txn(entry, first_offset)
+
     def first_unstable_offset(self) -> int | None:
         """The smallest first offset of the open transactions (None: none open)."""
         return min(self.open_txns.values()) if self.open_txns else None

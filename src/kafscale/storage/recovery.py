@@ -99,7 +99,8 @@ async def recover(
             break
         info = decoded.info
         if producers is not None:
-            info = dataclasses.replace(info, aborted=replay(producers, body, positions, int(time.time() * 1000)))
+            aborted = replay(producers, body, positions, int(time.time() * 1000))
+            info = dataclasses.replace(info, aborted=aborted, open_txns=producers.open_at(info.last_offset + 1))
         st = await metadata.commit_segment(st, info)
         log.info("recovery: adopted uncommitted segment %s (offsets %d-%d)", key, base, decoded.info.last_offset)
     return st
@@ -108,14 +109,18 @@ async def recover(
 async def rebuild_producer_state(reader: "SegmentReader", topic: str, partition: int, segments: list[segment.SegmentInfo], producers: ProducerStateTable) -> None:
     """Producer state comes back from the batch headers of the log's tail, so a producer
     retrying across a restart or ownership move gets no duplicate, and the transactions
-    open in that tail are open again (a transaction begun before the replayed tail, more
-    than PRODUCER_STATE_REPLAY_BYTES back, is not seen)."""
+    open in that tail are open again; those begun before the tail (more than
+    PRODUCER_STATE_REPLAY_BYTES back) come from the open_txns of the segment before it."""
     tail, size = [], 0
     for seg in reversed(segments):
         if size >= PRODUCER_STATE_REPLAY_BYTES:
             break
         tail.append(seg)
         size += seg.size
+    if len(tail) < len(segments):
+        # The transactions open where the tail begins, as the segment before it recorded.
+        for pid, epoch, first in segments[len(segments) - len(tail) - 1].open_txns:
+            producers.seed_open(pid, epoch, first)
     now_ms = int(time.time() * 1000)
     for seg in reversed(tail):
         try:

@@ -68,13 +68,20 @@ class EncodedSegment:
 
 
 def encode(
-    batches: list, base_offset: int, *, index_interval: int = DEFAULT_INDEX_INTERVAL, created_ms: int | None = None, aborted: tuple = ()
+    batches: list,
+    base_offset: int,
+    *,
+    index_interval: int = DEFAULT_INDEX_INTERVAL,
+    created_ms: int | None = None,
+    aborted: tuple = (),
+    open_txns: tuple = (),
 ) -> EncodedSegment:
     """Wrap already-offset-patched batch buffers in a segment, and build its sparse index.
 
     `batches` is a list of bytes-like objects, each holding one or more whole batches;
-    `aborted` the aborted-transaction entries of its ABORT markers (kept in the metadata
-    only: the segment file format has no place for them).
+    `aborted` the aborted-transaction entries of its ABORT markers and `open_txns` the
+    transactions open at its end (kept in the metadata only: the segment file format has no
+    place for them).
     """
     created_ms = int(time.time() * 1000) if created_ms is None else created_ms
     count = 0
@@ -100,7 +107,7 @@ def encode(
     header = HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0, base_offset, count, created_ms, 0)
     footer = FOOTER.pack(crc, last_offset, FOOTER_MAGIC)
     index = INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, len(entries), index_interval, 0) + b"".join(entries)
-    info = SegmentInfo(base_offset, last_offset, size, count, max_ts, created_ms, tuple(aborted))
+    info = SegmentInfo(base_offset, last_offset, size, count, max_ts, created_ms, tuple(aborted), tuple(open_txns))
     return EncodedSegment(info, [header, *batches, footer], index)
 
 
