@@ -317,3 +317,58 @@ def test_broker_loggers_describe_and_set(seg_broker):
     assert alter_loggers(b, "0", [("kafscale.admin", 1, None)]) == 0
     assert by_name(describe_raw(b, 8, "0", keys=("kafscale.admin",)))["kafscale.admin"].value == "INFO"
     assert error_code(describe_raw(b, 8, "5").error_code) == ErrorCode.invalid_request.value
+
+
+# Apache Kafka 3.9's documented broker defaults (kafka.apache.org/documentation/#brokerconfigs)
+# of the broker configs a KafScale broker reports, with KafScale's own where it differs on
+# purpose (each one a flag: the defaults suit brokers without local disks).
+KAFKA_BROKER_DEFAULTS = {
+    "auto.create.topics.enable": "true",
+    "broker.id": "-1",
+    "connections.max.idle.ms": "600000",
+    "default.replication.factor": "1",
+    "group.initial.rebalance.delay.ms": "3000",
+    "group.max.session.timeout.ms": "1800000",
+    "group.min.session.timeout.ms": "6000",
+    "log.cleanup.policy": "delete",
+    "log.retention.bytes": "-1",
+    "log.retention.check.interval.ms": "300000",
+    "log.retention.hours": "168",
+    "log.retention.minutes": None,
+    "log.retention.ms": None,
+    "log.segment.bytes": "1073741824",
+    "max.connections": "2147483647",
+    "max.connections.per.ip": "2147483647",
+    "message.max.bytes": "1048588",
+    "min.insync.replicas": "1",
+    "num.partitions": "1",
+    "offsets.retention.check.interval.ms": "600000",
+    "offsets.retention.minutes": "10080",
+    "producer.id.expiration.ms": "86400000",
+    "queued.max.request.bytes": "-1",
+    "socket.request.max.bytes": "104857600",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "10000",
+    "transaction.max.timeout.ms": "900000",
+    "transactional.id.expiration.ms": "604800000",
+    "unclean.leader.election.enable": "false",
+    "compression.type": "producer",
+}
+KAFSCALE_BROKER_DEVIATIONS = {
+    "broker.id": "0",                              # --broker-id defaults to 0 (Kafka: -1, assigned)
+    "log.retention.check.interval.ms": "30000",    # --retention-check-interval-ms: deleting objects is cheap
+    "log.segment.bytes": "4194304",                # --segment-bytes: 4 MiB objects, not 1 GiB files
+    "max.connections": "10000",                    # --max-connections: a bound by default
+    "max.connections.per.ip": "0",                 # --max-connections-per-ip: 0 is "no limit"
+    "queued.max.request.bytes": str(256 * 1024 * 1024),  # --max-request-memory: bounded by default
+}
+
+
+def test_broker_defaults_field_by_field_with_kafkas():
+    b = BrokerProcess().start()  # given no setting but its addresses and data dir
+    try:
+        got = by_name(describe_raw(b.bootstrap, 4, "0"))
+    finally:
+        b.stop()
+    for name, default in KAFKA_BROKER_DEFAULTS.items():
+        e = got[name]
+        assert (e.value, e.config_source) == (KAFSCALE_BROKER_DEVIATIONS.get(name, default), DEFAULT), name
