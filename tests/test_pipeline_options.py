@@ -237,3 +237,120 @@ def test_min_offsets_per_trigger_holds_back_until_enough_or_the_delay(spark, top
     r = make("0ms")  # the delay is over at once: every trigger runs
     r.latestOffset(behind, ReadAllAvailable())
     assert r.latestOffset(behind, ReadAllAvailable()) == latest
+
+
+# ---------------------------------------------------------------------------------------
+# Planning by bytes
+
+
+def test_thousands_of_tiny_segments_make_a_handful_of_tasks(tmp_path):
+    """3,000 one-batch segments (as a broker flushing small batches often leaves them): the
+    plan packs them by bytes, for a batch read and for a micro-batch alike."""
+    from kafscale.pipeline.source import KafScaleBatchReader, KafScaleStreamReader, parse_options
+    from kafscale.protocol import records as R
+    from kafscale.storage import segment as S
+
+    root = tmp_path / "objects"
+    total = 0
+    for p in range(6):
+        for i in range(500):
+            batch = R.build_batch([(f"k{i}".encode(), b"v" * 50)], base_offset=i, timestamp=T0)
+            enc = S.encode([batch], i)
+            path = root / "default" / "tiny" / str(p) / os.path.basename(S.segment_key("default", "tiny", p, i))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"".join(bytes(x) for x in enc.parts))
+            total += enc.info.size
+    base = {"storage": f"file://{root}", "subscribe": "tiny", "metadata": "none"}
+
+    def tasks(streaming: bool, **extra):
+        cfg = parse_options({**base, **{k: str(v) for k, v in extra.items()}}, streaming=streaming)
+        if not streaming:
+            return KafScaleBatchReader(cfg).partitions()
+        r = KafScaleStreamReader(cfg)
+        return r.partitions({}, r.latestOffset({}, None))
+
+    assert len(tasks(False)) == 1 and len(tasks(True)) == 1  # ~0.5 MB: one task of the 64 MiB target
+    target = 100_000
+    got = tasks(True, maxPartitionBytes=target)
+    assert -(-total // target) <= len(got) <= -(-total // target) + 1
+    planned = [s for part in got for s in (part.value if isinstance(part.value, tuple) else (part.value,))]
+    assert len(planned) == 3000 and sum(s.end_offset - s.start_offset for s in planned) == 3000
+    assert len(tasks(False, packSegments="false")) == 3000
+
+
+# ---------------------------------------------------------------------------------------
+# Data loss: DeleteRecords, deleted topics, topics that do not exist yet
+
+
+def test_delete_records_log_start_is_honoured_inside_a_segment(spark, broker):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    t = produce_topic(broker, 1, 60, rounds=2)  # segments 0..29 and 30..59
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_records([TopicPartition(t.name, 0, 45)])[TopicPartition(t.name, 0, 45)].result(timeout=30)
+    # the broker keeps the segment 30..59 (45 falls inside it); the metadata store says 45
+    got = rows_of(reader(spark, t, includeHeaders="true").load())
+    assert got == t.want(lambda p, o: o >= 45)
+    with pytest.raises(Exception) as e:
+        reader(spark, t, startingOffsets=per_partition(t, {0: 10})).load().count()
+    assert "failOnDataLoss" in str(e.value) and "45" in str(e.value)
+    got = rows_of(reader(spark, t, startingOffsets=per_partition(t, {0: 10}), failOnDataLoss="false").load())
+    assert [r[1] for r in got] == list(range(45, 60))
+    # a stream that had read up to 40 before the deletion: the same rule
+    from kafscale.pipeline.source import KafScaleStreamReader, parse_options
+
+    for fail in ("true", "false"):
+        r = KafScaleStreamReader(parse_options({"storage": t.storage, "subscribe": t.name, "failOnDataLoss": fail}, streaming=True))
+        start = {t.name: {"0": 40}}
+        end = r.latestOffset(start, None)
+        assert end == {t.name: {"0": 60}}
+        if fail == "true":
+            with pytest.raises(Exception, match="40..44 were deleted"):
+                r.partitions(start, end)
+        else:
+            (part,) = r.partitions(start, end)
+            assert [s.start_offset for s in (part.value if isinstance(part.value, tuple) else (part.value,))][0] == 45
+
+
+def test_deleted_topic_mid_stream_follows_fail_on_data_loss(broker):
+    from confluent_kafka.admin import AdminClient
+
+    from kafscale.pipeline.source import KafScaleStreamReader, parse_options
+
+    t = produce_topic(broker, 2, 20, rounds=1)
+    readers = {fail: KafScaleStreamReader(parse_options({"storage": t.storage, "subscribe": t.name, "failOnDataLoss": fail, "startingOffsets": "earliest"}, streaming=True)) for fail in ("true", "false")}
+    start = {t.name: {"0": 5, "1": 20}}  # partition 0 not fully read when the topic goes
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([t.name], operation_timeout=10)[t.name].result(timeout=30)
+    for fail, r in readers.items():
+        # the deleted partitions leave the offsets
+        wait_until(lambda: r.latestOffset(start, None) == {}, 30, "the deletion to be seen")
+        end = {}
+        if fail == "true":
+            with pytest.raises(Exception, match="gone"):
+                r.partitions(start, end)
+        else:
+            assert r.partitions(start, end) == []  # the query goes on
+            assert r.latestOffset(end, None) == {}
+
+
+def test_stream_waits_for_a_topic_that_does_not_exist_yet(tmp_path):
+    from kafscale.pipeline.source import KafScaleStreamReader, parse_options
+    from kafscale.protocol import records as R
+    from kafscale.storage import segment as S
+
+    url = f"file://{tmp_path}"
+    r = KafScaleStreamReader(parse_options({"storage": url, "subscribe": "later", "startingOffsets": "latest", "metadata": "none"}, streaming=True))
+    start = r.initialOffset()
+    assert start == {} and r.latestOffset(start, None) == {}  # no topic: no batch, no error
+    enc = S.encode([R.build_batch([(b"k", b"v%d" % i) for i in range(5)], timestamp=T0)], 0)
+
+    async def put(store):
+        await store.put(S.segment_key("default", "later", 0, 0), enc.parts)
+
+    seg.run_with_store(url, put)
+    end = r.latestOffset(start, None)
+    assert end == {"later": {"0": 5}}  # a partition that appears later starts at its earliest
+    (part,) = r.partitions(start, end)
+    assert (part.value.start_offset, part.value.end_offset) == (0, 5)

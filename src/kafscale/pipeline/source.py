@@ -110,6 +110,8 @@ class SourceConfig:
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
     read_committed: bool = False  # kafka.isolation.level / isolationLevel = read_committed
+    metadata: str | None = None  # the broker's --metadata (sqlite://path or etcd://...), for log start offsets
+    metadata_prefix: str = "/kafscale"
 
     def read_options(self) -> seg.ReadOptions:
         return seg.ReadOptions(self.storage, self.namespace, self.fail_on_corruption, self.corruption_log, self.batch_rows)
@@ -301,6 +303,8 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay", 15 * 60_000),
         read_committed=isolation == "read_committed",
+        metadata=_metadata_url(options.get("metadata"), storage),
+        metadata_prefix=options.get("metadataPrefix") or "/kafscale",
     )
     for name, spec in (
         ("startingOffsets", cfg.starting),
@@ -330,6 +334,28 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
     if streaming is False:
         _check_batch(cfg)
     return cfg
+
+
+def _metadata_url(raw, storage: str) -> str | None:
+    """The metadata store to read log start offsets from: the option `metadata` (the broker's
+    --metadata URL, or a path to its metadata.sqlite), `none` for the objects alone, or by
+    default the embedded store of a broker whose --storage is the default <data-dir>/objects."""
+    import os
+
+    if raw is not None:
+        text = str(raw).strip()
+        if text.lower() in ("", "none"):
+            return None
+        if text.startswith(("etcd://", "sqlite://")):
+            return text
+        if "://" in text:
+            raise ValueError(f"option metadata must be etcd://host:port, sqlite:///path/metadata.sqlite or none, not {text!r}")
+        return "sqlite://" + text
+    if storage.startswith("file://"):
+        candidate = os.path.join(os.path.dirname(storage[len("file://") :].rstrip("/")), "metadata.sqlite")
+        if os.path.isfile(candidate):
+            return "sqlite://" + candidate
+    return None
 
 
 def _check_batch(cfg: SourceConfig) -> None:
@@ -460,10 +486,53 @@ async def _list(store, cfg: SourceConfig, *, require_all: bool = True) -> seg.To
     )
 
 
-async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_all: bool = True):
+async def _metadata_view(cfg: SourceConfig, tps: list[TopicPartition]) -> tuple[dict[TopicPartition, int], set[str]] | None:
+    """(log start offset per partition, topics that no longer exist) from the metadata store,
+    or None without one. DeleteRecords moves a partition's log start offset in the metadata
+    store at once, possibly to the middle of a segment that stays in the object store until
+    it is wholly below the start: the objects alone would show the deleted records."""
+    if cfg.metadata is None or not tps:
+        return None
+    from kafscale.metadata.kv import open_kv
+    from kafscale.metadata.store import MetadataStore
+
+    store = MetadataStore(open_kv(cfg.metadata, ".", cfg.metadata_prefix))
+    try:
+        starts: dict[TopicPartition, int] = {}
+        gone: set[str] = set()
+        for topic in sorted({t for t, _ in tps}):
+            if await store.get_topic(topic) is None:
+                gone.add(topic)
+        for tp in tps:
+            if tp[0] in gone:
+                continue
+            st = await store.get_partition(tp[0], tp[1], with_segments=False)
+            if st is not None:
+                starts[tp] = st.log_start_offset
+        return starts, gone
+    finally:
+        await store.close()
+
+
+async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_all: bool = True, known: list[TopicPartition] = ()):
+    """Segments and [earliest, latest) per partition, earliest raised to the metadata store's
+    log start offset; also the partitions in `known` that are gone (their topic deleted, or,
+    without a metadata store, no object left)."""
     listing = await _list(store, cfg, require_all=require_all)
     bounds = await seg.partition_bounds(store, listing, fail_on_corruption=cfg.fail_on_corruption, skipped=skipped)
-    return listing, bounds
+    view = await _metadata_view(cfg, sorted(set(listing.partitions()) | set(known)))
+    if view is None:
+        gone = {tp for tp in known if tp not in listing.segments}
+    else:
+        starts, gone_topics = view
+        gone = {tp for tp in set(known) | set(bounds) if tp[0] in gone_topics}
+        for tp, b in bounds.items():
+            if starts.get(tp, 0) > b.start:
+                b.start = min(starts[tp], b.end)
+        for tp in gone:  # objects a deleted topic left behind are not read
+            bounds.pop(tp, None)
+            listing.segments.pop(tp, None)
+    return listing, bounds, gone
 
 
 # ---------------------------------------------------------------------------------------
@@ -540,7 +609,7 @@ class KafScaleBatchReader(DataSourceReader):
 
         async def go(store):
             skipped = seg.SkipReport()
-            listing, bounds = await _listing_and_bounds(store, cfg, skipped)
+            listing, bounds, _ = await _listing_and_bounds(store, cfg, skipped)
             start = await _resolve(store, cfg, listing, bounds, is_start=True)
             end = await _resolve(store, cfg, listing, bounds, is_start=False)
             for tp in sorted(start):
@@ -602,7 +671,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cfg = self.cfg
 
         async def go(store):
-            listing, bounds = await _listing_and_bounds(store, cfg, require_all=False)
+            listing, bounds, _ = await _listing_and_bounds(store, cfg, require_all=False)
             return await _resolve(store, cfg, listing, bounds, is_start=True, streaming=True)
 
         start = seg.run_with_store(cfg.storage, go)
@@ -617,7 +686,8 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._bounds()[0]
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
-        latest, earliest = self._bounds(offsets_from_json(start) if start is not None else None)
+        start_pos = offsets_from_json(start) if start is not None else {}
+        latest, earliest, gone = self._bounds(start_pos)
         target = dict(latest)
         if self._available_now_target is not None:
             # behave as if nothing arrived after the query started, new partitions included
@@ -629,8 +699,8 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 log.warning("this pyspark version cannot limit micro-batches: maxOffsetsPerTrigger is ignored")
                 self._warned_no_limit = True
             return offsets_json(target)
-        start_pos = offsets_from_json(start)
-        end = dict(start_pos)
+        # partitions that are gone (topic deleted) leave the offsets: planning reports the loss
+        end = {tp: off for tp, off in start_pos.items() if tp not in gone}
         for tp, off in target.items():
             end[tp] = max(start_pos.get(tp, earliest[tp]), off)
         if self._hold_back(start_pos, end, earliest):
@@ -658,40 +728,45 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger_ms = now
         return False
 
-    def _bounds(self, start: dict[TopicPartition, int] | None = None) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-        """(latest, earliest) per partition; read_committed: latest is the first offset of a
-        transaction without a marker yet (found from `start`, else from the earliest)."""
+    def _bounds(self, start: dict[TopicPartition, int] | None = None) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], set[TopicPartition]]:
+        """(latest, earliest, gone) per partition: gone are partitions of `start` whose topic
+        was deleted; read_committed: latest is the first offset of a transaction without a
+        marker yet (found from `start`, else from the earliest)."""
         cfg = self.cfg
 
         async def go(store):
-            listing, bounds = await _listing_and_bounds(store, cfg, require_all=False)
+            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(start or {}))
             latest = {tp: b.end for tp, b in bounds.items()}
             if cfg.read_committed:
                 for tp, b in bounds.items():
                     begin = max(b.start, (start or {}).get(tp, b.start))
                     latest[tp], _ = await seg.transaction_outcomes(store, listing.segments[tp], begin, b.end, fail_on_corruption=cfg.fail_on_corruption)
                     latest[tp] = max(latest[tp], begin)
-            return latest, {tp: b.start for tp, b in bounds.items()}
+            return latest, {tp: b.start for tp, b in bounds.items()}, gone
 
         return seg.run_with_store(cfg.storage, go)
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         cfg = self.cfg
         start_pos, end_pos = offsets_from_json(start), offsets_from_json(end)
+        vanished = sorted(set(start_pos) - set(end_pos))
+        if vanished:
+            _data_loss(cfg, f"partitions {', '.join(f'{t}/{p}' for t, p in vanished)} are gone (topic deleted?) and their unread records with them")
 
         async def go(store):
             skipped = seg.SkipReport()
-            listing = await _list(store, cfg, require_all=False)
+            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(end_pos))
             ranges = {}
             for tp, stop in end_pos.items():
-                segs = listing.segments.get(tp)
-                if not segs:
+                if tp in gone or tp not in bounds:
+                    if start_pos.get(tp, stop) < stop:
+                        _data_loss(cfg, f"{tp[0]}/{tp[1]} is gone (topic deleted?) with offsets {start_pos[tp]}..{stop - 1} unread")
                     continue
-                begin = start_pos.get(tp, segs[0][0])  # a partition new in this batch starts at its earliest
-                if begin < segs[0][0]:
-                    if cfg.fail_on_data_loss:
-                        raise seg.DataLossError(f"{tp[0]}/{tp[1]}: offsets {begin}..{segs[0][0] - 1} were deleted before they were read; set failOnDataLoss=false to skip them")
-                    begin = segs[0][0]
+                first = bounds[tp].start
+                begin = start_pos.get(tp, first)  # a partition new in this batch starts at its earliest
+                if begin < first:
+                    _data_loss(cfg, f"{tp[0]}/{tp[1]}: offsets {begin}..{min(first, stop) - 1} were deleted (retention or DeleteRecords) before they were read")
+                    begin = min(first, stop)
                 ranges[tp] = PartitionRange(begin, stop)
             aborted: dict[TopicPartition, tuple] = {}
             if cfg.read_committed:
@@ -723,6 +798,13 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         pass  # segments are immutable and owned by the broker: nothing to release
+
+
+def _data_loss(cfg: SourceConfig, what: str) -> None:
+    """failOnDataLoss=true: fail the query; false: log and go on without the lost records."""
+    if cfg.fail_on_data_loss:
+        raise seg.DataLossError(f"{what}; set failOnDataLoss=false to go on without them")
+    log.warning("%s; going on (failOnDataLoss=false)", what)
 
 
 def _rate_limit(start: dict[TopicPartition, int], end: dict[TopicPartition, int], earliest: dict[TopicPartition, int], max_rows: int) -> dict[TopicPartition, int]:
