@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.metadata.kv import MetadataUnavailable
-from kafscale.security.acl import AclBinding, Authorizer, Operation, ResourceType, parse_super_users
+from kafscale.security.acl import WILDCARD_PRINCIPAL, AclBinding, Authorizer, Operation, Permission, ResourceType, parse_super_users
 
 if TYPE_CHECKING:
     from kafscale.broker.config import BrokerConfig
@@ -67,11 +67,13 @@ class BrokerAuthorizer:
             except Exception:  # noqa: BLE001 - keep the last bindings, try again
                 log.exception("ACL refresh failed")
 
-    def authorize(self, principal: str, host: str, operation: Operation, resource_type: ResourceType, name: str) -> bool:
+    def authorize(self, principal: str, host: str, operation: Operation, resource_type: ResourceType, name: str, log_denial: bool = True) -> bool:
         if not self.enabled:
             return True
         if self.current.authorize(principal, host, operation, resource_type, name):
             return True
+        if not log_denial:
+            return False
         self.denials += 1
         self.denials_by_operation[operation.name] = self.denials_by_operation.get(operation.name, 0) + 1
         key = (principal, operation, resource_type, name)
@@ -82,6 +84,17 @@ class BrokerAuthorizer:
             self._logged[key] = now
             log.info("denied: %s from %s may not %s %s %s", principal, host, operation.name, resource_type.name, name)
         return False
+
+    def may_write_some_topic(self, principal: str, host: str) -> bool:
+        """Kafka lets a producer without IDEMPOTENT_WRITE on the cluster be idempotent when
+        it may write some topic."""
+        if not self.enabled or principal in self.super_users:
+            return True
+        return any(
+            b.resource_type == ResourceType.TOPIC and b.permission == Permission.ALLOW and b.operation in (Operation.WRITE, Operation.ALL)
+            and b.principal in (principal, WILDCARD_PRINCIPAL) and b.host in (host, "*")
+            for b in self.current.bindings
+        )
 
     def authorized_operations(self, principal: str, host: str, resource_type: ResourceType, name: str) -> int | None:
         """The bit field for include_*_authorized_operations (None without an authorizer:

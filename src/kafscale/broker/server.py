@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from kio.schema.index import api_key_map
 
-from kafscale.broker import memory
+from kafscale.broker import authz_checks, memory
 from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol import codec, error_response
+from kafscale.protocol import codec, error_response, fetch_response
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
 from kafscale.security.sasl import BEFORE_AUTHENTICATION, SASL_AUTHENTICATE, SASL_HANDSHAKE, IllegalSaslState
 from kafscale.security.tls import ReloadingContext
@@ -45,6 +45,7 @@ MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many 
 PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH = 1, 2, 4, 8
 API_VERSIONS = 18
 PRODUCE = 0
+FETCH = 1
 
 
 # Resizing a bytearray without filling the new bytes (the recv that follows writes them):
@@ -568,11 +569,31 @@ class KafkaServer:
             conn.produce_turn = ctx.turn
         error = None
         try:
+            refusal = await authz_checks.denied(ctx, api_key, request) if self.broker.authorizer.enabled else None
+            if refusal is not None:
+                # Every resource the request named gets the error (the denial is logged
+                # and counted by the authorizer, at most once a second per resource).
+                if api_key == FETCH:
+                    # Encoded as the fetch handler encodes (empty records, no leader
+                    # epoch data): the refusal is per partition, the top level is fine.
+                    fr = fetch_response
+                    refused = fr.FetchResponse(version, [
+                        fr.TopicData(getattr(t, "topic", None), getattr(t, "topic_id", None),
+                                     [fr.PartitionData(p.partition, refusal[0], -1, -1, -1) for p in t.partitions])
+                        for t in request.topics
+                    ])
+                    return refused.encode_frame(correlation_id)
+                response = error_response.build(api_key, version, request, refusal[0])
+                if response is None:  # Produce with acks=0 has no answer: Kafka closes
+                    raise CloseConnection(f"acks=0 produce refused: {refusal[1]}")
+                return self._encode_refusal(api_key, version, correlation_id, response)
             response = await api.handler(ctx, request)
             observers = self.response_hooks.get(api_key)
             if observers:
                 for hook in observers:
                     hook(request, response)
+        except CloseConnection:
+            raise
         except IllegalSaslState as e:
             # Kafka closes the connection (IllegalSaslStateException), answering nothing.
             error = e
@@ -625,6 +646,10 @@ class KafkaServer:
             # producer learns of the failure (KafkaApis.handleProduceRequest).
             raise CloseConnection(f"internal error in api {header.api_key} (acks=0): {exc!r}")
         return response
+
+    @staticmethod
+    def _encode_refusal(api_key: int, version: int, correlation_id: int, response) -> list:
+        return codec.encode_response(api_key, version, correlation_id, response)
 
     async def _raw_sasl_token(self, conn: KafkaConnection, token: bytes) -> list | None:
         """After SaslHandshake v0 the client sends bare tokens and expects bare answers;

@@ -295,6 +295,12 @@ class _LiveCollector(Collector):
 
         yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
         yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=b.server.request_memory)
+        authz = getattr(b, "authorizer", None)
+        if authz is not None and authz.enabled:
+            denials = CounterMetricFamily("kafscale_authorization_denials", "Requests refused by the ACL authorizer, by operation", labels=["operation"])
+            for op, n in sorted(authz.denials_by_operation.items()):
+                denials.add_metric([op], n)
+            yield denials
         tls = b.server.tls
         if tls is not None:
             yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=b.server.tls_handshake_failures)

@@ -8,6 +8,7 @@ from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.protocol.error_response import RequestError
+from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import StorageError
 
 METADATA = 3
@@ -47,6 +48,17 @@ def _topic_entry(ctx, cls, meta):
     return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
 
 
+def _may(ctx, op, name: str) -> bool:
+    """With --authorizer acls: may the principal do `op` on topic `name`?"""
+    authz = ctx.broker.authorizer
+    if not authz.enabled:
+        return True
+    host = ctx.peer.rsplit(":", 1)[0] if ":" in ctx.peer else ctx.peer
+    if op == Op.CREATE and authz.authorize(ctx.principal, host, Op.CREATE, Res.CLUSTER, CLUSTER_NAME, log_denial=False):
+        return True
+    return authz.authorize(ctx.principal, host, op, Res.TOPIC, name, log_denial=op != Op.DESCRIBE)
+
+
 async def metadata(ctx, req):
     cls = response(METADATA, ctx.version)
     topic_cls = nested(cls, "MetadataResponseTopic")
@@ -63,7 +75,8 @@ async def metadata(ctx, req):
             log.warning("metadata for all topics from client %s: %s", ctx.client_id, e)
             listed = []
         for meta in sorted(listed, key=lambda m: m.name):
-            results.append(_topic_entry(ctx, cls, meta))
+            if _may(ctx, Op.DESCRIBE, meta.name):  # Kafka hides what a principal may not describe
+                results.append(_topic_entry(ctx, cls, meta))
     else:
         names = topics.TopicIdResolver(broker)
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
@@ -88,6 +101,9 @@ async def metadata(ctx, req):
                 else:
                     results.append(_topic_entry(ctx, cls, meta))
                 continue
+            if not _may(ctx, Op.DESCRIBE, name):
+                results.append(make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, partitions=()))
+                continue
             try:
                 meta = await broker.logs.topics.get(name)
                 if meta is None:
@@ -102,7 +118,9 @@ async def metadata(ctx, req):
                 code = ErrorCode.unknown_topic_or_partition
                 try:
                     topics.check_name(name)
-                    if allow_auto:
+                    if allow_auto and not _may(ctx, Op.CREATE, name):
+                        code = ErrorCode.topic_authorization_failed
+                    elif allow_auto:
                         meta = await topics.create(broker, name, -1, {})
                         log.info("auto-created topic %s with %d partitions", name, meta.partitions)
                 except topics.TopicError as e:

@@ -1,0 +1,114 @@
+"""ACLs enforced (#17) with confluent-kafka over SASL: alice may write `orders` but not
+read it; bob may read it with group g1 but not g2; a prefixed ACL on `logs-`; deny
+overrides allow; a principal without DESCRIBE does not see a topic in Metadata."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.wait import wait_until
+
+USERS = ("admin", "alice", "bob", "carol", "dave", "eve")
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    users = tmp_path_factory.mktemp("authz") / "users.txt"
+    users.write_text("".join(f"{u}:{u}-secret\n" for u in USERS))
+    plain, sasl = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
+        "--authorizer", "acls", "--super-users", "User:admin", "--group-initial-rebalance-delay-ms", "0"]).start()
+    admin = AdminClient(_conf(sasl, "admin"))
+    allow, deny, lit, pre = AclPermissionType.ALLOW, AclPermissionType.DENY, ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+    bindings = [
+        AclBinding(ResourceType.TOPIC, "orders", lit, "User:alice", "*", AclOperation.WRITE, allow),
+        AclBinding(ResourceType.TOPIC, "orders", lit, "User:bob", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.GROUP, "g1", lit, "User:bob", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.TOPIC, "logs-", pre, "User:carol", "*", AclOperation.ALL, allow),
+        AclBinding(ResourceType.GROUP, "*", lit, "User:carol", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.TOPIC, "public", lit, "User:*", "*", AclOperation.ALL, allow),
+        AclBinding(ResourceType.GROUP, "*", lit, "User:eve", "*", AclOperation.READ, allow),
+        AclBinding(ResourceType.TOPIC, "public", lit, "User:eve", "*", AclOperation.READ, deny),
+    ]
+    for fut in admin.create_acls(bindings).values():
+        fut.result(10)
+    # the topics exist (made by the super user)
+    p = Producer(_conf(sasl, "admin"))
+    for t in ("orders", "logs-app", "public"):
+        p.produce(t, value=f"{t}-seed".encode())
+    assert p.flush(20) == 0
+    yield b, sasl
+    b.stop()
+
+
+def _conf(port: int, user: str) -> dict:
+    return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": user, "sasl.password": f"{user}-secret"}
+
+
+def _produce(port, user, topic) -> KafkaError | None:
+    out = []
+    p = Producer({**_conf(port, user), "message.timeout.ms": 10000})
+    p.produce(topic, value=b"v", on_delivery=lambda err, msg: out.append(err))
+    p.flush(15)
+    return out[0] if out else KafkaError(KafkaError._TIMED_OUT)
+
+
+def _consume(port, user, topic, group):
+    """('ok', value) or ('error', code) for the first thing the consumer sees."""
+    c = Consumer({**_conf(port, user), "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    seen = []
+    try:
+        def first():
+            m = c.poll(0.5)
+            if m is None:
+                return False
+            seen.append(("error", m.error().code()) if m.error() else ("ok", m.value()))
+            return True
+        wait_until(first, 30, f"{user} consuming {topic}")
+    finally:
+        c.close()
+    return seen[0]
+
+
+def test_alice_writes_orders_but_may_not_read_it(secured):
+    _b, sasl = secured
+    assert _produce(sasl, "alice", "orders") is None
+    # no group ACL for alice: the consumer group is refused first
+    assert _consume(sasl, "alice", "orders", "g1") == ("error", KafkaError.GROUP_AUTHORIZATION_FAILED)
+
+
+def test_bob_reads_with_g1_but_not_g2(secured):
+    _b, sasl = secured
+    assert _consume(sasl, "bob", "orders", "g1") == ("ok", b"orders-seed")
+    assert _consume(sasl, "bob", "orders", "g2") == ("error", KafkaError.GROUP_AUTHORIZATION_FAILED)
+    assert _produce(sasl, "bob", "orders").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_prefixed_acl(secured):
+    _b, sasl = secured
+    assert _produce(sasl, "carol", "logs-app") is None
+    assert _consume(sasl, "carol", "logs-app", "carol-g") == ("ok", b"logs-app-seed")
+    assert _produce(sasl, "carol", "orders").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_deny_overrides_allow(secured):
+    b, sasl = secured
+    assert _consume(sasl, "dave", "public", "dave-g")[0] == "error"  # no group ACL for dave
+    assert _produce(sasl, "eve", "public") is None  # ALL for User:* ...
+    assert _consume(sasl, "eve", "public", "eve-g") == ("error", KafkaError.TOPIC_AUTHORIZATION_FAILED)  # ... but READ denied
+    wait_until(lambda: "denied: User:eve from 127.0.0.1 may not READ TOPIC public" in b.log_text(), 5, "the denial logged")
+
+
+def test_metadata_hides_topics_without_describe(secured):
+    _b, sasl = secured
+    admin = AdminClient(_conf(sasl, "dave"))
+    md = admin.list_topics(timeout=10)
+    assert "orders" not in md.topics and "logs-app" not in md.topics and "public" in md.topics
+    alice_topics = AdminClient(_conf(sasl, "alice")).list_topics(timeout=10).topics
+    assert "orders" in alice_topics and "public" in alice_topics and "logs-app" not in alice_topics
