@@ -10,6 +10,7 @@ import datetime
 import time
 import uuid
 
+import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from kafscale.broker.config import BrokerConfig
@@ -21,6 +22,7 @@ from kafscale.protocol import records
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import LocalObjectStore
 from kafscale.storage.txn import TxnMarker
+from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 
@@ -269,7 +271,16 @@ def test_confluent_kafka_transactional_producer_commit_and_abort(broker_factory,
 # -- other clients' read_committed consumers, DescribeProducers, bad input ---------------
 
 
-def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker_factory, topic_name):
+@pytest.fixture(scope="module")
+def raw_broker():
+    """A broker taking raw transactional batches without a coordinator transaction
+    (verification off), shared by the tests below."""
+    b = BrokerProcess(extra_args=["--merge-interval-ms", "0", "--transaction-partition-verification-enable", "false"]).start()
+    yield b
+    b.stop()
+
+
+def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(raw_broker, topic_name):
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
@@ -278,8 +289,7 @@ def test_kafka_python_and_aiokafka_read_committed_and_describe_producers(broker_
     from kafka import TopicPartition as KTP
 
     topic = topic_name
-    # Raw transactional batches without a coordinator transaction: verification off.
-    broker = broker_factory(extra_args=["--transaction-partition-verification-enable", "false"])
+    broker = raw_broker
     with RawClient(broker.bootstrap) as c:
         c.metadata([topic])
         wait_until(lambda: error_code(c.produce(topic, 0, plain_batch(b"p0")).error_code) == 0, 10, "the topic")
@@ -346,3 +356,25 @@ async def test_a_transaction_older_than_the_replayed_tail_comes_back_from_the_se
     assert lg.aborted_transactions(0, 5) == [(PID_A, 0)]
     assert lg.state.segments[-1].open_txns == ()
     await again.stop()
+
+
+def offset_for(c: RawClient, topic: str, timestamp: int, isolation: int, version: int = 7) -> int:
+    p = req(LIST_OFFSETS, version, "ListOffsetsPartition", partition_index=0, current_leader_epoch=-1, timestamp=timestamp)
+    t = req(LIST_OFFSETS, version, "ListOffsetsTopic", name=topic, partitions=(p,))
+    resp = c.request(LIST_OFFSETS, version, req(LIST_OFFSETS, version, replica_id=-1, isolation_level=isolation, timeout=5000, topics=(t,)))
+    return resp.topics[0].partitions[0].offset
+
+
+def test_list_offsets_by_timestamp_read_committed_finds_only_offsets_below_the_lso(raw_broker, topic_name):
+    broker = raw_broker
+    topic, now = topic_name, int(time.time() * 1000)
+    with RawClient(broker.bootstrap) as c:
+        c.metadata([topic])
+        old = records.build_batch([(None, b"old")], timestamp=now - 10_000)
+        wait_until(lambda: error_code(c.produce(topic, 0, old).error_code) == 0, 10, "the topic")  # 0
+        young = records.build_batch([(None, b"t")], producer_id=PID_A, producer_epoch=0, base_sequence=0, timestamp=now, attributes=records.TRANSACTIONAL_MASK)
+        assert error_code(produce_txn(c, topic, young).error_code) == 0  # 1: open
+        assert (offset_for(c, topic, now - 20_000, 1), offset_for(c, topic, now - 20_000, 0)) == (0, 0)
+        assert (offset_for(c, topic, now - 5_000, 1), offset_for(c, topic, now - 5_000, 0)) == (-1, 1)
+        assert write_markers(c, topic, PID_A, commit=True) == 0
+        assert offset_for(c, topic, now - 5_000, 1) == 1
