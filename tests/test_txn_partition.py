@@ -118,14 +118,17 @@ async def test_merged_segments_keep_their_aborted_entries(tmp_path):
     await mgr.write_txn_markers(TxnMarker(PID_A, 0, 0, False, [("mg", 0)]))
     await _produce(lg, txn_batch([b"y"], PID_B, 0))
     await mgr.write_txn_markers(TxnMarker(PID_B, 0, 0, False, [("mg", 0)]))
-    assert len(lg.state.segments) == 4
+    await _produce(lg, txn_batch([b"z"], PID_A, 1))  # 4: left open
+    assert len(lg.state.segments) == 5
     assert await mgr.merger.run_once() == 1
     (merged,) = lg.state.segments
     assert merged.aborted == ((PID_A, 0, 1), (PID_B, 2, 3))
+    assert merged.open_txns == ((PID_A, 0, 4),)  # as the run's last segment recorded
     await mgr.stop()
     again = _manager(tmp_path)
     lg = await again.get_log("mg", 0)
-    assert lg.aborted_transactions(0, 4) == [(PID_A, 0), (PID_B, 2)]
+    assert lg.aborted_transactions(0, 5) == [(PID_A, 0), (PID_B, 2)]
+    assert lg.last_stable_offset == 4
     await again.stop()
 
 
