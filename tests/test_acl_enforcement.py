@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
 
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.servers import etcd_server  # noqa: F401 - fixture
 from tests.support.wait import wait_until
 
 USERS = ("admin", "alice", "bob", "carol", "dave", "eve")
@@ -112,3 +113,42 @@ def test_metadata_hides_topics_without_describe(secured):
     assert "orders" not in md.topics and "logs-app" not in md.topics and "public" in md.topics
     alice_topics = AdminClient(_conf(sasl, "alice")).list_topics(timeout=10).topics
     assert "orders" in alice_topics and "public" in alice_topics and "logs-app" not in alice_topics
+
+
+def test_three_brokers_enforce_the_same_acls_right_after_creation(etcd_server, tmp_path):  # noqa: F811
+    """ACLs live in etcd: created through broker 0, they hold on brokers 1 and 2 within
+    their --acl-refresh-ms, for allow and for deny."""
+    from confluent_kafka.admin import AclBindingFilter, NewTopic
+
+    users = tmp_path / "users.txt"
+    users.write_text("alice:alice-secret\n")
+    prefix = f"/ks-acl-{free_port()}"
+    common = ["--metadata", etcd_server.url, "--metadata-prefix", prefix, "--storage", f"file://{tmp_path}/objects", "--lease-ttl-s", "3",
+              "--sasl-users-file", str(users), "--authorizer", "acls", "--super-users", "User:ANONYMOUS", "--acl-refresh-ms", "200"]
+    brokers = []
+    try:
+        for node in range(3):
+            plain, sasl = free_port(), free_port()
+            b = BrokerProcess(port=plain, data_dir=str(tmp_path / f"b{node}"), extra_args=[
+                "--broker-id", str(node), "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", *common])
+            (tmp_path / f"b{node}").mkdir()
+            brokers.append((b.start(), sasl))
+        admin = AdminClient({"bootstrap.servers": brokers[0][0].bootstrap})
+        admin.create_topics([NewTopic("cluster-orders", 3)])["cluster-orders"].result(15)
+        for _b, sasl in brokers[1:]:
+            assert _produce(sasl, "alice", "cluster-orders").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        allow = AclBinding(ResourceType.TOPIC, "cluster-orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+        list(admin.create_acls([allow]).values())[0].result(10)
+        for _b, sasl in brokers[1:]:
+            wait_until(lambda sasl=sasl: _produce(sasl, "alice", "cluster-orders") is None, 5, "alice allowed through another broker")
+        deny = AclBinding(ResourceType.TOPIC, "cluster-", ResourcePatternType.PREFIXED, "User:alice", "*", AclOperation.WRITE, AclPermissionType.DENY)
+        list(admin.create_acls([deny]).values())[0].result(10)
+        for _b, sasl in brokers[1:]:
+            wait_until(lambda sasl=sasl: (e := _produce(sasl, "alice", "cluster-orders")) is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                       5, "alice denied through another broker")
+        everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY)
+        third = AdminClient({"bootstrap.servers": brokers[2][0].bootstrap})
+        assert len(third.describe_acls(everything).result(10)) == 2
+    finally:
+        for b, _sasl in brokers:
+            b.stop()

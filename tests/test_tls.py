@@ -258,3 +258,37 @@ def test_kafscale_certs_generate(tmp_path):
     for name in ("ca.pem", "server.pem", "server.key", "bob.pem", "bob.key"):
         assert (tmp_path / "c" / name).exists()
     ssl.create_default_context(cafile=str(tmp_path / "c" / "ca.pem"))
+
+
+def test_mtls_principal_is_used_by_acls(tmp_path):
+    """The client certificate's subject, mapped by a RULE, is the principal the ACLs see:
+    alice (CN=alice) may write, bob (CN=bob, same CA) may not."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
+
+    paths = certs.write_self_signed(str(tmp_path), clients=("alice", "bob"))
+    plain, tls = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}",
+        "--ssl-cert", paths["cert"], "--ssl-key", paths["key"], "--ssl-ca", paths["ca"], "--ssl-client-auth", "required",
+        "--ssl-principal-mapping-rules", "RULE:^CN=([a-z]+)$/$1/L,DEFAULT",
+        "--authorizer", "acls", "--super-users", "User:ANONYMOUS"]).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        binding = AclBinding(ResourceType.TOPIC, "mtls-orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+        list(admin.create_acls([binding]).values())[0].result(10)
+        from confluent_kafka.admin import NewTopic
+
+        admin.create_topics([NewTopic("mtls-orders", 1)])["mtls-orders"].result(10)  # alice may write, not create
+
+        def produce(client: str):
+            out = []
+            p = Producer({**_ssl_conf(tls, paths, client), "message.timeout.ms": 10000})
+            p.produce("mtls-orders", value=client.encode(), on_delivery=lambda err, msg: out.append(err))
+            p.flush(15)
+            return out[0] if out else "no delivery report"
+
+        assert produce("alice") is None
+        assert produce("bob").code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        wait_until(lambda: "denied: User:bob from 127.0.0.1 may not DESCRIBE TOPIC mtls-orders" in b.log_text(), 5, "the denial of User:bob")
+    finally:
+        b.stop()

@@ -48,7 +48,7 @@ def _topic_entry(ctx, cls, meta):
     return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
 
 
-def _may(ctx, op, name: str) -> bool:
+def _may(ctx, op, name: str, log_denial: bool = True) -> bool:
     """With --authorizer acls: may the principal do `op` on topic `name`?"""
     authz = ctx.broker.authorizer
     if not authz.enabled:
@@ -56,7 +56,7 @@ def _may(ctx, op, name: str) -> bool:
     host = ctx.peer.rsplit(":", 1)[0] if ":" in ctx.peer else ctx.peer
     if op == Op.CREATE and authz.authorize(ctx.principal, host, Op.CREATE, Res.CLUSTER, CLUSTER_NAME, log_denial=False):
         return True
-    return authz.authorize(ctx.principal, host, op, Res.TOPIC, name, log_denial=op != Op.DESCRIBE)
+    return authz.authorize(ctx.principal, host, op, Res.TOPIC, name, log_denial=log_denial)
 
 
 async def metadata(ctx, req):
@@ -75,7 +75,7 @@ async def metadata(ctx, req):
             log.warning("metadata for all topics from client %s: %s", ctx.client_id, e)
             listed = []
         for meta in sorted(listed, key=lambda m: m.name):
-            if _may(ctx, Op.DESCRIBE, meta.name):  # Kafka hides what a principal may not describe
+            if _may(ctx, Op.DESCRIBE, meta.name, log_denial=False):  # Kafka hides what a principal may not describe
                 results.append(_topic_entry(ctx, cls, meta))
     else:
         names = topics.TopicIdResolver(broker)
