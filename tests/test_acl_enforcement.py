@@ -152,3 +152,22 @@ def test_three_brokers_enforce_the_same_acls_right_after_creation(etcd_server, t
     finally:
         for b, _sasl in brokers:
             b.stop()
+
+
+def test_authorized_operations_bit_fields(secured, broker):
+    """include_*_authorized_operations: the ACLs' answer with an authorizer, every
+    operation without one (an unknown group: 328, as Kafka)."""
+    from kafscale.errors import ErrorCode
+    from kafscale.security.acl import Operation as Op
+    from tests.support import raw
+
+    with raw.RawClient(broker.bootstrap) as c:  # no authorizer
+        r = c.request(15, 5, raw.req(15, 5, groups=["no-such-group"], include_authorized_operations=True))
+        assert r.groups[0].authorized_operations == 328
+        md = c.request(3, 10, raw.req(3, 10, topics=None, allow_auto_topic_creation=False, include_cluster_authorized_operations=True,
+                                       include_topic_authorized_operations=True))
+        assert md.cluster_authorized_operations == sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+    admin = AdminClient(_conf(secured[1], "alice"))
+    desc = admin.describe_topics(__import__("confluent_kafka").TopicCollection(["orders"]), include_authorized_operations=True)["orders"].result(10)
+    assert {op.name for op in desc.authorized_operations} == {"WRITE", "DESCRIBE"}
+    assert ErrorCode.none == 0 and Op.WRITE == 4

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.metadata.kv import MetadataUnavailable
-from kafscale.security.acl import WILDCARD_PRINCIPAL, AclBinding, Authorizer, Operation, Permission, ResourceType, parse_super_users
+from kafscale.security.acl import OPERATIONS_OF, WILDCARD_PRINCIPAL, AclBinding, Authorizer, Operation, Permission, ResourceType, parse_super_users
 
 if TYPE_CHECKING:
     from kafscale.broker.config import BrokerConfig
@@ -96,9 +96,9 @@ class BrokerAuthorizer:
             for b in self.current.bindings
         )
 
-    def authorized_operations(self, principal: str, host: str, resource_type: ResourceType, name: str) -> int | None:
-        """The bit field for include_*_authorized_operations (None without an authorizer:
-        the handler keeps what it answers today)."""
+    def authorized_operations(self, principal: str, host: str, resource_type: ResourceType, name: str) -> int:
+        """The bit field for include_*_authorized_operations: what the ACLs allow, or every
+        operation of the resource type without an authorizer (as Kafka answers)."""
         if not self.enabled:
-            return None
+            return sum(1 << int(op) for op in OPERATIONS_OF.get(resource_type, ()))
         return self.current.authorized_operations(principal, host, resource_type, name)

@@ -15,6 +15,7 @@ from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
+from kafscale.security.acl import OPERATIONS_OF, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 OFFSET_COMMIT = 8
@@ -36,9 +37,9 @@ STORE_DOWN = (*STORE_FAILURES, StorageError)
 COORDINATOR_KEY_GROUP = 0
 COORDINATOR_KEY_TRANSACTION = 1
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
-# AclOperation bits Kafka reports for a group when no authorizer is configured: READ, DELETE, DESCRIBE.
-GROUP_AUTHORIZED_OPERATIONS = (1 << 3) | (1 << 6) | (1 << 8)
 CLASSIC_GROUP_TYPE = "classic"
+# Every operation on a group (READ, DELETE, DESCRIBE: 328), what Kafka reports without an authorizer.
+GROUP_OPERATIONS = sum(1 << int(op) for op in OPERATIONS_OF[Res.GROUP])
 
 
 # -- building version-specific responses ----------------------------------------------------
@@ -457,6 +458,11 @@ async def describe_groups(ctx, req):
             entry.update(error_code=ErrorCode.coordinator_not_available)
             out.append(entry)
             continue
+        if include_ops:
+            # Kafka reports the principal's operations on the group, known or not.
+            authz = getattr(ctx.broker, "authorizer", None)  # None: a broker assembled without one (unit tests)
+            entry["authorized_operations"] = GROUP_OPERATIONS if authz is None else authz.authorized_operations(
+                ctx.principal, _client_host(ctx.peer).lstrip("/"), Res.GROUP, group_id)
         if described is None:
             if ctx.version >= 6:
                 entry.update(error_code=ErrorCode.group_id_not_found,
@@ -466,8 +472,6 @@ async def describe_groups(ctx, req):
                 entry.update(error_code=ErrorCode.none, group_state="Dead")
         else:
             entry.update(error_code=ErrorCode.none, **described)
-            if include_ops:
-                entry["authorized_operations"] = GROUP_AUTHORIZED_OPERATIONS
         out.append(entry)
     return build(cls, throttle_time=0, groups=out)
 

@@ -6,7 +6,7 @@ import logging
 
 from kafscale.broker import topics
 from kafscale.errors import ErrorCode
-from kafscale.protocol.build import ZERO_UUID, make, nested, response
+from kafscale.protocol.build import ZERO_UUID, has_field, make, nested, response
 from kafscale.protocol.error_response import RequestError
 from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import StorageError
@@ -16,7 +16,7 @@ DESCRIBE_CLUSTER = 60
 log = logging.getLogger("kafscale.metadata")
 
 
-def _topic_entry(ctx, cls, meta):
+def _topic_entry(ctx, cls, meta, include_ops: bool = False):
     part_cls = nested(cls, "MetadataResponsePartition")
     topic_cls = nested(cls, "MetadataResponseTopic")
     cluster = ctx.broker.cluster
@@ -45,7 +45,15 @@ def _topic_entry(ctx, cls, meta):
                 offline_replicas=(),
             )
         )
-    return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts))
+    extra = {}
+    if include_ops:
+        extra["topic_authorized_operations"] = _ops(ctx, Res.TOPIC, meta.name)
+    return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts), **extra)
+
+
+def _ops(ctx, resource_type, name: str) -> int:
+    host = ctx.peer.rsplit(":", 1)[0] if ":" in ctx.peer else ctx.peer
+    return ctx.broker.authorizer.authorized_operations(ctx.principal, host, resource_type, name)
 
 
 def _may(ctx, op, name: str, log_denial: bool = True) -> bool:
@@ -65,6 +73,7 @@ async def metadata(ctx, req):
     broker = ctx.broker
     results = []
     requested = req.topics
+    include_ops = bool(getattr(req, "include_topic_authorized_operations", False))
     if requested is None or (ctx.version == 0 and len(requested) == 0):
         try:
             listed = await broker.logs.topics.list_all()
@@ -76,7 +85,7 @@ async def metadata(ctx, req):
             listed = []
         for meta in sorted(listed, key=lambda m: m.name):
             if _may(ctx, Op.DESCRIBE, meta.name, log_denial=False):  # Kafka hides what a principal may not describe
-                results.append(_topic_entry(ctx, cls, meta))
+                results.append(_topic_entry(ctx, cls, meta, include_ops))
     else:
         names = topics.TopicIdResolver(broker)
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
@@ -99,7 +108,7 @@ async def metadata(ctx, req):
                 if meta is None:
                     results.append(make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=t.topic_id, partitions=()))
                 else:
-                    results.append(_topic_entry(ctx, cls, meta))
+                    results.append(_topic_entry(ctx, cls, meta, include_ops))
                 continue
             if not _may(ctx, Op.DESCRIBE, name):
                 results.append(make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, partitions=()))
@@ -136,9 +145,12 @@ async def metadata(ctx, req):
                 if meta is None:
                     results.append(make(topic_cls, error_code=code, name=name, topic_id=ZERO_UUID, partitions=()))
                     continue
-            results.append(_topic_entry(ctx, cls, meta))
+            results.append(_topic_entry(ctx, cls, meta, include_ops))
     broker_cls = nested(cls, "MetadataResponseBroker")
     brokers = tuple(make(broker_cls, node_id=b.node_id, host=host, port=port, rack=b.rack) for b, host, port in broker.cluster.brokers_on(ctx.listener))
+    extra = {}
+    if getattr(req, "include_cluster_authorized_operations", False) and has_field(cls, "cluster_authorized_operations"):
+        extra["cluster_authorized_operations"] = _ops(ctx, Res.CLUSTER, CLUSTER_NAME)
     return make(
         cls,
         throttle_time=0,
@@ -147,6 +159,7 @@ async def metadata(ctx, req):
         controller_id=broker.cluster.controller_id,
         topics=tuple(results),
         error_code=ErrorCode.none,
+        **extra,
     )
 
 
@@ -163,6 +176,7 @@ async def describe_cluster(ctx, req):
         cluster_id=cluster.cluster_id,
         controller_id=cluster.controller_id,
         brokers=tuple(make(b_cls, broker_id=b.node_id, host=host, port=port, rack=b.rack, is_fenced=False) for b, host, port in cluster.brokers_on(ctx.listener)),
+        **({"cluster_authorized_operations": _ops(ctx, Res.CLUSTER, CLUSTER_NAME)} if getattr(req, "include_cluster_authorized_operations", False) else {}),
     )
 
 
