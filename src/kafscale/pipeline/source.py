@@ -592,7 +592,7 @@ def _read(cfg: SourceConfig, partition: InputPartition) -> Iterator:
         return iter(())  # Spark's placeholder partition when nothing was planned
     _freeze_imported_objects()
     opts = cfg.read_options()
-    chunks = ((s, c) for s in slices for c in seg.read_slice(opts, s))
+    chunks = seg.read_slices(opts, slices)
     if cfg.arrow:
         schema = cfg.arrow_schema()
         return (seg.columns_to_arrow(c, s.topic, s.partition, schema) for s, c in chunks)
