@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.security import scram
+from kafscale.security.oauth import JwtSettings, JwtValidator, parse_client_message
 from kafscale.security.principal import user as user_principal
 from kafscale.security.sasl import FailureLimiter, SaslError, SaslSession, load_users_file, parse_mechanisms, parse_plain
 
@@ -35,6 +36,8 @@ class Authenticator:
         self.limiter = FailureLimiter(base_s=config.sasl_failed_authentication_delay_ms / 1000)
         self.hooks: list = []  # hook(mechanism, succeeded: bool), by ops/metrics
         self._users: dict[str, str] = {}
+        self.jwt = JwtValidator(JwtSettings(config.oauth_jwks, config.oauth_issuer, config.oauth_audience,
+                                            config.oauth_principal_claim, config.oauth_allow_unsecured))
         self._users_seen: tuple | None = None
 
     def new_session(self) -> SaslSession:
@@ -69,11 +72,18 @@ class Authenticator:
         try:
             if mechanism == "PLAIN":
                 reply, user = b"", await self._plain(token)
+            elif mechanism == "OAUTHBEARER":
+                reply, user = b"", await self._oauth(session, token)
             else:
                 reply, user = await self._scram(session, token)
             if user is None:
                 return reply, None  # mid-exchange (SCRAM server-first)
-            session.succeeded(user_principal(user), self.session_lifetime_ms)
+            lifetime = self.session_lifetime_ms
+            token_exp = getattr(session, "token_expiry", None)
+            if token_exp is not None and lifetime > 0:
+                # KIP-368: an OAUTHBEARER session ends with its token at the latest.
+                lifetime = max(1, min(lifetime, int((token_exp - time.time()) * 1000)))
+            session.succeeded(user_principal(user), lifetime)
         except (SaslError, scram.ScramError) as e:
             message = str(e) if isinstance(e, SaslError) else (
                 f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
@@ -109,6 +119,12 @@ class Authenticator:
                     return name
                 break
         raise SaslError("Authentication failed: Invalid username or password")
+
+    async def _oauth(self, session: SaslSession, token: bytes) -> str:
+        bearer, _extensions = parse_client_message(token)
+        name, exp = await asyncio.to_thread(self.jwt.validate, bearer)
+        session.token_expiry = exp
+        return name
 
     async def _scram(self, session: SaslSession, token: bytes) -> tuple[bytes, str | None]:
         server = session.exchange

@@ -27,6 +27,11 @@ class BrokerConfig:
     connections_max_reauth_ms: int = field(default=0, metadata={"help": "SASL session lifetime: clients re-authenticate (KIP-368) before it ends or are disconnected (Kafka's connections.max.reauth.ms; 0: no limit)"})
     sasl_server_max_receive_size: int = field(default=524_288, metadata={"help": "largest request before SASL authentication completes (Kafka's sasl.server.max.receive.size)"})
     sasl_failed_authentication_delay_ms: int = field(default=100, metadata={"help": "after a failed authentication, the least wait before the next attempt from the same address; doubles with each failure up to 5 s (Kafka's connection.failed.authentication.delay.ms)"})
+    oauth_jwks: str = field(default="", metadata={"help": "OAUTHBEARER: JWKS file (re-read on change) or http(s) URL (cached 5 min) with the keys that sign tokens"})
+    oauth_issuer: str = field(default="", metadata={"help": "OAUTHBEARER: required iss claim ('' accepts any)"})
+    oauth_audience: str = field(default="", metadata={"help": "OAUTHBEARER: required aud value ('' accepts any)"})
+    oauth_principal_claim: str = field(default="sub", metadata={"help": "OAUTHBEARER: the claim naming the principal (Kafka's sasl.oauthbearer.sub.claim.name)"})
+    oauth_allow_unsecured: bool = field(default=False, metadata={"help": "OAUTHBEARER: accept unsigned (alg none) tokens; for tests only"})
     authorizer: str = field(default="none", metadata={"help": "none or acls: check every request against the ACLs in the metadata store (Kafka's authorizer.class.name)"})
     super_users: str = field(default="", metadata={"help": "principals allowed everything, ';' separated: User:admin;User:ops (Kafka's super.users)"})
     allow_everyone_if_no_acl_found: bool = field(default=False, metadata={"help": "with --authorizer acls: allow access to resources no ACL applies to (Kafka's allow.everyone.if.no.acl.found)"})
@@ -125,8 +130,11 @@ class BrokerConfig:
         if any(l.sasl for l in bound):
             from kafscale.security.sasl import load_users_file, parse_mechanisms
 
-            if not parse_mechanisms(self.sasl_mechanisms):
+            mechanisms = parse_mechanisms(self.sasl_mechanisms)
+            if not mechanisms:
                 raise ValueError("a SASL listener needs at least one mechanism in --sasl-mechanisms")
+            if "OAUTHBEARER" in mechanisms and not self.oauth_jwks and not self.oauth_allow_unsecured:
+                raise ValueError("OAUTHBEARER needs --oauth-jwks (or --oauth-allow-unsecured true, for tests)")
             if self.sasl_users_file:
                 load_users_file(self.sasl_users_file)
 

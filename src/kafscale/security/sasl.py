@@ -20,7 +20,7 @@ from kafscale.security.principal import ANONYMOUS
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 BEFORE_AUTHENTICATION = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
-KNOWN_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+KNOWN_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class SaslError(Exception):
@@ -86,6 +86,7 @@ class SaslSession:
     reauthenticating: bool = False
     failed: bool = False  # the exchange failed: the connection closes after the answer
     reauthentications: int = 0  # successful exchanges so far
+    token_expiry: float | None = None  # OAUTHBEARER: the token's exp (UNIX time)
 
     def handshake(self, mechanism: str, version: int) -> bool:
         """SaslHandshake: False when the mechanism is not enabled (UNSUPPORTED_SASL_MECHANISM).
@@ -110,6 +111,7 @@ class SaslSession:
             raise IllegalSaslState("SaslAuthenticate received before SaslHandshake" if self.mechanism is None else "unexpected SaslAuthenticate")
 
     def succeeded(self, principal: str, lifetime_ms: int, now: float | None = None) -> None:
+        """Authenticated as `principal`; the session ends after `lifetime_ms` (0: never)."""
         if self.reauthenticating and principal != self.principal:
             raise SaslError(f"Cannot change principals during re-authentication from {self.principal} to {principal}")
         now = time.monotonic() if now is None else now
