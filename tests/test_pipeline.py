@@ -466,6 +466,8 @@ def test_stream_available_now_resumes_from_checkpoint_without_duplicates(spark, 
     assert written() == log.rows("stream")
     end = json.loads(batches[-1]["sources"][0]["endOffset"]) if isinstance(batches[-1]["sources"][0]["endOffset"], str) else batches[-1]["sources"][0]["endOffset"]
     assert end == {"stream": {"0": 15, "1": 11, "2": 3}}
+    latest = batches[-1]["sources"][0]["latestOffset"]
+    assert (json.loads(latest) if isinstance(latest, str) else latest) == end  # reportLatestOffset
 
     # crash between the sink's write and the commit: the restarted query replays the same
     # offsets (planned deterministically) and the file sink does not add them twice

@@ -666,6 +666,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target: dict[TopicPartition, int] | None = None
         self._warned_no_limit = False
         self._last_trigger_ms = 0.0
+        self._latest_seen: dict = {}
 
     def initialOffset(self) -> dict:
         cfg = self.cfg
@@ -688,6 +689,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         start_pos = offsets_from_json(start) if start is not None else {}
         latest, earliest, gone = self._bounds(start_pos)
+        self._latest_seen = offsets_json(latest)
         target = dict(latest)
         if self._available_now_target is not None:
             # behave as if nothing arrived after the query started, new partitions included
@@ -708,6 +710,11 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadMaxRows):
             end = _rate_limit(start_pos, end, earliest, limit.max_rows)
         return offsets_json(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        """The newest flushed offsets seen by the last latestOffset() (StreamingQueryProgress
+        `latestOffset`, as Spark's Kafka source reports it)."""
+        return self._latest_seen or None
 
     def _hold_back(self, start: dict[TopicPartition, int], end: dict[TopicPartition, int], earliest: dict[TopicPartition, int]) -> bool:
         """minOffsetsPerTrigger: True to skip this trigger (fewer new offsets than the minimum,
