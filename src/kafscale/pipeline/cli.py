@@ -22,11 +22,33 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-offsets-per-trigger", type=int, help="records per micro-batch at most")
     p.add_argument("--trigger-interval", default="10 seconds", help="micro-batch interval when streaming")
     p.add_argument("--timeout", type=float, help="stop streaming after this many seconds")
+    p.add_argument("--master", help="Spark master URL (e.g. local[4], spark://host:7077); default: Spark's own (PYSPARK_SUBMIT_ARGS, spark-defaults)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting, as spark-submit --conf (repeatable)")
 
 
 def _check(args) -> None:
     if not args.topics and not args.pattern:
         sys.exit("kafscale pipeline: give topics or --pattern")
+    for kv in args.conf:
+        key, sep, _ = kv.partition("=")
+        if not sep or not key.strip():
+            sys.exit(f"kafscale pipeline: --conf takes KEY=VALUE, not {kv!r}")
+
+
+def _session(args):
+    """A SparkSession from --master and --conf (None: the jobs' default session)."""
+    if not args.master and not args.conf:
+        return None
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import this kafscale
+    builder = SparkSession.builder.appName(f"kafscale-pipeline-{args.job}")
+    if args.master:
+        builder = builder.master(args.master)
+    for kv in args.conf:
+        key, _, value = kv.partition("=")
+        builder = builder.config(key.strip(), value)
+    return builder.getOrCreate()
 
 
 def _parquet(args) -> int:
@@ -37,6 +59,7 @@ def _parquet(args) -> int:
         args.storage, args.output, topics=args.topics, pattern=args.pattern, namespace=args.namespace,
         checkpoint=args.checkpoint, once=args.once, starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger, trigger_interval=args.trigger_interval, timeout=args.timeout,
+        spark=_session(args),
     )
     print(f"done: {result.rows} rows in {result.batches} batches", file=sys.stderr)
     return 0
@@ -50,6 +73,7 @@ def _iceberg(args) -> int:
         args.storage, args.table, topics=args.topics, pattern=args.pattern, namespace=args.namespace,
         warehouse=args.warehouse, checkpoint=args.checkpoint, once=args.once, starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger, trigger_interval=args.trigger_interval, timeout=args.timeout,
+        spark=_session(args),
     )
     print(f"done: {result.rows} rows in {result.batches} batches", file=sys.stderr)
     return 0
