@@ -506,6 +506,10 @@ def test_parquet_job_writes_every_row_partitioned_by_topic_and_date(spark, data,
     # a second run finds nothing new
     assert jobs.parquet(data.url, out, topics="events", spark=spark).rows == 0
     assert spark.read.parquet(out).count() == len(want)
+    # the checkpoint deleted: Spark's file sink would skip the new run's batches; refused, not silent
+    shutil.rmtree(os.path.join(out, "_checkpoint"))
+    with pytest.raises(ValueError, match="checkpoint .* is gone"):
+        jobs.parquet(data.url, out, topics="events", spark=spark)
 
 
 def test_iceberg_job_is_idempotent_per_batch(spark, data, tmp_path):

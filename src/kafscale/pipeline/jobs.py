@@ -157,6 +157,30 @@ def _follow(query, result: JobResult, timeout: float | None, out=None, on_progre
     return result
 
 
+def _refuse_orphaned_output(output: str, checkpoint: str) -> None:
+    """Fail, instead of silently writing nothing, when `output` holds the file sink log of an
+    earlier query but the checkpoint is gone (a local `output` only).
+
+    Spark's file sink numbers micro-batches from 0 in a new query and skips every batch its
+    `<output>/_spark_metadata` log already has, so such a run would read records and drop
+    them. Only local directories are checked (other file systems: Spark's own behaviour).
+    """
+    if "://" in output and not output.startswith("file://"):
+        return
+    out = output[len("file://") :] if output.startswith("file://") else output
+    log_dir = os.path.join(out, "_spark_metadata")
+    ck = checkpoint[len("file://") :] if checkpoint.startswith("file://") else checkpoint
+    has_progress = os.path.isdir(os.path.join(ck, "offsets")) and any(n.isdigit() for n in os.listdir(os.path.join(ck, "offsets")))
+    batches = [n for n in os.listdir(log_dir) if n.split(".")[0].isdigit()] if os.path.isdir(log_dir) else []
+    if batches and not has_progress:
+        raise ValueError(
+            f"{out} already holds Parquet files committed by a streaming query ({len(batches)} entries in "
+            f"{log_dir}) but the checkpoint {ck} is gone: Spark's file sink would skip this run's first "
+            "micro-batches and write nothing. Restore the checkpoint, write to a new output directory, or "
+            f"remove {log_dir} (then readers see every file in {out}, and this run adds its rows to them)"
+        )
+
+
 def parquet(
     storage: str,
     output: str,
@@ -181,8 +205,9 @@ def parquet(
     files in `<output>/_spark_metadata`, so read the result with Spark, or with any Parquet
     reader after the run has finished.
     """
-    spark = spark_session("kafscale-parquet", spark)
     checkpoint = checkpoint or os.path.join(output, "_checkpoint")
+    _refuse_orphaned_output(output, checkpoint)
+    spark = spark_session("kafscale-parquet", spark)
     df = _stream(spark, storage, topics, pattern, namespace, starting_offsets, max_offsets_per_trigger, options)
     writer = (
         df.writeStream.format("parquet")
