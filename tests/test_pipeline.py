@@ -390,6 +390,17 @@ def test_missing_topic_is_an_error(spark, data):
     assert "no topic matching" in error_text(e)
 
 
+def test_storage_without_kafscale_objects_says_so(tmp_path):
+    """Not "topic not found": the storage (or namespace) itself is wrong; and the cause comes
+    first, not chained to asyncio's "no running event loop"."""
+    from kafscale.pipeline.source import KafScaleBatchReader, parse_options
+
+    for options in ({"subscribe": "orders"}, {"subscribePattern": "ord.*"}):
+        with pytest.raises(seg.TopicNotFoundError, match="holds no KafScale objects") as e:
+            KafScaleBatchReader(parse_options({"storage": f"file://{tmp_path}", "metadata": "none", **options}, streaming=False)).partitions()
+        assert e.value.__context__ is None
+
+
 def test_corrupt_batch_fails_with_object_and_offset(spark, data):
     with pytest.raises(Exception) as e:
         load(spark, data, subscribe="damaged").count()

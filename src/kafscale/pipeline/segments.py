@@ -109,7 +109,12 @@ def run_with_store(storage_url: str, fn: Callable[[ObjectStore], Awaitable[T]]) 
 
     try:
         asyncio.get_running_loop()
+        in_loop = True
     except RuntimeError:
+        in_loop = False
+    if not in_loop:
+        # outside the except block: an error of fn is raised as itself, not chained to
+        # get_running_loop's "no running event loop"
         asyncio.run(main())
         return out[0]
     result: list = []
@@ -225,15 +230,26 @@ async def list_topics(
             )
     if topics is not None:
         missing = sorted(set(topics) - set(listing.topics()))
+        if missing and not found and not await store.list(f"{namespace}/"):
+            raise TopicNotFoundError(_no_objects(store, namespace))
         if missing:
             raise TopicNotFoundError(
                 f"topic(s) {', '.join(missing)} not found: no flushed segments under "
                 + ", ".join(f"{namespace}/{t}/" for t in missing)
                 + " in the storage (check subscribe, namespace and storage options)"
             )
+    elif not found and not keys:
+        raise TopicNotFoundError(_no_objects(store, namespace))
     elif not found:
         raise TopicNotFoundError(f"no topic matching subscribePattern {pattern!r} has flushed segments under {namespace}/")
     return listing
+
+
+def _no_objects(store: ObjectStore, namespace: str) -> str:
+    return (
+        f"the storage holds no KafScale objects under {namespace}/ (nothing at all there): check the option storage "
+        "(the broker's --storage URL, e.g. file:///var/lib/kafscale/objects) and namespace (the broker's --namespace)"
+    )
 
 
 # ---------------------------------------------------------------------------------------
