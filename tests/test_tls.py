@@ -292,3 +292,34 @@ def test_mtls_principal_is_used_by_acls(tmp_path):
         wait_until(lambda: "denied: User:bob from 127.0.0.1 may not DESCRIBE TOPIC mtls-orders" in b.log_text(), 5, "the denial of User:bob")
     finally:
         b.stop()
+
+
+def test_ops_endpoint_over_tls_with_basic_auth(tmp_path):
+    import base64
+    import urllib.error
+    import urllib.request
+
+    paths = certs.write_self_signed(str(tmp_path))
+    http = free_port()
+    b = BrokerProcess(extra_args=["--http", f"127.0.0.1:{http}", "--http-tls", "true", "--ssl-cert", paths["cert"], "--ssl-key", paths["key"]],
+                      env={"KAFSCALE_HTTP_BASIC_AUTH": "scraper:s3cret"}).start()
+    try:
+        ctx = ssl.create_default_context(cafile=paths["ca"])
+
+        def get(path: str, auth: str | None = None):
+            req = urllib.request.Request(f"https://localhost:{http}{path}")
+            if auth:
+                req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+            try:
+                with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+                    return r.status, r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read()
+
+        wait_until(lambda: get("/healthz")[0] == 200, 10, "the ops endpoint over TLS")  # probes stay open
+        assert get("/metrics")[0] == 401
+        assert get("/metrics", "scraper:wrong")[0] == 401
+        status, body = get("/metrics", "scraper:s3cret")
+        assert status == 200 and b"kafscale_connections" in body
+    finally:
+        b.stop()

@@ -43,6 +43,8 @@ class BrokerConfig:
     metadata: str = field(default="embedded", metadata={"help": "metadata store: embedded or etcd://host:port[,host:port]"})
     metadata_prefix: str = field(default="/kafscale", metadata={"help": "key prefix in etcd"})
     http: str = field(default="127.0.0.1:9093", metadata={"help": "HOST:PORT for /metrics, /healthz, /readyz ('' disables)"})
+    http_tls: bool = field(default=False, metadata={"help": "serve --http over TLS with --ssl-cert/--ssl-key"})
+    http_basic_auth: str = field(default="", metadata={"help": "USER:PASSWORD required for /metrics (HTTP basic auth; /healthz and /readyz stay open for probes); prefer the KAFSCALE_HTTP_BASIC_AUTH variable"})
     max_frame_bytes: int = field(default=100 * 1024 * 1024, metadata={"help": "largest request frame accepted"})
     # 256 MiB: two frames of the largest size (100 MiB) at once plus room for small requests,
     # and several times what acks=all producers keep in flight at full speed (about
@@ -125,6 +127,10 @@ class BrokerConfig:
         if any(l.tls for l in bound):
             self.tls_settings().check()
         parse_rules(self.ssl_principal_mapping_rules)
+        if self.http_tls and (not self.ssl_cert or not self.ssl_key):
+            raise ValueError("--http-tls needs --ssl-cert and --ssl-key")
+        if self.http_basic_auth and ":" not in self.http_basic_auth:
+            raise ValueError("--http-basic-auth must be USER:PASSWORD")
         if self.authorizer not in ("none", "acls"):
             raise ValueError(f"--authorizer must be none or acls, not {self.authorizer!r}")
         if any(l.sasl for l in bound):

@@ -12,6 +12,8 @@ the loop that mutates them. A scrape is a few milliseconds of synchronous work.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hmac
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -194,7 +196,10 @@ class OpsHandle:
         from aiohttp import web
 
         try:
-            status, headers, body = await self._respond(request.method, request.path, request.headers.get("Accept", ""))
+            if request.path == "/metrics" and not self._authorized(request.headers.get("Authorization", "")):
+                status, headers, body = 401, {"WWW-Authenticate": 'Basic realm="kafscale metrics"'}, b"authentication required\n"
+            else:
+                status, headers, body = await self._respond(request.method, request.path, request.headers.get("Accept", ""))
         except Exception as e:  # noqa: BLE001 - an HTTP bug must not take the broker down
             log.error("ops HTTP request failed: %s", e, exc_info=True)
             status, headers, body = 500, {}, f"internal error: {e}\n".encode()
@@ -202,6 +207,20 @@ class OpsHandle:
         response = web.Response(status=status, body=body, headers=headers)
         response.force_close()  # one request per connection: nothing idles on the ops port
         return response
+
+    def _authorized(self, header: str) -> bool:
+        """--http-basic-auth USER:PASSWORD, when set, guards /metrics."""
+        expected = getattr(self.broker.config, "http_basic_auth", "")
+        if not expected:
+            return True
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            given = base64.b64decode(value.strip(), validate=True)
+        except ValueError:
+            return False
+        return hmac.compare_digest(given, expected.encode())
 
     async def _respond(self, method: str, path: str, accept: str) -> tuple[int, dict, bytes]:
         """(status, headers, body) for a request; aiohttp drops the body of a HEAD answer."""
@@ -260,7 +279,12 @@ async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_inte
     )
     try:
         await handle._runner.setup()
-        await web.TCPSite(handle._runner, host, port, reuse_address=True).start()
+        ssl_context = None
+        if getattr(broker.config, "http_tls", False):
+            from kafscale.security.tls import TlsSettings, server_context
+
+            ssl_context = server_context(TlsSettings(broker.config.ssl_cert, broker.config.ssl_key))
+        await web.TCPSite(handle._runner, host, port, reuse_address=True, ssl_context=ssl_context).start()
     except OSError as e:
         await handle.stop()
         raise OSError(e.errno, f"cannot serve /metrics on {spec} (--http): {e.strerror or e}") from e
@@ -271,5 +295,5 @@ async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_inte
         loop.create_task(handle._lag_loop(), name="ops-lag-sampler"),
         loop.create_task(handle._health_loop(), name="ops-health"),
     ]
-    log.info("ops endpoint on http://%s:%d (/metrics /healthz /readyz)", *handle.address)
+    log.info("ops endpoint on %s://%s:%d (/metrics /healthz /readyz)", "https" if getattr(broker.config, "http_tls", False) else "http", *handle.address)
     return handle
