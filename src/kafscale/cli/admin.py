@@ -120,8 +120,25 @@ def _conf(args, **extra) -> dict:
     }
     if not args.verbose:
         conf["log_level"] = 0  # we report failures ourselves, once, in plain words
+    conf.update(client_settings(getattr(args, "command_config", None), getattr(args, "client_setting", None) or []))
     conf.update(extra)
     return conf
+
+
+def client_settings(path: str | None, pairs: list[str]) -> dict[str, str]:
+    """Client security (and other librdkafka) settings: Kafka's `--command-config` file of
+    key=value lines ('#' comments), then each `-X key=value`, as kcat takes them."""
+    out: dict[str, str] = {}
+    lines = []
+    if path:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith(("#", "!"))]
+    for item in [*lines, *pairs]:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"client setting {item!r} is not key=value", 2)
+        out[key.strip()] = value.strip()
+    return out
 
 
 def _admin(args):
@@ -762,6 +779,10 @@ def _common() -> argparse.ArgumentParser:
     g = p.add_argument_group("connection and output")
     g.add_argument("--bootstrap", "-b", default=os.environ.get("KAFSCALE_BOOTSTRAP", DEFAULT_BOOTSTRAP),
                    help=f"HOST:PORT[,HOST:PORT] of any broker (env KAFSCALE_BOOTSTRAP, default {DEFAULT_BOOTSTRAP})")
+    g.add_argument("--command-config", default=os.environ.get("KAFSCALE_CLIENT_CONFIG"),
+                   help="file of client settings, key=value per line (security.protocol, sasl.*, ssl.*; env KAFSCALE_CLIENT_CONFIG)")
+    g.add_argument("-X", dest="client_setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="one client setting, e.g. -X security.protocol=SASL_SSL (repeatable)")
     g.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for each broker answer (default 10)")
     g.add_argument("--json", action="store_true", help="machine-readable output")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
