@@ -98,3 +98,44 @@ def test_bad_tokens_fail_with_authentication_error(oauth_broker, make_token):
     errors = []
     p = Producer({**_conf(sasl, make_token), "error_cb": errors.append})
     wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "an authentication error")
+
+
+def test_kafka_python_oauthbearer(oauth_broker):
+    from kafka import KafkaProducer
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    class Provider(AbstractTokenProvider):
+        def token(self):
+            return token("kp-user")
+
+    _b, sasl = oauth_broker
+    p = KafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl}", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                      sasl_oauth_token_provider=Provider())
+    p.send("oauth-kp", b"v").get(20)
+    p.close()
+    assert "authenticated User:kp-user with SASL OAUTHBEARER" in _b.log_text()
+
+
+def test_aiokafka_oauthbearer(oauth_broker):
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.abc import AbstractTokenProvider
+
+    class Provider(AbstractTokenProvider):
+        async def token(self):
+            return token("ak-user")
+
+    _b, sasl = oauth_broker
+
+    async def run():
+        p = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl}", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                             sasl_oauth_token_provider=Provider())
+        await p.start()
+        try:
+            await p.send_and_wait("oauth-ak", b"v")
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+    assert "authenticated User:ak-user with SASL OAUTHBEARER" in _b.log_text()
