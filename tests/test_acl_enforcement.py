@@ -171,3 +171,13 @@ def test_authorized_operations_bit_fields(secured, broker):
     desc = admin.describe_topics(__import__("confluent_kafka").TopicCollection(["orders"]), include_authorized_operations=True)["orders"].result(10)
     assert {op.name for op in desc.authorized_operations} == {"WRITE", "DESCRIBE"}
     assert ErrorCode.none == 0 and Op.WRITE == 4
+
+
+def test_list_groups_shows_only_describable_groups(secured):
+    _b, sasl = secured
+    # bob has READ (so DESCRIBE) on g1 only; the super user sees every group
+    assert _consume(sasl, "bob", "orders", "g1")[0] == "ok"
+    bob = AdminClient(_conf(sasl, "bob"))
+    wait_until(lambda: {g.group_id for g in bob.list_consumer_groups().result(10).valid} == {"g1"}, 10, "bob to list g1 only")
+    admin = AdminClient(_conf(sasl, "admin"))
+    assert "g1" in {g.group_id for g in admin.list_consumer_groups().result(10).valid}

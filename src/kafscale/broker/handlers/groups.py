@@ -15,7 +15,7 @@ from kafscale.errors import ErrorCode
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
-from kafscale.security.acl import OPERATIONS_OF, ResourceType as Res
+from kafscale.security.acl import CLUSTER_NAME, OPERATIONS_OF, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 OFFSET_COMMIT = 8
@@ -492,6 +492,13 @@ async def list_groups(ctx, req):
         for gid, ptype, state in listed
         if (not states or state.lower() in states) and (not types or CLASSIC_GROUP_TYPE in types)
     ]
+    authz = getattr(ctx.broker, "authorizer", None)
+    if authz is not None and authz.enabled:
+        # Kafka: DESCRIBE on the cluster lists every group, otherwise the groups the
+        # principal may DESCRIBE.
+        host = _client_host(ctx.peer).lstrip("/")
+        if not authz.authorize(ctx.principal, host, Op.DESCRIBE, Res.CLUSTER, CLUSTER_NAME, log_denial=False):
+            entries = [e for e in entries if authz.authorize(ctx.principal, host, Op.DESCRIBE, Res.GROUP, e["group_id"], log_denial=False)]
     return build(cls, throttle_time=0, error_code=ErrorCode.none, groups=entries)
 
 
