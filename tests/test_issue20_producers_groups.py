@@ -5,6 +5,8 @@ and a group member that joins with rebalance timeout 0 must not be evicted befor
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -214,36 +216,50 @@ def test_session_timeout_range_is_a_broker_setting(broker_factory):
     assert (configs["group.min.session.timeout.ms"].value, configs["group.max.session.timeout.ms"].value) == ("1000", "20000")
 
 
+# One kafka-python consumer in its own process (its heartbeat thread must not share a GIL with
+# the test process's other threads): prints its assignment after every poll until stdin closes.
+_GROUP_MEMBER = """
+import sys, threading
+from kafka import KafkaConsumer
+topic, group, client_id, bootstrap = sys.argv[1:5]
+done = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, client_id=client_id,
+                  session_timeout_ms=3000, heartbeat_interval_ms=1000, enable_auto_commit=False)
+try:
+    while not done.is_set():
+        c.poll(timeout_ms=100)
+        print(",".join(str(tp.partition) for tp in c.assignment()) or "-", flush=True)
+finally:
+    c.close()
+"""
+
+
 def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(broker_factory):
     from confluent_kafka import ConsumerGroupState
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka import KafkaConsumer
 
     b = broker_factory(extra_args=["--group-min-session-timeout-ms", "1000", "--group-initial-rebalance-delay-ms", "0"])
     topic, group, partitions = f"stab-{uuid.uuid4().hex[:8]}", f"stab-g-{uuid.uuid4().hex[:8]}", 8
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         f.result(15)
-    stop = threading.Event()
     assigned: dict[int, frozenset[int]] = {}
-    errors: list[str] = []
 
-    def consume(i: int) -> None:
-        try:
-            c = KafkaConsumer(topic, bootstrap_servers=b.bootstrap, group_id=group, client_id=f"kp-{i}",
-                              session_timeout_ms=3000, heartbeat_interval_ms=1000, enable_auto_commit=False)
-            try:
-                while not stop.is_set():
-                    c.poll(timeout_ms=100)
-                    assigned[i] = frozenset(tp.partition for tp in c.assignment())
-            finally:
-                c.close()
-        except Exception as e:  # surfaced by the assertion below
-            errors.append(repr(e))
+    def follow(i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.strip()
+            if line:
+                assigned[i] = frozenset() if line == "-" else frozenset(int(p) for p in line.split(","))
 
-    threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in range(4)]
     start = time.monotonic()
-    for t in threads:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _GROUP_MEMBER, topic, group, f"kp-{i}", b.bootstrap],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for i in range(4)
+    ]
+    readers = [threading.Thread(target=follow, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for t in readers:
         t.start()
 
     def stable() -> bool:
@@ -255,13 +271,17 @@ def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(b
 
     try:
         settled = False
-        while not settled and time.monotonic() - start < 15 and not errors:
+        while not settled and time.monotonic() - start < 15 and all(p.poll() is None for p in procs):
             settled = stable()
             if not settled:
                 time.sleep(0.2)
-        assert not errors, errors
+        assert all(p.poll() is None for p in procs), "a consumer process died"
         assert settled, f"group not stable after 15 s: {assigned}"
     finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
+        for p in procs:
+            p.stdin.close()  # the member leaves the group and exits
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
