@@ -140,8 +140,9 @@ def test_second_broker_with_a_live_id_refuses_to_start(etcd, tmp_path):
         restarted_after = time.monotonic() - t1
         assert third.proc.poll() is None
         assert "registered with lease" in third.log_text()
-        # signal handlers are set once it says it listens
-        wait_until(lambda: "listening on" in third.log_text(), 10, "the restarted broker to listen", interval=0.05)
+        # signal handlers are set once the broker prints its start line (the listeners'
+        # own "listening on" log lines come earlier, while it is still starting)
+        wait_until(lambda: "KafScale broker 7 listening on" in third.log_text(), 10, "the restarted broker to listen", interval=0.05)
         print(f"refused after {refused_after:.1f}s; restart after kill -9 listening after {restarted_after:.1f}s")
         assert third.stop() == 0
     finally:

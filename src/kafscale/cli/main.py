@@ -49,11 +49,12 @@ def _run_broker(args: argparse.Namespace) -> int:
         gc.freeze()
         bound = ", ".join(f"{name} {host}:{port}" for name, (host, port) in broker.server.addresses.items())
         advertised = ",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints)
-        print(f"KafScale broker {cfg.broker_id} listening on {bound} (advertised as {advertised}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        # Printed once SIGTERM means a clean shutdown (supervisors and tests wait for it).
+        print(f"KafScale broker {cfg.broker_id} listening on {bound} (advertised as {advertised}); storage {cfg.storage}; metadata {cfg.metadata}", flush=True)
         await stop.wait()
         # From here on a repeated SIGTERM/SIGINT changes nothing: the shutdown under way
         # flushes and hands over (asyncio's handler only sets `stop` again). Once the loop
