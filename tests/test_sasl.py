@@ -16,13 +16,14 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion, UserScramCredentialUpsertion
 
 from kafscale.errors import ErrorCode
 from kafscale.security import certs
 from tests.support import raw
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.clients import confluent_roundtrip
 from tests.support.wait import wait_until
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
@@ -64,26 +65,6 @@ def _conf(env, mechanism, user, password, ssl=True) -> dict:
     return conf
 
 
-def _roundtrip(conf: dict, topic: str, n: int = 3) -> list[bytes]:
-    p = Producer(conf)
-    for i in range(n):
-        p.produce(topic, value=f"{topic}-{i}".encode())
-    assert p.flush(20) == 0
-    c = Consumer({**conf, "group.id": f"{topic}-g", "auto.offset.reset": "earliest"})
-    c.subscribe([topic])
-    got: list[bytes] = []
-    try:
-        def more() -> bool:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                got.append(m.value())
-            return len(got) >= n
-        wait_until(more, 30, f"{n} records from {topic}")
-    finally:
-        c.close()
-    return got
-
-
 def _metric(env, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{env['http']}/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
@@ -97,11 +78,11 @@ def _metric(env, name: str) -> float:
 ])
 def test_confluent_kafka_sasl_ssl(env, mechanism, user, password):
     topic = f"sasl-{mechanism.lower()}-{user}"
-    assert _roundtrip(_conf(env, mechanism, user, password), topic) == [f"{topic}-{i}".encode() for i in range(3)]
+    assert confluent_roundtrip(_conf(env, mechanism, user, password), topic) == [f"{topic}-{i}".encode() for i in range(3)]
 
 
 def test_confluent_kafka_sasl_plaintext_scram(env):
-    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "carol", "carol-secret", ssl=False), "sasl-plaintext-scram", 2)) == 2
+    assert len(confluent_roundtrip(_conf(env, "SCRAM-SHA-512", "carol", "carol-secret", ssl=False), "sasl-plaintext-scram", 2)) == 2
 
 
 @pytest.mark.parametrize("mechanism, user, password", [("PLAIN", "alice", "alice-secret"), ("SCRAM-SHA-512", "carol", "carol-secret")])
@@ -272,7 +253,7 @@ def test_scram_credentials_admin(env):
         up["dave"].result(10)
     up = admin.alter_user_scram_credentials([UserScramCredentialUpsertion("erin", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"erin-pw")])
     up["erin"].result(10)
-    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "sasl-erin", 1)) == 1
+    assert len(confluent_roundtrip(_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "sasl-erin", 1)) == 1
     admin.alter_user_scram_credentials([UserScramCredentialDeletion("erin", ScramMechanism.SCRAM_SHA_512)])["erin"].result(10)
     errors = []
     p = Producer({**_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "error_cb": errors.append})
@@ -284,7 +265,7 @@ def test_users_add_cli(env, tmp_path):
     pw.write_text("frank-secret\n")
     subprocess.run([sys.executable, "-m", "kafscale", "users", "add", "frank", "--mechanism", "SCRAM-SHA-512", "--password-file", str(pw),
                     "--bootstrap", env["broker"].bootstrap], check=True, timeout=60, capture_output=True)
-    assert len(_roundtrip(_conf(env, "SCRAM-SHA-512", "frank", "frank-secret"), "sasl-frank", 1)) == 1
+    assert len(confluent_roundtrip(_conf(env, "SCRAM-SHA-512", "frank", "frank-secret"), "sasl-frank", 1)) == 1
 
 
 def test_reauthentication_kip368(tmp_path):

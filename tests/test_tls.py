@@ -13,12 +13,13 @@ import ssl
 import subprocess
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, Producer
 
 from kafscale.security import certs
 from kafscale.security.principal import PrincipalMappingError, certificate_subject, from_certificate, map_name, parse_rules
 from kafscale.security.tls import ReloadingContext, TlsConfigError, TlsSettings
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.clients import confluent_roundtrip
 from tests.support.wait import wait_until
 
 # -- pure parts ---------------------------------------------------------------------------
@@ -96,30 +97,10 @@ def _ssl_conf(tls: int, paths: dict, client: str | None = None) -> dict:
     return conf
 
 
-def _roundtrip_confluent(conf: dict, topic: str, n: int = 3) -> list[bytes]:
-    p = Producer(conf)
-    for i in range(n):
-        p.produce(topic, value=f"{topic}-{i}".encode())
-    assert p.flush(20) == 0
-    c = Consumer({**conf, "group.id": f"{topic}-g", "auto.offset.reset": "earliest"})
-    c.subscribe([topic])
-    got: list[bytes] = []
-    try:
-        def more() -> bool:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                got.append(m.value())
-            return len(got) >= n
-        wait_until(more, 30, f"{n} records from {topic}")
-    finally:
-        c.close()
-    return got
-
-
 def test_confluent_kafka_over_ssl_and_mtls(tls_env):
     _b, tls, paths, _other = tls_env
-    assert _roundtrip_confluent(_ssl_conf(tls, paths), "tls-confluent") == [b"tls-confluent-0", b"tls-confluent-1", b"tls-confluent-2"]
-    assert len(_roundtrip_confluent(_ssl_conf(tls, paths, "alice"), "tls-confluent-mtls")) == 3
+    assert confluent_roundtrip(_ssl_conf(tls, paths), "tls-confluent") == [b"tls-confluent-0", b"tls-confluent-1", b"tls-confluent-2"]
+    assert len(confluent_roundtrip(_ssl_conf(tls, paths, "alice"), "tls-confluent-mtls")) == 3
 
 
 def test_kafka_python_over_ssl(tls_env):
@@ -198,7 +179,7 @@ def test_untrusted_certificates_fail_with_the_clients_error(tls_env):
     wait_until(lambda: any("certificate" in ln.lower() for ln in b.log_text().splitlines() if "TLS handshake with" in ln), 10,
                "a failed handshake logged with the certificate problem")
     # others unaffected
-    assert len(_roundtrip_confluent(_ssl_conf(tls, paths), "tls-after-untrusted", 1)) == 1
+    assert len(confluent_roundtrip(_ssl_conf(tls, paths), "tls-after-untrusted", 1)) == 1
 
 
 def test_plaintext_client_on_tls_port_and_tls_client_on_plaintext_port(tls_env):
@@ -215,7 +196,7 @@ def test_plaintext_client_on_tls_port_and_tls_client_on_plaintext_port(tls_env):
             ctx.wrap_socket(raw, server_hostname="localhost")
     wait_until(lambda: "a TLS handshake on plaintext listener PLAINTEXT" in b.log_text(), 10, "the plaintext listener's log line")
     assert b.log_text().count("a TLS handshake on plaintext listener") == 1
-    assert len(_roundtrip_confluent({"bootstrap.servers": b.bootstrap}, "tls-plain-still-fine", 1)) == 1
+    assert len(confluent_roundtrip({"bootstrap.servers": b.bootstrap}, "tls-plain-still-fine", 1)) == 1
 
 
 def test_certificates_reload_without_restart(tls_env, tmp_path):
