@@ -19,6 +19,7 @@ from kafscale.protocol import records
 from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage.producers import ProducerStateTable
 from tests.support.raw import RawClient, error_code, req
+from tests.support.wait import wait_until
 from tests.test_idempotence import fetch_values, idem_batch
 
 INIT_PRODUCER_ID = 22
@@ -224,6 +225,7 @@ from kafka import KafkaConsumer
 topic, group, client_id, bootstrap = sys.argv[1:5]
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+print("ready", flush=True)
 c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, client_id=client_id,
                   session_timeout_ms=3000, heartbeat_interval_ms=1000, enable_auto_commit=False)
 try:
@@ -245,14 +247,16 @@ def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(b
     for f in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         f.result(15)
     assigned: dict[int, frozenset[int]] = {}
+    ready: set[int] = set()
 
     def follow(i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
             line = line.strip()
-            if line:
+            if line == "ready":
+                ready.add(i)
+            elif line:
                 assigned[i] = frozenset() if line == "-" else frozenset(int(p) for p in line.split(","))
 
-    start = time.monotonic()
     procs = [
         subprocess.Popen([sys.executable, "-c", _GROUP_MEMBER, topic, group, f"kp-{i}", b.bootstrap],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -261,6 +265,10 @@ def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(b
     readers = [threading.Thread(target=follow, args=(i, p), daemon=True) for i, p in enumerate(procs)]
     for t in readers:
         t.start()
+    # The 15 s count from when every member has its interpreter up and kafka-python
+    # imported: on a busy CI machine four Python start-ups alone can take seconds.
+    wait_until(lambda: len(ready) == 4 or any(p.poll() is not None for p in procs), 60, "the members to start")
+    start = time.monotonic()
 
     def stable() -> bool:
         shares = [assigned.get(i, frozenset()) for i in range(4)]
@@ -276,7 +284,9 @@ def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(b
             if not settled:
                 time.sleep(0.2)
         assert all(p.poll() is None for p in procs), "a consumer process died"
-        assert settled, f"group not stable after 15 s: {assigned}"
+        if not settled:
+            group_log = [ln for ln in b.log_text().splitlines() if group in ln or "Traceback" in ln]
+            pytest.fail(f"group not stable after 15 s: {assigned}; broker log:\n" + "\n".join(group_log[-40:]))
     finally:
         for p in procs:
             p.stdin.close()  # the member leaves the group and exits

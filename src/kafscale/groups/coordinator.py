@@ -72,6 +72,9 @@ class GroupCoordinator:
         self._tasks: set[asyncio.Task] = set()
         self._cleanup_task: asyncio.Task | None = None
         self._stopping = False
+        # What was last logged of each group (state, generation, members): rebalances and
+        # evictions are logged once each, as Kafka's coordinator does.
+        self._logged: dict[str, tuple[str, int, frozenset[str]]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -370,6 +373,7 @@ class GroupCoordinator:
     def _forget(self, group: Group) -> None:
         if self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
+            self._logged.pop(group.group_id, None)
         self._cancel_timer(group.group_id)
 
     async def _remove_group(self, group: Group) -> None:
@@ -385,7 +389,26 @@ class GroupCoordinator:
             self._waiters[out.waiter] = fut
         await self._apply(group, out.effects)
         self._reschedule(group)
+        self._log_transition(group)
         return fut
+
+    def _log_transition(self, group: Group) -> None:
+        now = (group.state.value, group.generation_id, frozenset(group.members))
+        before = self._logged.get(group.group_id)
+        if before == now:
+            return
+        self._logged[group.group_id] = now
+        if before is None:
+            if not now[2]:
+                return  # a group seen for the first time, with nobody in it yet
+            before = ("", -1, frozenset())
+        joined, left = sorted(now[2] - before[2]), sorted(before[2] - now[2])
+        log.info(
+            "group %s: %s generation %d, %d members%s%s",
+            group.group_id, now[0], now[1], len(now[2]),
+            f"; joined {', '.join(joined)}" if joined else "",
+            f"; left or expired {', '.join(left)}" if left else "",
+        )
 
     async def _apply(self, group: Group, effects: list) -> None:
         persisted = False
