@@ -369,12 +369,20 @@ class LogSettings:
     # CreateTime records must lie in [now - before, now + after] (Kafka's LogValidator)
     timestamp_before_max_ms: int = LONG_MAX
     timestamp_after_max_ms: int = LONG_MAX
+    # cleanup.policy: delete applies retention.ms/bytes; compact runs the compactor.
+    cleanup_delete: bool = True
+    cleanup_compact: bool = False
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    delete_retention_ms: int = 86_400_000
 
     @classmethod
     def from_configs(cls, configs: dict[str, str], broker_static: dict[str, str] | None = None) -> "LogSettings":
         c = effective(configs, broker_static)
         difference = int(c["message.timestamp.difference.max.ms"])
         before, after = int(c["message.timestamp.before.max.ms"]), int(c["message.timestamp.after.max.ms"])
+        policies = {p.strip() for p in (c["cleanup.policy"] or "").split(",")} - {""}
         return cls(
             int(c["retention.ms"]),
             int(c["retention.bytes"]),
@@ -384,4 +392,10 @@ class LogSettings:
             # the deprecated difference applies where before/after keep their default, as in Kafka
             before if before != LONG_MAX else difference,
             after if after != LONG_MAX else difference,
+            "delete" in policies,
+            "compact" in policies,
+            float(c["min.cleanable.dirty.ratio"]),
+            int(c["min.compaction.lag.ms"]),
+            int(c["max.compaction.lag.ms"]),
+            int(c["delete.retention.ms"]),
         )

@@ -75,17 +75,19 @@ def encode(
     created_ms: int | None = None,
     aborted: tuple = (),
     open_txns: tuple = (),
+    last_offset: int | None = None,
 ) -> EncodedSegment:
     """Wrap already-offset-patched batch buffers in a segment, and build its sparse index.
 
     `batches` is a list of bytes-like objects, each holding one or more whole batches;
     `aborted` the aborted-transaction entries of its ABORT markers and `open_txns` the
     transactions open at its end (kept in the metadata only: the segment file format has no
-    place for them).
+    place for them). `last_offset` overrides the last batch's: a compacted segment keeps the
+    offset range it had even when its last records were cleaned away.
     """
     created_ms = int(time.time() * 1000) if created_ms is None else created_ms
     count = 0
-    last_offset = base_offset - 1
+    last_offset_seen = base_offset - 1
     max_ts = -1
     crc = 0
     entries: list[bytes] = []
@@ -99,10 +101,15 @@ def encode(
                 since_entry = 0
             since_entry += h.record_count
             count += h.record_count
-            last_offset = h.last_offset
+            last_offset_seen = h.last_offset
             if h.max_timestamp > max_ts:
                 max_ts = h.max_timestamp
         pos += len(buf)
+    if last_offset is not None:
+        if last_offset < last_offset_seen:
+            raise ValueError(f"last offset {last_offset} is below the last batch's {last_offset_seen}")
+        last_offset_seen = last_offset
+    last_offset = last_offset_seen
     size = pos + FOOTER_SIZE
     header = HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0, base_offset, count, created_ms, 0)
     footer = FOOTER.pack(crc, last_offset, FOOTER_MAGIC)
