@@ -105,8 +105,6 @@ def _cleanup_policy(v: str) -> None:
     policies = set(v.split(",")) - {""}
     if not policies <= {"compact", "delete"}:
         raise InvalidConfigError("must be a list of compact, delete")
-    if "compact" in policies:
-        raise InvalidConfigError("cleanup.policy=compact is not supported: KafScale segments are immutable; use delete")
     if not policies:
         # Kafka takes an empty list as "neither": keep everything. Refused here rather than
         # half-honoured: retention.ms / retention.bytes always apply in KafScale.
