@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from tests.support.broker import BrokerProcess
 from tests.support.wait import wait_until
@@ -43,7 +43,7 @@ def consume_all(b, topic: str, isolation: str, expect: int | None = None, timeou
             if m is None:
                 continue
             if m.error():
-                if m.error().code() == -191 and (expect is None or len(out) >= expect):  # _PARTITION_EOF
+                if m.error().code() == KafkaError._PARTITION_EOF and (expect is None or len(out) >= expect):
                     return out
                 continue
             out.append(m.value())

@@ -82,7 +82,7 @@ def _read_committed(bootstrap: str, topic: str, partitions: int, expect: int, ti
     import time
     import uuid
 
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4()}", "enable.auto.commit": False,
                   "isolation.level": "read_committed", "enable.partition.eof": True,
@@ -96,7 +96,7 @@ def _read_committed(bootstrap: str, topic: str, partitions: int, expect: int, ti
             if m is None:
                 continue
             if m.error():
-                if m.error().code() == -191:
+                if m.error().code() == KafkaError._PARTITION_EOF:
                     eof.add(m.partition())
                     if len(eof) == partitions and len(out) >= expect:
                         return out

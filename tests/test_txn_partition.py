@@ -11,7 +11,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
@@ -178,7 +178,7 @@ def consume_all(bootstrap: str, topic: str, isolation: str, end: int) -> list[by
             if m is None:
                 continue
             if m.error():
-                if m.error().code() == -191 and c.position([TopicPartition(topic, 0)])[0].offset >= end:  # _PARTITION_EOF
+                if m.error().code() == KafkaError._PARTITION_EOF and c.position([TopicPartition(topic, 0)])[0].offset >= end:  # _PARTITION_EOF
                     return out
                 continue
             out.append(m.value())

@@ -184,19 +184,13 @@ class TransactionMetadata:
         if epoch_exhausted(self.producer_epoch) and (expected is None or expected[1] == self.producer_epoch):
             if new_producer_id is None:
                 return Step(needs_producer_id=True)
-            new = self._copy(
+            new = self._fresh(
                 now_ms,
+                timeout_ms,
                 previous_producer_id=self.producer_id,
                 producer_id=new_producer_id,
                 producer_epoch=0,
                 last_producer_epoch=self.producer_epoch if expected is not None else NO_PRODUCER_EPOCH,
-                next_producer_id=NO_PRODUCER_ID,
-                timeout_ms=timeout_ms,
-                state=TxnState.EMPTY,
-                partitions=set(),
-                groups=set(),
-                start_ms=-1,
-                tv2=False,
             )
             return Step(new=new, producer_id=new.producer_id, producer_epoch=0)
         bumped = self.producer_epoch + 1
@@ -209,19 +203,15 @@ class TransactionMetadata:
             epoch, last = self.producer_epoch, self.last_producer_epoch
         else:
             return Step(ErrorCode.producer_fenced)
-        new = self._copy(
-            now_ms,
-            producer_epoch=epoch,
-            last_producer_epoch=last,
-            next_producer_id=NO_PRODUCER_ID,
-            timeout_ms=timeout_ms,
-            state=TxnState.EMPTY,
-            partitions=set(),
-            groups=set(),
-            start_ms=-1,
-            tv2=False,
-        )
+        new = self._fresh(now_ms, timeout_ms, producer_epoch=epoch, last_producer_epoch=last)
         return Step(new=new, producer_id=new.producer_id, producer_epoch=epoch)
+
+    def _fresh(self, now_ms: float, timeout_ms: int, **producer) -> "TransactionMetadata":
+        """A copy for a (re)initialised producer: Empty, no transaction, the new timeout."""
+        return self._copy(
+            now_ms, next_producer_id=NO_PRODUCER_ID, timeout_ms=timeout_ms, state=TxnState.EMPTY,
+            partitions=set(), groups=set(), start_ms=-1, tv2=False, **producer,
+        )
 
     def _valid_expected_producer(self, expected: tuple[int, int]) -> bool:
         pid, epoch = expected
