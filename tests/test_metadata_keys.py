@@ -184,6 +184,14 @@ def test_transactions_and_pending_offsets_per_group_and_producer(store):
         assert await store.fetch_offsets("orders/eu") == {}
         assert await store.pending_offset_partitions("orders/eu") == {("t", 1)}
         assert list(await store.list_transactions()) == ["tx/1"]
+        # OffsetDelete drops the partition's pending offsets too; DeleteGroups all of the
+        # group's, and only that group's.
+        await store.put_pending_offsets("orders", 9, {("t", 1): _off(7), ("t", 2): _off(8)})
+        await store.delete_offsets("orders", [("t", 1)])
+        assert await store.pending_offset_partitions("orders") == {("t", 2)}
+        await store.delete_group("orders")
+        assert await store.pending_offset_partitions("orders") == set()
+        assert await store.pending_offset_partitions("orders/eu") == {("t", 1)}
 
     asyncio.run(go())
 

@@ -292,7 +292,12 @@ class MetadataStore:
         return out
 
     async def delete_group(self, group_id: str) -> None:
-        await self.kv.commit(Txn(deletes=[keys.group(group_id)], delete_prefixes=[keys.group_offsets_prefix(group_id)]))
+        """The group, its offsets and its transactions' pending offsets (Kafka drops those
+        with the group: an open transaction's commit then restores nothing of it)."""
+        await self.kv.commit(Txn(
+            deletes=[keys.group(group_id)],
+            delete_prefixes=[keys.group_offsets_prefix(group_id), keys.group_pending_offsets_prefix(group_id)],
+        ))
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
         txn = Txn(puts=[(keys.offset(group_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
@@ -308,7 +313,18 @@ class MetadataStore:
         return out
 
     async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> None:
-        await self.kv.commit(Txn(deletes=[keys.offset(group_id, t, p) for t, p in partitions]))
+        """The committed offsets of `partitions`, and any transaction's pending offsets of
+        them (Kafka's OffsetDelete removes both)."""
+        doomed = set(partitions)
+        deletes = [keys.offset(group_id, t, p) for t, p in partitions]
+        for kv in await self.kv.range(keys.group_pending_offsets_prefix(group_id)):
+            try:
+                _pid, topic, partition = keys.pending_offset_of(kv.key)
+            except keys.MalformedKey:
+                continue
+            if (topic, partition) in doomed:
+                deletes.append(kv.key)
+        await self.kv.commit(Txn(deletes=deletes))
 
     # -- the layout before names were escaped ---------------------------------------------
 
