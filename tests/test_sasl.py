@@ -133,7 +133,11 @@ def test_aiokafka_sasl_ssl_scram_sha_256(env):
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make test installs it)")
-@pytest.mark.parametrize("mechanism, user, password", [("PLAIN", "alice", "alice-secret")])
+@pytest.mark.parametrize("mechanism, user, password", [
+    ("PLAIN", "alice", "alice-secret"),
+    ("SCRAM-SHA-256", "bob", "bob-secret"),  # Debian's kcat (librdkafka 2.0.2) repeats its client nonce
+    ("SCRAM-SHA-512", "carol", "carol-secret"),
+])
 def test_kcat_sasl_ssl(env, mechanism, user, password):
     topic = f"sasl-kcat-{mechanism.lower()}"
     args = ["-b", f"127.0.0.1:{env['sasl_ssl']}", "-X", "security.protocol=SASL_SSL", "-X", f"ssl.ca.location={env['paths']['ca']}",

@@ -24,7 +24,7 @@ def test_rfc7677_example():
     assert scram.check_password("SCRAM-SHA-256", cred, "pencil") and not scram.check_password("SCRAM-SHA-256", cred, "pencil2")
 
 
-def _client_exchange(mechanism: str, user: str, password: str, cred: scram.ScramCredential, tamper=None) -> bytes:
+def _client_exchange(mechanism: str, user: str, password: str, cred: scram.ScramCredential, tamper=None, final_nonce=None) -> bytes:
     """A client written from RFC 5802, against ScramServer."""
     import hashlib
     import hmac
@@ -37,7 +37,7 @@ def _client_exchange(mechanism: str, user: str, password: str, cred: scram.Scram
     attrs = dict(p.split("=", 1) for p in server_first.split(","))
     salted = hashlib.pbkdf2_hmac(alg, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
     client_key = hmac.new(salted, b"Client Key", alg).digest()
-    without_proof = f"c=biws,r={attrs['r']}"
+    without_proof = f"c=biws,r={final_nonce(attrs['r']) if final_nonce else attrs['r']}"
     auth = f"{bare},{server_first},{without_proof}".encode()
     sig = hmac.new(hashlib.new(alg, client_key).digest(), auth, alg).digest()
     proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, sig))).decode()
@@ -53,6 +53,17 @@ def test_scram_round_trip_and_wrong_password(mechanism):
         _client_exchange(mechanism, "bob", "wrong", cred)
     with pytest.raises(scram.ScramError, match="nonce"):
         _client_exchange(mechanism, "bob", "s3cret", cred, tamper=lambda m: m.replace("r=clientnonce", "r=othernonce"))
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_takes_old_librdkafkas_repeated_client_nonce_and_nothing_looser(mechanism):
+    # librdkafka < 2.6.1 puts its client nonce once more in front of the server-first nonce
+    # (Kafka 3.8.1-3.9 accept it); any other deviation from that nonce is refused.
+    cred = scram.make_credential(mechanism, "s3cret", 4096)
+    assert _client_exchange(mechanism, "bob", "s3cret", cred, final_nonce=lambda r: "clientnonce" + r).startswith(b"v=")
+    for bad in (lambda r: "clientnonce", lambda r: "x" + r, lambda r: "clientnonceclientnonce" + r, lambda r: r + "x", lambda r: r[:-1]):
+        with pytest.raises(scram.ScramError, match="nonce"):
+            _client_exchange(mechanism, "bob", "s3cret", cred, final_nonce=bad)
 
 
 @pytest.mark.parametrize(

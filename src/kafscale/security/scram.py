@@ -177,7 +177,12 @@ class ScramServer:
             raise ScramError("malformed SCRAM client-final message") from None
         if channel != self._gs2_header:
             raise ScramError("channel binding does not match")
-        if attrs.get("r") != self._nonce:
+        # RFC 5802: r is exactly the server-first nonce. librdkafka before 2.6.1 (Debian's
+        # kcat 1.7.1 has 2.0.2) sends its client nonce once more in front of it; Kafka 3.8.1
+        # to 3.9 accept that (Kafka 4 refuses those clients). Only that exact form is taken
+        # besides the RFC's, so the server nonce must still be echoed whole.
+        client_nonce = self._nonce[: len(self._nonce) - len(self._server_nonce)]
+        if attrs.get("r") not in (self._nonce, client_nonce + self._nonce):
             raise ScramError("nonce does not match")
         auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         cred = self._credential
