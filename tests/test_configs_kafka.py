@@ -191,7 +191,7 @@ def test_configs_without_meaning_here_are_accepted_stored_and_normalised(broker,
         assert (got[name].value, got[name].config_source) == (value, DYNAMIC_TOPIC), name
     for bad in ({"min.insync.replicas": "0"}, {"unclean.leader.election.enable": "maybe"}, {"compression.type": "brotli"}, {"compression.lz4.level": "18"},
                 {"min.cleanable.dirty.ratio": "1.5"}, {"leader.replication.throttled.replicas": "x:y"}, {"segment.bytes": "13"}, {"local.retention.ms": "-3"},
-                {"max.message.bytes": "4294967296"}, {"message.format.version": "banana"}, {"cleanup.policy": ""}):
+                {"max.message.bytes": "4294967296"}, {"message.format.version": "banana"}, {"cleanup.policy": "compact,"}, {"cleanup.policy": "Compact"}):
         fut = admin.create_topics([NewTopic(topic_name + "-bad", 1, 1, config=bad)])[topic_name + "-bad"]
         with pytest.raises(KafkaException) as info:
             fut.result(15)

@@ -55,7 +55,7 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
         # Durability comes from the object store; any usual factor is accepted and ignored.
         raise TopicError(ErrorCode.invalid_replication_factor, "replication factor must be -1 or 1-3")
     try:
-        configs = topic_config.normalize(configs)
+        configs = topic_config.normalize(configs, broker.config.kafka_static_configs())
     except topic_config.InvalidConfigError as e:
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
@@ -123,7 +123,7 @@ async def _alter_configs(broker: "Broker", name: str, change, validate_only: boo
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
     try:
-        new = {k: v for k, v in topic_config.normalize(change(dict(meta.configs))).items() if v is not None}
+        new = {k: v for k, v in topic_config.normalize(change(dict(meta.configs)), broker.config.kafka_static_configs()).items() if v is not None}
     except topic_config.InvalidConfigError as e:
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     if validate_only:

@@ -15,7 +15,7 @@ Kafka's semantics, kept here:
   numbers without leading zeros).
 
 Every config is accepted and stored; `meaning` says what KafScale does with it (most
-replication, cleaner and local-disk configs have nothing to act on with stateless brokers
+replication and local-disk configs have nothing to act on with stateless brokers
 and an object store; they are kept so tools that set them work, and reported back).
 """
 
@@ -65,7 +65,9 @@ def normalize_value(kind: int, value: str) -> str:
         except ValueError:
             raise InvalidConfigError("not a number") from None
     if kind == LIST:
-        return ",".join(x.strip() for x in v.split(",") if x.strip())
+        # Kafka's list parsing: an empty value is the empty list; otherwise split at commas
+        # (whitespace around them dropped), keeping empty items for the validator to judge
+        return ",".join(x.strip() for x in v.split(",")) if v else ""
     return v
 
 
@@ -75,15 +77,17 @@ def normalize_value(kind: int, value: str) -> str:
 def at_least(lo: int | float) -> Callable[[str], None]:
     def check(v: str) -> None:
         if float(v) < lo:
-            raise InvalidConfigError(f"must be at least {lo}")
+            raise InvalidConfigError(f"Value must be at least {lo}")
 
     return check
 
 
 def between(lo: int | float, hi: int | float) -> Callable[[str], None]:
-    def check(v: str) -> None:
-        if not lo <= float(v) <= hi:
-            raise InvalidConfigError(f"must be between {lo} and {hi}")
+    def check(v: str) -> None:  # Kafka's Range.between messages
+        if float(v) < lo:
+            raise InvalidConfigError(f"Value must be at least {lo}")
+        if float(v) > hi:
+            raise InvalidConfigError(f"Value must be no more than {hi}")
 
     return check
 
@@ -101,18 +105,24 @@ def _gzip_level(v: str) -> None:
         raise InvalidConfigError("must be between 1 and 9 or equal to -1")
 
 
+CLEANUP_POLICIES = ("compact", "delete")
+
+
 def _cleanup_policy(v: str) -> None:
-    policies = set(v.split(",")) - {""}
-    if not policies <= {"compact", "delete"}:
-        raise InvalidConfigError("must be a list of compact, delete")
-    if not policies:
-        # Kafka takes an empty list as "neither": keep everything. Refused here rather than
-        # half-honoured: retention.ms / retention.bytes always apply in KafScale.
-        raise InvalidConfigError("must be delete (an empty policy would keep data forever: set retention.ms=-1 for that)")
+    # Kafka's ValidList.in("compact", "delete"): each item, case-sensitive; the empty list is
+    # valid (neither policy: the log keeps everything), duplicates are accepted
+    for item in v.split(",") if v else ():
+        if item not in CLEANUP_POLICIES:
+            raise InvalidConfigError(f"String must be one of: {', '.join(CLEANUP_POLICIES)}")
+
+
+def cleanup_policies(value: str | None) -> frozenset[str]:
+    """The policies a (valid) cleanup.policy value names."""
+    return frozenset(x.strip() for x in (value or "").split(",")) - {""}
 
 
 def _throttled_replicas(v: str) -> None:
-    items = [x for x in v.split(",") if x]
+    items = [x for x in v.split(",") if x]  # Kafka lets empty items through here
     if items == ["*"] or all(re.fullmatch(r"[0-9]+:[0-9]+", x) for x in items):
         return
     raise InvalidConfigError("must be * or a list of partition:broker_id")
@@ -150,14 +160,16 @@ SYNONYM_FACTOR = {
 
 _STORED = " KafScale stores this setting and reports it back; it has no effect here"
 _NO_REPLICAS = _STORED + " (durability comes from the object store, not from replicas)."
-_NO_CLEANER = _STORED + " (there is no log compaction: segments are immutable objects)."
 _NO_DISK = _STORED + " (brokers keep no local log files)."
 
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     c.name: c
     for c in [
         ConfigDef("cleanup.policy", "delete", LIST, _cleanup_policy,
-                  "What happens to old segments: delete removes them by retention.ms and retention.bytes. KafScale supports delete only; compact is refused.",
+                  "A list of compact and/or delete: what happens to old segments. delete removes whole segments by retention.ms and retention.bytes; "
+                  "compact keeps, per key, the latest record (the partition owner's compactor rewrites sealed segment objects in the object store, "
+                  "records keep their offsets) and refuses records without a key (INVALID_RECORD); compact,delete does both. "
+                  "An empty list does neither: the log keeps everything.",
                   ("log.cleanup.policy",), ENFORCED),
         ConfigDef("compression.type", "producer", STRING, one_of(*COMPRESSION_TYPES),
                   "Codec of stored batches: producer keeps each batch as the producer compressed it; uncompressed, gzip, snappy, lz4 or zstd ask for that codec. "
@@ -166,7 +178,9 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("compression.gzip.level", "-1", INT, _gzip_level, "gzip level used when the broker compresses with gzip." + _STORED + " (batches are never re-compressed).", ("compression.gzip.level",)),
         ConfigDef("compression.lz4.level", "9", INT, between(1, 17), "lz4 level used when the broker compresses with lz4." + _STORED + " (batches are never re-compressed).", ("compression.lz4.level",)),
         ConfigDef("compression.zstd.level", "3", INT, between(-131072, 22), "zstd level used when the broker compresses with zstd." + _STORED + " (batches are never re-compressed).", ("compression.zstd.level",)),
-        ConfigDef("delete.retention.ms", "86400000", LONG, at_least(0), "How long delete markers of compacted topics are kept." + _NO_CLEANER, ("log.cleaner.delete.retention.ms",)),
+        ConfigDef("delete.retention.ms", "86400000", LONG, at_least(0), "How long a tombstone (a record with a null value) of a compacted topic is kept after the compactor first rewrote the segment holding it; "
+                  "then it is removed. A consumer reading from the beginning sees a deleted key's tombstone if it reaches it within this time.",
+                  ("log.cleaner.delete.retention.ms",), ENFORCED),
         ConfigDef("file.delete.delay.ms", "60000", LONG, at_least(0), "Wait before a deleted segment file is removed from disk." + _NO_DISK, ("log.segment.delete.delay.ms",)),
         ConfigDef("flush.messages", str(LONG_MAX), LONG, at_least(1), "Force an fsync after this many messages." + _STORED + " (a batch is acknowledged only once its segment is in the object store).", ("log.flush.interval.messages",)),
         ConfigDef("flush.ms", str(LONG_MAX), LONG, at_least(0), "Force an fsync after this long." + _STORED + " (a batch is acknowledged only once its segment is in the object store; see --flush-interval-ms).",
@@ -176,7 +190,8 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("leader.replication.throttled.replicas", "", LIST, _throttled_replicas, "Replicas whose leader side of replication is throttled (partition:broker list or *)." + _NO_REPLICAS),
         ConfigDef("local.retention.bytes", "-2", LONG, at_least(-2), "Local-disk retention by size for tiered topics (-2: retention.bytes)." + _NO_DISK, ("log.local.retention.bytes",)),
         ConfigDef("local.retention.ms", "-2", LONG, at_least(-2), "Local-disk retention by time for tiered topics (-2: retention.ms)." + _NO_DISK, ("log.local.retention.ms",)),
-        ConfigDef("max.compaction.lag.ms", str(LONG_MAX), LONG, at_least(1), "Longest time a record stays uncompacted." + _NO_CLEANER, ("log.cleaner.max.compaction.lag.ms",)),
+        ConfigDef("max.compaction.lag.ms", str(LONG_MAX), LONG, at_least(1), "Longest time a record of a compacted topic stays uncompacted: a partition whose oldest uncompacted segment is older than this is compacted "
+                  "even below min.cleanable.dirty.ratio.", ("log.cleaner.max.compaction.lag.ms",), ENFORCED),
         ConfigDef("max.message.bytes", "1048588", INT, at_least(0), "Largest record batch (after compression) a producer may send to this topic; larger ones get MESSAGE_TOO_LARGE.",
                   ("message.max.bytes",), ENFORCED),
         ConfigDef("message.downconversion.enable", "true", BOOLEAN, None, "Whether fetches of old protocol versions may be served by converting batches to an older message format." + _STORED + ".",
@@ -196,8 +211,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("message.timestamp.type", "CreateTime", STRING, one_of("CreateTime", "LogAppendTime"),
                   "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the broker's clock when it is appended.",
                   ("log.message.timestamp.type",), ENFORCED),
-        ConfigDef("min.cleanable.dirty.ratio", "0.5", DOUBLE, between(0, 1), "Share of a log that must be uncompacted before the cleaner runs." + _NO_CLEANER, ("log.cleaner.min.cleanable.ratio",)),
-        ConfigDef("min.compaction.lag.ms", "0", LONG, at_least(0), "Shortest time a record stays uncompacted." + _NO_CLEANER, ("log.cleaner.min.compaction.lag.ms",)),
+        ConfigDef("min.cleanable.dirty.ratio", "0.5", DOUBLE, between(0, 1), "A compacted partition is compacted when the bytes of its segments not yet compacted reach this share of its compactable bytes "
+                  "(higher: fewer, larger rewrites of segment objects; lower: less superseded data kept).", ("log.cleaner.min.cleanable.ratio",), ENFORCED),
+        ConfigDef("min.compaction.lag.ms", "0", LONG, at_least(0), "Shortest time a record of a compacted topic stays uncompacted: a segment holding records younger than this is not compacted yet "
+                  "(nor anything after it). Must not exceed max.compaction.lag.ms.", ("log.cleaner.min.compaction.lag.ms",), ENFORCED),
         ConfigDef("min.insync.replicas", "1", INT, at_least(1), "Replicas that must have a write for acks=all to succeed." + _NO_REPLICAS, ("min.insync.replicas",)),
         ConfigDef("preallocate", "false", BOOLEAN, None, "Preallocate segment files on disk." + _NO_DISK, ("log.preallocate",)),
         ConfigDef("remote.log.copy.disable", "false", BOOLEAN, None, "Stop copying segments to tiered storage." + _STORED + " (every segment lives in the object store)."),
@@ -326,9 +343,11 @@ def resolve_broker(name: str, broker_static: dict[str, str]) -> Resolved:
     return Resolved(name, value, syns[0].source if syns else DEFAULT_CONFIG, tuple(syns))
 
 
-def normalize(configs: dict[str, str | None]) -> dict[str, str | None]:
+def normalize(configs: dict[str, str | None], broker_static: dict[str, str] | None = None) -> dict[str, str | None]:
     """The configs with values as Kafka prints them; InvalidConfigError names the first
-    unknown or invalid entry. A None value (deletion) is kept as None."""
+    unknown or invalid entry, with Kafka's message. A None value (deletion) is kept as None.
+    `configs` is a topic's whole set of overrides: the checks across configs (Kafka's
+    LogConfig.validateValues) see them over the broker's defaults."""
     out: dict[str, str | None] = {}
     for name, value in configs.items():
         d = TOPIC_CONFIGS.get(name)
@@ -342,13 +361,18 @@ def normalize(configs: dict[str, str | None]) -> dict[str, str | None]:
             if d.validate is not None:
                 d.validate(v)
         except InvalidConfigError as e:
-            raise InvalidConfigError(f"invalid value {value!r} for {name}: {e}") from None
+            raise InvalidConfigError(f"Invalid value {value} for configuration {name}: {e}") from None
         out[name] = v
+    given = {k: v for k, v in out.items() if v is not None}
+    lo = int(resolve("min.compaction.lag.ms", given, broker_static).value or 0)
+    hi = int(resolve("max.compaction.lag.ms", given, broker_static).value or LONG_MAX)
+    if lo > hi:
+        raise InvalidConfigError(f"conflict topic config setting min.compaction.lag.ms ({lo}) > max.compaction.lag.ms ({hi})")
     return out
 
 
-def validate(configs: dict[str, str | None]) -> None:
-    normalize(configs)
+def validate(configs: dict[str, str | None], broker_static: dict[str, str] | None = None) -> None:
+    normalize(configs, broker_static)
 
 
 def effective(configs: dict[str, str], broker_static: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -380,7 +404,7 @@ class LogSettings:
         c = effective(configs, broker_static)
         difference = int(c["message.timestamp.difference.max.ms"])
         before, after = int(c["message.timestamp.before.max.ms"]), int(c["message.timestamp.after.max.ms"])
-        policies = {p.strip() for p in (c["cleanup.policy"] or "").split(",")} - {""}
+        policies = cleanup_policies(c["cleanup.policy"])
         return cls(
             int(c["retention.ms"]),
             int(c["retention.bytes"]),

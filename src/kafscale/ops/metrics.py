@@ -285,6 +285,7 @@ class _LiveCollector(Collector):
                 ops.add_metric([op], stats[key])
         yield ops
         yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
+        yield CounterMetricFamily("kafscale_key_check_decompressions", "Compressed record batches produce decompressed to check that every record sent to a compacted topic has a key (Kafka's rule; 0 unless compressed batches go to topics with cleanup.policy compact)", value=records.key_check_decompressions)
 
         cache = getattr(logs, "cache", None)
         if cache is not None:

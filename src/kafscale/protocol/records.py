@@ -2,7 +2,9 @@
 full decoder (with decompression) for tests, the CLI and the Spark reader.
 
 The broker itself never decodes records: it validates the CRC32C of each batch, patches
-the base offset and partition leader epoch in place and keeps the bytes as they came.
+the base offset and partition leader epoch in place and keeps the bytes as they came. Two
+topic configs make produce look inside: message.timestamp.*.max.ms (check_timestamps) and
+cleanup.policy compact (check_keys: every record needs a key).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Iterator
 import crc32c as _crc32c
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol.varint import read_varlong
+from kafscale.protocol.varint import VarintError, read_varlong
 
 LONG_MAX = (1 << 63) - 1
 
@@ -62,10 +64,13 @@ def read_base_offset(buf, pos: int = 0) -> int:
 
 
 class InvalidRecordError(KafkaError, ValueError):
-    """A record set that cannot be accepted. `error_code` is the Kafka error to answer."""
+    """A record set that cannot be accepted. `error_code` is the Kafka error to answer;
+    `record_errors` (index of the record in its batch, message) the records that made it
+    (Produce v8+ answers them, as Kafka's RecordValidationException)."""
 
-    def __init__(self, message: str, error_code: ErrorCode):
+    def __init__(self, message: str, error_code: ErrorCode, record_errors: tuple[tuple[int, str], ...] = ()):
         super().__init__(error_code, message)
+        self.record_errors = record_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +188,59 @@ def check_timestamps(data, headers: list[BatchHeader], before_max_ms: int, after
         pos += header.size
 
 
+def check_keys(data, headers: list[BatchHeader], partition: str) -> None:
+    """Kafka's rule for compacted topics (LogValidator): every record has a key, else
+    INVALID_RECORD for the record set, naming each keyless record of the first batch that
+    has one. Uncompressed batches are checked by walking the record headers (length,
+    attributes, timestamp and offset deltas, key length), without copying; a compressed batch
+    is decompressed first (counted in `key_check_decompressions`, not in `decompressions`).
+    Control batches are not checked (their records always have a key)."""
+    global key_check_decompressions
+    view = memoryview(data).toreadonly()
+    pos = 0
+    for header in headers:
+        if not header.is_control and header.record_count > 0:
+            body = view[pos + HEADER_SIZE : pos + header.size]
+            if header.compression != COMPRESSION_NONE:
+                key_check_decompressions += 1
+                try:
+                    body = _decompress(header.compression, body)
+                except Exception:  # noqa: BLE001 - whatever the codec library raises on bad input
+                    raise InvalidRecordError("compressed record batch does not decompress", ErrorCode.corrupt_message) from None
+            missing = _keyless_records(body, header.record_count)
+            if missing:
+                errors = tuple((i, f"Compacted topic cannot accept message without key in topic partition {partition}") for i in missing)
+                shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+                raise InvalidRecordError(
+                    f"One or more records have been rejected due to {len(errors)} record errors in total, and only showing the first three errors at most: [{shown}]",
+                    ErrorCode.invalid_record,
+                    errors,
+                )
+        pos += header.size
+
+
+def _keyless_records(body, count: int) -> list[int]:
+    """Indexes of the records in a batch body (decompressed) whose key is null."""
+    missing = []
+    p, end = 0, len(body)
+    try:
+        for i in range(count):
+            length, p = read_varlong(body, p)
+            rec_end = p + length
+            q = p + 1  # attributes
+            _ts_delta, q = read_varlong(body, q)
+            _offset_delta, q = read_varlong(body, q)
+            key_length, q = read_varlong(body, q)
+            if length < 0 or rec_end > end or q > rec_end:
+                raise InvalidRecordError(f"record {i} of a batch overruns its batch", ErrorCode.corrupt_message)
+            if key_length < 0:
+                missing.append(i)
+            p = rec_end
+    except VarintError:
+        raise InvalidRecordError("malformed record in a record batch", ErrorCode.corrupt_message) from None
+    return missing
+
+
 def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
     """Set base offset and partition leader epoch in place; neither is covered by the CRC."""
     _I64.pack_into(buf, pos + BASE_OFFSET, base_offset)
@@ -242,15 +300,25 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 # decodes the batch holding the answer. /metrics exports this count
 # (kafscale_decompressions_total) so that staying at zero under load is checked, not assumed.
 decompressions = 0
+# Compressed batches decompressed by produce to check that every record sent to a compacted
+# topic has a key (check_keys): the one check that looks inside compressed batches on the
+# produce path, for compacted topics only (kafscale_key_check_decompressions_total).
+key_check_decompressions = 0
 
 
 def decompress(codec: int, data) -> bytes:
-    import cramjam
-
     global decompressions
     if codec == COMPRESSION_NONE:
         return bytes(data)
     decompressions += 1
+    return _decompress(codec, data)
+
+
+def _decompress(codec: int, data) -> bytes:
+    import cramjam
+
+    if codec == COMPRESSION_NONE:
+        return bytes(data)
     if codec == COMPRESSION_GZIP:
         return bytes(cramjam.gzip.decompress(bytes(data)))
     if codec == COMPRESSION_SNAPPY:

@@ -21,8 +21,11 @@ def segments_past_retention(segments: list[SegmentInfo], settings: LogSettings, 
     """The whole segments past retention.ms / retention.bytes (-1: unlimited), oldest first:
     by time, the leading segments whose newest record (or, with no timestamps, whose
     creation) is older than retention.ms; by size, the leading segments whose removal keeps
-    the log at or above retention.bytes."""
+    the log at or above retention.bytes. Only under cleanup.policy delete (as Kafka: a
+    compact-only or empty policy keeps every segment; compaction shrinks a compacted log)."""
     s = settings
+    if not s.cleanup_delete:
+        return []
     segs = segments
     doomed = []
     if s.retention_ms >= 0:

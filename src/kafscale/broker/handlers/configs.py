@@ -223,8 +223,10 @@ def _incremental(r):
             elif op in (APPEND, SUBTRACT):
                 d = topic_config.TOPIC_CONFIGS.get(c.name)
                 if d is None or d.kind != topic_config.LIST:
-                    raise topics.TopicError(ErrorCode.invalid_config, f"{c.name} is not a list config")
-                items = [x for x in (new.get(c.name) or topic_config.resolve(c.name, {}).value or "").split(",") if x]
+                    raise topics.TopicError(ErrorCode.invalid_config, f"Can't {'APPEND' if op == APPEND else 'SUBTRACT'} to key {c.name} because its type is not LIST.")
+                # as Kafka: the override (an empty one is the empty list), else the default
+                old_value = new[c.name] if new.get(c.name) is not None else topic_config.resolve(c.name, {}).value
+                items = [x for x in (old_value or "").split(",") if x]
                 if op == APPEND:
                     items += [x for x in (c.value or "").split(",") if x and x not in items]
                 else:

@@ -1,6 +1,7 @@
 """Produce (0): validate each batch (magic, CRC32C, size), assign offsets in place, and
 answer once the flush that holds the batches is durable. Batches are never decompressed,
-except to check record timestamps on topics that limit them (message.timestamp.*.max.ms).
+except to check record timestamps on topics that limit them (message.timestamp.*.max.ms)
+and record keys on compacted topics (records.check_keys).
 
 Transactional batches (a request with a transactional id) are appended like any batch;
 the partition opens the producer's transaction on it (storage/producers.py). The
@@ -25,12 +26,13 @@ log = logging.getLogger("kafscale.produce")
 
 
 class _PartitionResult:
-    __slots__ = ("index", "error", "message", "base_offset", "append_time", "log_start", "waiter")
+    __slots__ = ("index", "error", "message", "record_errors", "base_offset", "append_time", "log_start", "waiter")
 
     def __init__(self, index: int):
         self.index = index
         self.error = ErrorCode.none
         self.message = None
+        self.record_errors = ()
         self.base_offset = -1
         self.append_time = -1
         self.log_start = -1
@@ -49,6 +51,8 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
         if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
             records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
+        if lg.settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
+            records.check_keys(buf, headers, f"{topic}-{index}")
         if transactional_id is None and any(h.is_transactional for h in headers):
             # As Kafka: transactional records need the request's transactional id (the
             # one authorized to write them).
@@ -56,7 +60,7 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
         result.log_start = lg.log_start_offset
     except records.InvalidRecordError as e:
-        result.error, result.message = e.error_code, str(e)
+        result.error, result.message, result.record_errors = e.error_code, str(e), e.record_errors
         log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
     except StorageError as e:
         result.error, result.message = e.error_code, str(e)
@@ -127,7 +131,7 @@ async def produce(ctx, req):
                 base_offset=r.base_offset,
                 log_append_time=r.append_time,
                 log_start_offset=r.log_start,
-                record_errors=(),
+                record_errors=tuple({"batch_index": i, "batch_index_error_message": m} for i, m in r.record_errors),
                 error_message=r.message if r.error else None,
             )
             for r in results
