@@ -27,6 +27,10 @@ class SegmentInfo:
     # epoch, first offset): where loading a log starts when its producer state is rebuilt
     # from a tail that begins after this segment (a transaction older than the tail).
     open_txns: tuple[tuple[int, int, int], ...] = ()
+    # Written by the log compactor (storage/compactor.py): the segments before the first
+    # one not marked are the cleaned part of a compacted log (Kafka's cleaner checkpoint).
+    # Absent (False) in metadata written before compaction.
+    cleaned: bool = False
 
     def __post_init__(self) -> None:
         for name in ("aborted", "open_txns"):

@@ -102,9 +102,9 @@ def _dump(obj) -> bytes:
 
 def _segment_json(seg: SegmentInfo) -> bytes:
     d = asdict(seg)
-    for name in ("aborted", "open_txns"):
+    for name in ("aborted", "open_txns", "cleaned"):
         if not d[name]:
-            del d[name]  # the common case stays as compact as before transactions
+            del d[name]  # the common case stays as compact as before transactions and compaction
     return _dump(d)
 
 

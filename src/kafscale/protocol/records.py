@@ -45,6 +45,10 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_MASK = 0x08
 TRANSACTIONAL_MASK = 0x10
 CONTROL_MASK = 0x20
+# KIP-534: set by the log compactor on a batch holding tombstones or a transaction marker;
+# the batch's base timestamp is then its delete horizon (record timestamps stay base +
+# delta, so readers need not know the bit).
+DELETE_HORIZON_MASK = 0x40
 
 COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
 
@@ -113,6 +117,11 @@ class BatchHeader:
     @property
     def is_transactional(self) -> bool:
         return bool(self.attributes & TRANSACTIONAL_MASK)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """The compactor's delete horizon (KIP-534), or None when the batch has none."""
+        return self.first_timestamp if self.attributes & DELETE_HORIZON_MASK else None
 
 
 def read_header(buf, pos: int = 0) -> BatchHeader:
@@ -299,6 +308,8 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 # keeps the client's bytes, fetch returns them as stored); only ListOffsets by timestamp
 # decodes the batch holding the answer. /metrics exports this count
 # (kafscale_decompressions_total) so that staying at zero under load is checked, not assumed.
+# The log compactor decompresses with counted=False and counts its own
+# (kafscale_compaction_recompressions_total).
 decompressions = 0
 # Compressed batches decompressed by produce to check that every record sent to a compacted
 # topic has a key (check_keys): the one check that looks inside compressed batches on the
@@ -306,11 +317,14 @@ decompressions = 0
 key_check_decompressions = 0
 
 
-def decompress(codec: int, data) -> bytes:
+def decompress(codec: int, data, counted: bool = True) -> bytes:
+    """The records of a batch, decompressed; counted in `decompressions` unless `counted`
+    is False (the compactor, which counts its own)."""
     global decompressions
     if codec == COMPRESSION_NONE:
         return bytes(data)
-    decompressions += 1
+    if counted:
+        decompressions += 1
     return _decompress(codec, data)
 
 
@@ -391,6 +405,24 @@ def _varbytes(b: bytes | None) -> bytes:
     return _varint(len(b)) + b
 
 
+def compress(codec: int, data) -> bytes:
+    """Records of a batch compressed with `codec` (snappy unframed, as librdkafka writes it;
+    lz4 in the frame format Kafka uses)."""
+    import cramjam
+
+    if codec == COMPRESSION_NONE:
+        return bytes(data)
+    if codec == COMPRESSION_GZIP:
+        return bytes(cramjam.gzip.compress(bytes(data)))
+    if codec == COMPRESSION_SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(bytes(data)))
+    if codec == COMPRESSION_LZ4:
+        return bytes(cramjam.lz4.compress(bytes(data)))
+    if codec == COMPRESSION_ZSTD:
+        return bytes(cramjam.zstd.compress(bytes(data)))
+    raise ValueError(f"unknown compression codec {codec}")
+
+
 def build_batch(
     records: list[tuple[bytes | None, bytes | None]] | list[tuple[bytes | None, bytes | None, list]],
     *,
@@ -401,17 +433,26 @@ def build_batch(
     base_sequence: int = -1,
     codec: int = COMPRESSION_NONE,
     attributes: int = 0,
+    timestamps: list[int] | None = None,
+    offset_deltas: list[int] | None = None,
+    last_offset_delta: int | None = None,
 ) -> bytes:
-    """Encode a v2 record batch. Each record is (key, value) or (key, value, headers)."""
-    import cramjam
+    """Encode a v2 record batch. Each record is (key, value) or (key, value, headers).
 
+    By default every record has timestamp `timestamp` and offset deltas 0, 1, ...;
+    `timestamps` and `offset_deltas` give each record its own (the base timestamp stays
+    `timestamp`), and `last_offset_delta` overrides the batch's (as a compacted batch keeps
+    it past its last remaining record)."""
     body = bytearray()
+    max_ts = timestamp
     for i, rec in enumerate(records):
         key, value = rec[0], rec[1]
         hdrs = rec[2] if len(rec) > 2 else []
+        ts = timestamps[i] if timestamps is not None else timestamp
+        max_ts = max(max_ts, ts) if i else ts
         r = bytearray(b"\x00")
-        r += _varint(0)  # timestamp delta
-        r += _varint(i)  # offset delta
+        r += _varint(ts - timestamp)  # timestamp delta
+        r += _varint(offset_deltas[i] if offset_deltas is not None else i)  # offset delta
         r += _varbytes(key)
         r += _varbytes(value)
         r += _varint(len(hdrs))
@@ -419,17 +460,12 @@ def build_batch(
             r += _varbytes(hk.encode() if isinstance(hk, str) else hk)
             r += _varbytes(hv)
         body += _varint(len(r)) + r
-    if codec == COMPRESSION_GZIP:
-        body = bytes(cramjam.gzip.compress(bytes(body)))
-    elif codec == COMPRESSION_SNAPPY:
-        body = bytes(cramjam.snappy.compress_raw(bytes(body)))
-    elif codec == COMPRESSION_LZ4:
-        body = bytes(cramjam.lz4.compress(bytes(body)))
-    elif codec == COMPRESSION_ZSTD:
-        body = bytes(cramjam.zstd.compress(bytes(body)))
+    body = compress(codec, body)
     attrs = (attributes & ~COMPRESSION_MASK) | codec
     n = len(records)
-    after_crc = struct.pack(">hiqqqhii", attrs, max(n - 1, 0), timestamp, timestamp, producer_id, producer_epoch, base_sequence, n) + bytes(body)
+    if last_offset_delta is None:
+        last_offset_delta = (offset_deltas[-1] if offset_deltas else max(n - 1, 0))
+    after_crc = struct.pack(">hiqqqhii", attrs, last_offset_delta, timestamp, max_ts, producer_id, producer_epoch, base_sequence, n) + bytes(body)
     batch_length = 4 + 1 + 4 + len(after_crc)
     return struct.pack(">qiib", base_offset, batch_length, -1, 2) + struct.pack(">I", crc32c(after_crc)) + after_crc
 
