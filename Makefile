@@ -4,6 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := kcat etcd-server
+# Quix Streams (tests/test_quix_streams.py) lives in a venv of its own: it pins
+# confluent-kafka < 2.13 and pydantic < 2.14, older than the test venv's clients.
+QUIX_VENV := .venv-quix
+QUIX_STAMP := $(QUIX_VENV)/.installed
 
 .PHONY: install run test bench system-deps clean
 
@@ -14,6 +18,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(QUIX_STAMP): pyproject.toml $(STAMP)
+	$(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/pip install -q "$$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["quix"])')"
+	touch $(QUIX_STAMP)
 
 run: install
 	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
@@ -29,7 +38,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-test: install system-deps
+test: install system-deps $(QUIX_STAMP)
 	@# pytest exit code 5 (nothing collected) is not a failure of the suite
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
@@ -38,4 +47,4 @@ bench: install system-deps
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) data
+	rm -rf $(VENV) $(QUIX_VENV) data
