@@ -314,8 +314,10 @@ def test_admin_cli_with_client_security_settings(env, tmp_path):
                    "sasl.mechanism=SCRAM-SHA-512\nsasl.username=carol\n")
     base = [sys.executable, "-m", "kafscale", "topics", "create", "sasl-cli-topic", "--partitions", "2", "--bootstrap", f"127.0.0.1:{env['sasl_ssl']}",
             "--command-config", str(cfg)]
-    ok = subprocess.run([*base, "-X", "sasl.password=carol-secret"], capture_output=True, text=True, timeout=60)
+    # a generous --timeout: on a busy machine a SASL_SSL handshake plus the creation took >10 s once
+    ok = subprocess.run([*base, "-X", "sasl.password=carol-secret", "--timeout", "60"], capture_output=True, text=True, timeout=90)
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run([*base[:4], "sasl-cli-topic-2", *base[5:], "-X", "sasl.password=wrong"], capture_output=True, text=True, timeout=60)
-    assert bad.returncode != 0  # the CLI says "no answer": librdkafka reports the refusal only in its logs (-v shows it)
+    bad = subprocess.run([*base[:5], "sasl-cli-topic-2", *base[6:], "-X", "sasl.password=wrong", "--timeout", "5"], capture_output=True, text=True, timeout=60)
+    # the CLI says "no answer": librdkafka reports the refusal only in its logs (-v shows it)
+    assert bad.returncode != 0 and "no answer" in bad.stderr, bad.stderr
     assert "SASL SCRAM-SHA-512 authentication from 127.0.0.1" in env["broker"].log_text()
