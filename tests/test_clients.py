@@ -320,19 +320,9 @@ def test_kcat_roundtrip(broker, topic_name, codec):
     assert all(g["tstype"] == "create" and abs(g["ts"] - time.time() * 1000) < 120_000 for g in got)
 
 
-_OLD_LIBRDKAFKA = (
-    "kcat 1.7.1 bundles librdkafka 2.0.2, which drops gzip/snappy/lz4 ('Broker does not support "
-    "compression type') when the broker's lowest advertised Produce version is above 0 (fixed in "
-    "librdkafka 2.11.1); the broker advertises Produce from v3 (see `kcat -d msg`)."
-)
-
-
-@pytest.mark.parametrize("codec", [
-    "zstd",
-    pytest.param("gzip", marks=pytest.mark.xfail(strict=True, reason=_OLD_LIBRDKAFKA)),
-    pytest.param("snappy", marks=pytest.mark.xfail(strict=True, reason=_OLD_LIBRDKAFKA)),
-    pytest.param("lz4", marks=pytest.mark.xfail(strict=True, reason=_OLD_LIBRDKAFKA)),
-])
+# kcat 1.7.1 (librdkafka 2.0.2) compresses gzip/snappy/lz4 only when the broker advertises
+# Produce v0 (protocol/legacy.py): it does now.
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "snappy", "lz4"])
 def test_kcat_batches_stored_compressed(broker, topic_name, codec):
     """kcat -z <codec> really compresses, and the broker keeps the batch as it came."""
     _expected, log = _kcat_produce_sample(broker.bootstrap, topic_name, codec, debug=True)

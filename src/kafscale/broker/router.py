@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from kafscale.protocol import legacy
 from kafscale.protocol.codec import RequestHeader, kio_versions
 
 if TYPE_CHECKING:
@@ -31,6 +32,9 @@ class RequestContext:
     listener: str | None = None  # name of the listener the request came in on
     principal: str = "User:ANONYMOUS"  # who sent it (kafscale.security.principal)
     session: Any = None  # the connection's SaslSession on a SASL listener (handlers/sasl.py)
+    # The version on the wire when it is older than kio's (protocol/legacy.py); the header
+    # (and `version`) then says the kio version the request was converted to.
+    wire_version: int | None = None
 
     async def wait_turn(self) -> None:
         if self.turn_before is not None:
@@ -73,6 +77,8 @@ class Api:
     handler: Handler
     # decoder(version, payload, body_offset) -> request; None: kio's generated decoder
     decoder: Callable[[int, memoryview, int], Any] | None = None
+    # versions below kio's (min_version up to the adapter's kio_version - 1): protocol/legacy.py
+    legacy: legacy.Adapter | None = None
 
 
 class Router:
@@ -83,7 +89,13 @@ class Router:
         kmin, kmax = kio_versions(key)
         lo = kmin if min_version is None else max(kmin, min_version)
         hi = kmax if max_version is None else min(kmax, max_version)
-        self.apis[key] = Api(key, lo, hi, handler, decoder)
+        adapter = legacy.adapter(key)
+        if adapter is not None and adapter.kio_version == lo:
+            # The versions Kafka 3.9 still accepted below kio's, read through the adapter.
+            lo = adapter.lowest if min_version is None else max(adapter.lowest, min_version)
+        else:
+            adapter = None
+        self.apis[key] = Api(key, lo, hi, handler, decoder, adapter)
 
     def unregister(self, key: int) -> None:
         self.apis.pop(key, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
 import mmap
 import struct
@@ -21,7 +22,7 @@ from kio.schema.index import api_key_map
 from kafscale.broker import authz_checks, memory
 from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol import codec, error_response, fetch_response
+from kafscale.protocol import codec, error_response, fetch_response, legacy
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
 from kafscale.security.sasl import BEFORE_AUTHENTICATION, SASL_AUTHENTICATE, SASL_HANDSHAKE, IllegalSaslState
 from kafscale.security.tls import ReloadingContext
@@ -57,7 +58,34 @@ _grow_bytearray.restype = ctypes.c_int  # errors (BufferError while a view exist
 
 
 class CloseConnection(Exception):
-    """Drop this one connection (malformed or unsupported input); others keep going."""
+    """Drop this one connection (malformed or unsupported input); others keep going.
+    `level`: of the one log line saying why."""
+
+    def __init__(self, message: str, level: int = logging.WARNING):
+        super().__init__(message)
+        self.level = level
+
+
+class LogLimiter:
+    """At most one log line per key and interval: the first is logged at WARNING with the
+    count of those suppressed since the last one, the others at DEBUG. A client that sends
+    an unsupported request, is disconnected and reconnects (kafka-go does, ~30 times a
+    second) must not write thousands of warnings a minute. Pure: the caller gives the time."""
+
+    def __init__(self, interval_s: float = 60.0, max_keys: int = 4096):
+        self.interval_s, self.max_keys = interval_s, max_keys
+        self._last: dict = {}  # key -> (time of the last warning, suppressed since)
+
+    def decide(self, key, now: float) -> tuple[int, int]:
+        """(log level, count of suppressed lines to mention)."""
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return logging.DEBUG, 0
+        if last is None and len(self._last) >= self.max_keys:
+            self._last.clear()  # bounded memory under a flood of distinct keys
+        self._last[key] = (now, 0)
+        return logging.WARNING, last[1] if last is not None else 0
 
 
 class KafkaConnection(asyncio.BufferedProtocol):
@@ -292,7 +320,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
             if exc is not None:
                 if ready and not self.closing:
                     self.transport.writelines(ready)  # the answers before the failed one
-                self._close(str(exc) if isinstance(exc, CloseConnection) else f"internal error: {exc!r}")
+                if isinstance(exc, CloseConnection):
+                    self._close(str(exc), exc.level)
+                else:
+                    self._close(f"internal error: {exc!r}")
                 if not isinstance(exc, CloseConnection):
                     log.error("request from %s failed", self.peer, exc_info=exc)
                 return
@@ -379,6 +410,7 @@ class KafkaServer:
         self.address: tuple[str, int] = ("", 0)  # the first listener's bound address
         self.addresses: dict[str, tuple[str, int]] = {}  # listener name -> bound address
         self.request_hooks: list = []  # called as hook(api_key, version, seconds, error) by ops/metrics
+        self.unsupported_log = LogLimiter()  # unsupported API keys and versions: see handle()
         # api_key -> [hook(request, response)], called after that API's handler answered
         # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
         self.response_hooks: dict[int, list] = {}
@@ -547,21 +579,41 @@ class KafkaServer:
             # supports, so the client can retry with a version both sides know.
             return [self._unsupported_api_versions(correlation_id)]
         if api is None or not api.min_version <= version <= api.max_version:
-            raise CloseConnection(f"unsupported API key {api_key} version {version}")
+            # Kafka closes the connection without an answer (the request cannot be parsed).
+            # One log line per connection, and per client address, key and version at most
+            # one warning a minute (LogLimiter).
+            name = api_key_map.get(api_key, "unknown API")
+            level, suppressed = self.unsupported_log.decide((conn.peer.rpartition(":")[0], api_key, version), time.monotonic())
+            more = f" ({suppressed} more such requests from this address since the last warning)" if suppressed else ""
+            supported = f"; supported versions {api.min_version}-{api.max_version}" if api is not None else ""
+            raise CloseConnection(f"unsupported request: API key {api_key} ({name}) version {version}{supported}{more}", level)
+        # A version older than kio's is converted to the kio request of the adapter's
+        # version (handlers, authorization and error answers see that one) and its answer
+        # back to the version on the wire (protocol/legacy.py).
+        wire_version, adapter, old_request = version, None, None
+        if api.legacy is not None and version < api.legacy.kio_version:
+            adapter = api.legacy
         try:
-            header = codec.decode_header(payload, codec.is_flexible(api_key, version))
-            if api.decoder is not None:
-                request = api.decoder(version, payload, header.body_offset)
+            if adapter is not None:
+                header = codec.decode_header(payload, False)  # no old version is flexible
+                old_request, request = legacy.decode(adapter, version, payload, header.body_offset)
+                version = adapter.kio_version
+                header = dataclasses.replace(header, api_version=version)
             else:
-                request = codec.decode_body(api_key, version, payload, header.body_offset)
+                header = codec.decode_header(payload, codec.is_flexible(api_key, version))
+                if api.decoder is not None:
+                    request = api.decoder(version, payload, header.body_offset)
+                else:
+                    request = codec.decode_body(api_key, version, payload, header.body_offset)
         except Exception as e:  # noqa: BLE001 - any decode failure is malformed input
             # Apache Kafka parses the body in RequestChannel.Request's constructor; a failure
             # there closes the connection without an answer (SocketServer
             # processChannelException), for every API. So do we: one log line, no traceback.
-            raise CloseConnection(f"malformed request (api {api_key} v{version}): {e}") from None
+            raise CloseConnection(f"malformed request (api {api_key} v{wire_version}): {e}") from None
         ctx = RequestContext(
             self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None,
             principal=session.principal if session is not None else conn.principal, session=session,
+            wire_version=wire_version if adapter is not None else None,
         )
         if api_key == PRODUCE:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
@@ -582,10 +634,14 @@ class KafkaServer:
                                      [fr.PartitionData(p.partition, refusal[0], -1, -1, -1) for p in t.partitions])
                         for t in request.topics
                     ])
+                    if adapter is not None:
+                        return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, refused)
                     return refused.encode_frame(correlation_id)
                 response = error_response.build(api_key, version, request, refusal[0])
                 if response is None:  # Produce with acks=0 has no answer: Kafka closes
                     raise CloseConnection(f"acks=0 produce refused: {refusal[1]}")
+                if adapter is not None:
+                    return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
                 return self._encode_refusal(api_key, version, correlation_id, response)
             response = await api.handler(ctx, request)
             observers = self.response_hooks.get(api_key)
@@ -604,9 +660,18 @@ class KafkaServer:
         finally:
             ctx.end_turn()
             for hook in self.request_hooks:
-                hook(api_key, version, time.perf_counter() - started, error)
+                hook(api_key, wire_version, time.perf_counter() - started, error)
         if response is None:
             return None
+        if adapter is not None:
+            try:
+                return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
+            except Exception as e:  # noqa: BLE001 - a value the old version cannot hold
+                fallback = self._error_response(ctx, conn, request, e, ErrorCode.unknown_server_error)
+                try:
+                    return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, fallback)
+                except Exception as e2:  # noqa: BLE001
+                    raise CloseConnection(f"no encodable response to api {api_key} v{wire_version}: {e!r}, {e2!r}") from None
         encode_frame = getattr(response, "encode_frame", None)
         if encode_frame is not None:  # encoded by hand for the hot path (Fetch)
             return encode_frame(correlation_id)

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kafscale.errors import ErrorCode
-from kafscale.protocol import records
+from kafscale.protocol import legacy_records, records
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
@@ -286,6 +286,10 @@ class _LiveCollector(Collector):
         yield ops
         yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
         yield CounterMetricFamily("kafscale_key_check_decompressions", "Compressed record batches produce decompressed to check that every record sent to a compacted topic has a key (Kafka's rule; 0 unless compressed batches go to topics with cleanup.policy compact)", value=records.key_check_decompressions)
+        conversions = CounterMetricFamily("kafscale_record_conversions", "Record sets re-encoded between message formats by this broker process: 'up' a Produce v0-v2 message set (magic 0/1) into a v2 batch on append, 'down' a stored v2 batch into a message set for a Fetch v0-v3 (the only re-encoding the broker does)", labels=["direction"])
+        conversions.add_metric(["up"], legacy_records.up_conversions)
+        conversions.add_metric(["down"], legacy_records.down_conversions)
+        yield conversions
 
         cache = getattr(logs, "cache", None)
         if cache is not None:

@@ -1,4 +1,4 @@
-"""Zero-copy Produce request decoding (v3-v13).
+"""Zero-copy Produce request decoding (v0-v13; v0-v2 have no transactional id).
 
 kio's generated decoder copies every record set into a new `bytes`; on the produce path
 that is the largest cost after the network itself. This decoder returns the record sets as
@@ -103,7 +103,7 @@ class _Reader:
 def decode(version: int, payload: memoryview, offset: int) -> ProduceRequest:
     flexible = version >= 9
     r = _Reader(payload, offset)
-    transactional_id = r.string(flexible, nullable=True)
+    transactional_id = r.string(flexible, nullable=True) if version >= 3 else None
     r.need(6)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(payload, r.pos)
     r.pos += 6

@@ -17,7 +17,7 @@ import logging
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
-from kafscale.protocol import produce_request, records
+from kafscale.protocol import legacy_records, produce_request, records
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
 
@@ -48,7 +48,11 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         # Offsets are patched in place: the zero-copy decoder hands us a writable view
         # into the request frame; anything else (bytes) is copied once.
         buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
-        headers = records.validate_record_set(buf, lg.settings.max_message_bytes)
+        max_bytes = lg.settings.max_message_bytes
+        if ctx.wire_version is not None and len(buf) > records.MAGIC and buf[records.MAGIC] < 2:
+            # Produce v0-v2 with message format v0/v1: one v2 batch (sizes checked per message)
+            buf, max_bytes = memoryview(legacy_records.up_convert(buf, max_bytes)), None
+        headers = records.validate_record_set(buf, max_bytes)
         if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
             records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
         if lg.settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key

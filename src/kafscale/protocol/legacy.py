@@ -1,0 +1,302 @@
+"""Request versions below the ones kio has (sans-I/O).
+
+kio is generated from Apache Kafka 4's message specs, which dropped the oldest versions
+(KIP-896); Kafka 3.9 still accepted them and clients shipped with Linux distributions
+still send them (librdkafka 2.0 Produce v0 to compress, sarama's defaults, kafka-go,
+Burrow's ListOffsets v0). Their bodies are read and written with kafka-python's
+definitions of the old versions (`kafka.protocol.old`, a maintained source: see the
+README's dependency notes), never with codecs of our own.
+
+One request shape for the handlers: an old request is turned into the kio request of the
+lowest version kio has (fields matched by name, the fields the old version lacks at the
+value Kafka gives them for it), the handler answers that version, and its response is
+turned back into the old version's response (fields matched by name; what the old
+version lacks is dropped; what it has and the newer one lost is filled in here). A few
+APIs change meaning between versions; their adapters below say how.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import io
+import struct
+import typing
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable
+
+from kafka.protocol.old import admin as _admin
+from kafka.protocol.old import commit as _commit
+from kafka.protocol.old import fetch as _fetch
+from kafka.protocol.old import list_offsets as _list_offsets
+from kafka.protocol.old import offset_for_leader_epoch as _ofle
+from kafka.protocol.old import produce as _produce
+from kafka.protocol.old.types import Array, Boolean, Bytes, Int8, Int16, Int32, Int64, Schema, String
+
+from kafscale.protocol import codec, legacy_records
+from kafscale.protocol.build import make
+
+_I32 = struct.Struct(">i")
+
+
+class LegacyResponse:
+    """An old version's response body, already encoded (the server frames it)."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+
+@dataclass(frozen=True)
+class Adapter:
+    api_key: int
+    lowest: int  # the lowest version Apache Kafka 3.9 accepted
+    kio_version: int  # the version the handler sees
+    # version -> (kafka-python request class, response class); None: the old version's
+    # bytes are the kio version's (decoded and encoded with kio)
+    classes: dict[int, tuple[type, type]] | None
+    # kio request field -> value for fields the old versions lack (by field name, any depth)
+    defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # version, old request (decoded values), kio request -> kio request: meaning that differs
+    up: Callable | None = None
+    # version, old request values, kio request, kio response -> the old response's values
+    down: Callable | None = None
+    # version, payload, body offset -> kio request: a decoder of its own (Produce: zero copy)
+    decoder: Callable | None = None
+
+
+# ------------------------------------------------------------------------------------
+# Matching fields by name between kafka-python's old schemas and kio's entities.
+
+
+def _norm(name: str) -> str:
+    n = name.lower().replace("_", "")
+    return n[:-2] if n.endswith("ms") else n
+
+
+@lru_cache(maxsize=None)
+def _kio_fields(cls: type) -> tuple[tuple[str, Any, type | None], ...]:
+    """(name, type hint, entity class of the field or of its array elements) of a kio entity."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        candidates = [hint, *typing.get_args(hint)]
+        for a in list(candidates):
+            candidates.extend(typing.get_args(a))
+        element = next((a for a in candidates if isinstance(a, type) and dataclasses.is_dataclass(a)), None)
+        out.append((f.name, f.metadata.get("kafka_type"), element))
+    return tuple(out)
+
+
+def _to_kio(cls: type, schema: Schema, values, defaults: dict) -> Any:
+    """The kio entity `cls` from an old schema's decoded values (matched by name)."""
+    old = {_norm(n): (t, v) for n, t, v in zip(schema.names, schema.fields, values)}
+    kwargs = {}
+    for name, kind, element in _kio_fields(cls):
+        hit = old.get(_norm(name))
+        if hit is None:
+            if name in defaults:
+                kwargs[name] = defaults[name]
+            continue
+        typ, value = hit
+        if element is not None and isinstance(typ, Array) and isinstance(typ.array_of, Schema):
+            value = None if value is None else tuple(_to_kio(element, typ.array_of, v, defaults) for v in value)
+        elif isinstance(typ, Array):
+            value = None if value is None else tuple(value)
+        elif kind == "bytes" and value is not None:
+            value = bytes(value)
+        kwargs[name] = value
+    return make(cls, **kwargs)
+
+
+def _plain(value):
+    """A kio value as kafka-python's old types write it."""
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, uuid.UUID):
+        return value
+    return value
+
+
+def _zero(typ):
+    if isinstance(typ, Array):
+        return []
+    if isinstance(typ, String):
+        return ""
+    if typ is Boolean:
+        return False
+    if typ is Bytes:
+        return b""
+    return 0
+
+
+def _from_kio(schema: Schema, entity, fill: dict) -> tuple:
+    """An old schema's values from a kio entity (matched by name; `fill` by old field name
+    for what the kio entity lacks)."""
+    have = {_norm(f.name): f.name for f in dataclasses.fields(entity)} if entity is not None else {}
+    out = []
+    for name, typ in zip(schema.names, schema.fields):
+        if name in fill:
+            value = fill[name]
+            out.append(value(entity) if callable(value) else value)
+            continue
+        attr = have.get(_norm(name))
+        if attr is None:
+            out.append(_zero(typ))
+            continue
+        value = getattr(entity, attr)
+        if isinstance(typ, Array) and isinstance(typ.array_of, Schema):
+            value = [] if value is None else [_from_kio(typ.array_of, v, fill) for v in value]
+        elif isinstance(typ, Array):
+            value = None if value is None else [_plain(v) for v in value]
+        else:
+            value = _plain(value)
+            if value is None and typ in (Int8, Int16, Int32, Int64):
+                value = -1  # kio's null for Kafka's -1 (a log append time under CreateTime)
+        out.append(value)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------------------
+# Decoding and encoding
+
+
+def decode(adapter: Adapter, version: int, payload: memoryview, offset: int) -> tuple[Any, Any]:
+    """(old request values or None, kio request of adapter.kio_version)."""
+    if adapter.decoder is not None:
+        return None, adapter.decoder(version, payload, offset)
+    if adapter.classes is None:
+        return None, codec.decode_body(adapter.api_key, adapter.kio_version, payload, offset)
+    req_cls, _ = adapter.classes[version]
+    try:
+        values = req_cls.SCHEMA.decode(io.BytesIO(bytes(payload[offset:])))
+    except Exception as e:  # noqa: BLE001 - short or garbled input: kafka-python raises several kinds
+        raise codec.MalformedRequest(f"cannot decode {req_cls.__name__}: {e!r}") from None
+    kio_cls = codec.schema(adapter.api_key, adapter.kio_version, "request")
+    request = _to_kio(kio_cls, req_cls.SCHEMA, values, adapter.defaults)
+    if adapter.up is not None:
+        request = adapter.up(version, values, request)
+    return values, request
+
+
+def encode_response(adapter: Adapter, version: int, correlation_id: int, old_request, request, response) -> list:
+    """The frame of the old version's response to a handler's kio response."""
+    if isinstance(response, LegacyResponse):
+        return [codec.encode_raw_response(correlation_id, response.body)]
+    if adapter.classes is None:
+        return codec.encode_response(adapter.api_key, adapter.kio_version, correlation_id, response)
+    _, resp_cls = adapter.classes[version]
+    if adapter.down is not None:
+        values = adapter.down(version, old_request, request, response)
+    else:
+        values = _from_kio(resp_cls.SCHEMA, response, {})
+    return [codec.encode_raw_response(correlation_id, resp_cls.SCHEMA.encode(values))]
+
+
+# ------------------------------------------------------------------------------------
+# The APIs
+
+
+def _classes(module, name: str, versions) -> dict[int, tuple[type, type]]:
+    return {v: (getattr(module, f"{name}Request_v{v}"), getattr(module, f"{name}Response_v{v}")) for v in versions}
+
+
+def _produce_decode(version, payload, offset):
+    from kafscale.protocol import produce_request
+
+    return produce_request.decode(version, payload, offset)
+
+
+def _fetch_down(version, old, request, response) -> tuple:
+    """Fetch v0-v3: the stored v2 batches as message format v0 (Fetch v0-1) or v1 (v2-3)
+    message sets, within the request's byte limits."""
+    magic = 0 if version < 2 else 1
+    limits = {(t.topic, p.partition): p.partition_max_bytes for t in request.topics for p in t.partitions}
+    budget = request.max_bytes
+    topics = []
+    for t in response.responses:
+        parts = []
+        for p in t.partitions:
+            data = b""
+            if p.records:
+                limit = min(limits.get((t.topic, p.partition_index), budget), budget)
+                data = legacy_records.down_convert(p.records, magic, limit)
+                budget -= len(data)
+            parts.append((p.partition_index, int(p.error_code), p.high_watermark, data))
+        topics.append((t.topic, parts))
+    if version == 0:
+        return (topics,)
+    throttle = getattr(response, "throttle_time_ms", None)
+    if throttle is None:  # a kio response (an error answer built for the kio version)
+        throttle = _plain(response.throttle_time)
+    return (throttle, topics)
+
+
+def _list_offsets_down(version, old, request, response) -> tuple:
+    """ListOffsets v0: an array of offsets (at most max_num_offsets). The latest (-1) and
+    earliest (-2) offsets and the offset for a timestamp come from the v1 answer; Kafka
+    added the base offsets of older segments for -1 and a timestamp, which a log in
+    object storage does not have in that sense: the one offset is the answer."""
+    wanted = {(t[0], p[0]): p[2] for t in old[1] for p in t[1]}
+    topics = []
+    for t in response.topics:
+        parts = []
+        for p in t.partitions:
+            n = wanted.get((t.name, p.partition_index), 1)
+            offsets = [p.offset] if p.offset >= 0 and n > 0 else []
+            parts.append((p.partition_index, int(p.error_code), offsets))
+        topics.append((t.name, parts))
+    return (topics,)
+
+
+def _describe_configs_down(version, old, request, response) -> tuple:
+    from kafscale.protocol.build import has_field
+
+    schema = _admin.DescribeConfigsResponse_v0.SCHEMA
+
+    def is_default(config) -> bool:
+        if has_field(config, "config_source"):
+            return int(config.config_source) == 5  # DEFAULT_CONFIG
+        return False
+
+    return _from_kio(schema, response, {"is_default": is_default})
+
+
+ADAPTERS: dict[int, Adapter] = {
+    a.api_key: a
+    for a in (
+        Adapter(0, 0, 3, _classes(_produce, "Produce", range(3)), decoder=_produce_decode),
+        Adapter(1, 0, 4, _classes(_fetch, "Fetch", range(4)), defaults={"max_bytes": 0x7FFFFFFF, "isolation_level": 0}, down=_fetch_down),
+        Adapter(2, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
+        Adapter(8, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
+                # v0 has no group generation: a commit outside a group (simple consumers).
+                # v1's per-partition commit timestamp is not kept: offsets are kept for
+                # offsets.retention.minutes after the group empties, as Kafka 2.1+ does.
+                defaults={"generation_id_or_member_epoch": -1, "member_id": "", "retention_time": -1}),
+        Adapter(9, 0, 1, _classes(_commit, "OffsetFetch", range(1))),
+        Adapter(19, 0, 2, _classes(_admin, "CreateTopics", range(2)), defaults={"validate_only": False}),
+        Adapter(20, 0, 1, _classes(_admin, "DeleteTopics", range(1))),
+        Adapter(23, 0, 2, _classes(_ofle, "OffsetForLeaderEpoch", range(2)), defaults={"current_leader_epoch": -1}),
+        # ACLs v0 know literal resource names only (KIP-290 added patterns in v1)
+        Adapter(29, 0, 1, _classes(_admin, "DescribeAcls", range(1)), defaults={"pattern_type_filter": 3}),
+        Adapter(30, 0, 1, _classes(_admin, "CreateAcls", range(1)), defaults={"resource_pattern_type": 3}),
+        Adapter(31, 0, 1, _classes(_admin, "DeleteAcls", range(1)), defaults={"pattern_type_filter": 3}),
+        Adapter(32, 0, 1, _classes(_admin, "DescribeConfigs", range(1)), defaults={"include_synonyms": False}, down=_describe_configs_down),
+        # v0 and v1 of these are the same bytes ("Version 1 is the same as version 0")
+        Adapter(34, 0, 1, None),
+        Adapter(35, 0, 1, None),
+    )
+}
+
+
+def adapter(api_key: int) -> Adapter | None:
+    return ADAPTERS.get(api_key)
