@@ -21,7 +21,8 @@ install: $(STAMP)
 
 $(QUIX_STAMP): pyproject.toml $(STAMP)
 	$(PYTHON) -m venv $(QUIX_VENV)
-	$(QUIX_VENV)/bin/pip install -q "$$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["quix"])')"
+	@# unquoted: one word per requirement (word splitting only, no redirection or globbing here)
+	$(QUIX_VENV)/bin/pip install -q $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["quix"])')
 	touch $(QUIX_STAMP)
 
 run: install
