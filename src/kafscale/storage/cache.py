@@ -24,10 +24,16 @@ BATCH_TABLE_BYTES = 4 * 8
 
 
 class SegmentView:
-    __slots__ = ("base_offset", "last_offset", "data", "batch_offsets", "batch_last_offsets", "positions", "max_timestamps")
+    __slots__ = ("base_offset", "last_offset", "data", "batch_offsets", "batch_last_offsets", "positions", "max_timestamps", "to_end", "start")
 
-    def __init__(self, base_offset: int, data: bytes | memoryview):
+    def __init__(self, base_offset: int, data: bytes | memoryview, to_end: bool = True, start: int = 0):
+        """`to_end`: the view reaches the end of its segment (a whole segment, or a byte
+        range up to the segment's footer): past its last batch the segment holds no more
+        batches, only offsets compaction removed (up to the segment's last offset).
+        `start`: where `data` begins in the segment's object (a byte range's first byte)."""
         self.base_offset = base_offset
+        self.to_end = to_end
+        self.start = start
         self.data = memoryview(data)
         self.batch_offsets = array("q")
         self.batch_last_offsets = array("q")
@@ -47,7 +53,9 @@ class SegmentView:
         return len(self.data) + VIEW_OVERHEAD_BYTES + BATCH_TABLE_BYTES * len(self.positions)
 
     def batch_index(self, offset: int) -> int:
-        """Index of the batch holding `offset` (or the first batch after it)."""
+        """Index of the batch holding `offset`, or of the first batch after it when `offset`
+        is in a gap (offsets compaction removed: inside a batch, between batches, before the
+        first); len(positions) when no batch of the view ends at or after `offset`."""
         i = bisect.bisect_right(self.batch_offsets, offset) - 1
         if i < 0:
             return 0

@@ -196,7 +196,10 @@ class ProducerStateTable:
             if entry is not None:  # a new epoch keeps the open transaction and the coordinator epoch
                 new.txn_first_offset, new.coordinator_epoch = entry.txn_first_offset, entry.coordinator_epoch
             entry = self.producers[h.producer_id] = new
-        if h.is_transactional and entry.txn_first_offset < 0:
+        # An emptied batch (compaction keeps a producer's last one, records removed) is
+        # below the last stable offset, so its transaction is decided (its marker may be
+        # gone by now): it carries the sequences, and opens no transaction.
+        if h.is_transactional and h.record_count > 0 and entry.txn_first_offset < 0:
             self._journal_change(h.producer_id, base_offset, durable_below)
             self._set_txn(entry, base_offset)
         entry.batches.append(BatchRecord(h.base_sequence, _last_seq(h), base_offset, base_offset + h.last_offset_delta))

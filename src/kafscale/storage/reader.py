@@ -44,6 +44,12 @@ class SegmentReader:
     async def read(
         self, topic: str, partition: int, segments: list[segment.SegmentInfo], offset: int, high_watermark: int, max_bytes: int, at_least_one: bool
     ) -> list[memoryview]:
+        """Whole batches from the one holding `offset` (or the next one after it: compaction
+        leaves offset gaps inside batches, between them, at a segment's start and at its end),
+        up to `max_bytes` (the first batch whole if `at_least_one`), below `high_watermark`.
+
+        The byte budget ends the read inside a segment without skipping ahead; a segment
+        read to its end (its last batch may end before its last offset) hands on to the next."""
         out: list[memoryview] = []
         if offset >= high_watermark or not segments:
             return out
@@ -59,14 +65,24 @@ class SegmentReader:
             if not cached and i + 1 < len(segments):
                 self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
             chunk = view.read(offset, remaining, at_least_one and not out)
-            if not chunk:
-                break
-            out.append(chunk)
-            remaining -= len(chunk)
-            for _pos, h in records.iter_batches(chunk):
-                offset = h.last_offset + 1
-            if remaining <= 0 or offset <= seg.last_offset:
-                break  # the byte budget ended inside this segment: never skip ahead
+            while not chunk and view.batch_index(offset) == len(view.positions) and not view.to_end:
+                # a byte range of a large segment ending before `offset`'s batch: the next range
+                view = await self._ranged_view(topic, partition, seg, offset, remaining, after=view)
+                chunk = view.read(offset, remaining, at_least_one and not out)
+            if not chunk and view.batch_index(offset) < len(view.positions):
+                break  # the next batch does not fit in the byte budget: never skip ahead
+            if chunk:
+                out.append(chunk)
+                remaining -= len(chunk)
+                for _pos, h in records.iter_batches(chunk):
+                    offset = h.last_offset + 1
+                if remaining <= 0 or offset <= view.last_offset or not view.to_end:
+                    break  # the byte budget ended inside this segment: never skip ahead
+            # Every batch of this segment from `offset` on is read: what is left of its
+            # offsets (up to its last offset) was compacted away; go on with the next one.
+            # (An object holding more than its committed segment, a merge's superset, may
+            # have taken `offset` further: segments already read are passed over.)
+            offset = max(offset, seg.last_offset + 1)
             i += 1
         return out
 
@@ -147,8 +163,12 @@ class SegmentReader:
         self.cache.put((topic, partition, seg.base_offset), view)
         return view
 
-    async def _ranged_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int) -> SegmentView:
-        """Large segment: look the position up in the sparse index, then read a byte range."""
+    async def _ranged_view(
+        self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int, max_bytes: int, after: SegmentView | None = None
+    ) -> SegmentView:
+        """Large segment: look the position up in the sparse index, then read a byte range
+        (`after`: the range right after that view's last whole batch, when the batch holding
+        `offset` lies beyond it)."""
         skey = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
         ikey = segment.index_key(self.namespace, topic, partition, seg.base_offset)
         try:
@@ -159,22 +179,30 @@ class SegmentReader:
                 log.warning("segment %s has no usable index: reading it whole", skey)
                 return await self._load_segment(topic, partition, seg)
             start = index.lookup(offset)
+            if after is not None:
+                if not after.positions:
+                    raise StorageError(f"no whole batch at byte {after.start} of {skey}")
+                start = max(start, after.start + after.positions[-1] + records.read_header(after.data, after.positions[-1]).size)
             end_limit = seg.size - segment.FOOTER_SIZE
+            if start >= end_limit:
+                return SegmentView(seg.last_offset + 1, b"", start=start)
             want = max(max_bytes, 1 << 20) + (1 << 20)
             data = await self.store.get(skey, start, min(end_limit, start + want))
             first = records.read_header(data, 0)
-            if first.base_offset not in index.offsets or first.magic != 2:
+            if (after is None and first.base_offset not in index.offsets) or first.magic != 2:
                 log.warning("index of %s does not match the segment (stale?): reading it whole", skey)
                 return await self._load_segment(topic, partition, seg)
+            end = start + len(data)
             if first.size > len(data):  # one batch bigger than the range: read it whole
                 data = await self.store.get(skey, start, min(end_limit, start + first.size))
+                end = start + len(data)
             self.stats["gets"] += 2
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
         for pos, h in records.iter_batches(data):
             if records.crc32c(memoryview(data)[pos + records.CRC_START : pos + h.size]) != h.crc:
                 raise StorageError(f"corrupt batch at offset {h.base_offset} in {skey}")
-        return SegmentView(records.read_header(data, 0).base_offset, data)
+        return SegmentView(first.base_offset, data, to_end=end >= end_limit, start=start)
 
     # -- timestamps (ListOffsets) ---------------------------------------------------------
 
@@ -195,18 +223,24 @@ class SegmentReader:
         return -1, -1
 
     async def max_timestamp_offset(self, topic: str, partition: int, segments: list[segment.SegmentInfo]) -> tuple[int, int]:
-        """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
-        best = None
-        for seg in segments:
-            if best is None or seg.max_timestamp > best.max_timestamp:
-                best = seg
-        if best is None or best.max_timestamp < 0:
-            return -1, -1
-        view = await self.segment_view(topic, partition, best)
-        i = max(range(len(view.positions)), key=lambda j: view.max_timestamps[j])
-        recs = records.decode_records(view.data, view.positions[i])
-        top = max(recs, key=lambda r: r.timestamp)  # first record holding the max
-        return top.offset, top.timestamp
+        """(offset, timestamp) of the first record with the largest timestamp, or (-1, -1).
+
+        Batch max timestamps pick the batches to decode. A batch may hold fewer records than
+        its max timestamp says (compaction keeps a batch's header, and an emptied batch of a
+        producer, while removing the record that had it), so the search goes on, newest max
+        first, until no batch left can hold a larger timestamp (or an equal one earlier)."""
+        best_offset, best_ts = -1, -1
+        for seg in sorted(segments, key=lambda s: (-s.max_timestamp, s.base_offset)):
+            if seg.max_timestamp < 0 or seg.max_timestamp < best_ts or (seg.max_timestamp == best_ts and seg.base_offset > best_offset):
+                break
+            view = await self.segment_view(topic, partition, seg)
+            for i in sorted(range(len(view.positions)), key=lambda j: (-view.max_timestamps[j], j)):
+                if view.max_timestamps[i] < best_ts:
+                    break
+                for rec in records.decode_records(view.data, view.positions[i]):
+                    if rec.timestamp > best_ts or (rec.timestamp == best_ts and rec.offset < best_offset):
+                        best_offset, best_ts = rec.offset, rec.timestamp
+        return (best_offset, best_ts) if best_offset >= 0 else (-1, -1)
 
     # -- the cache, as writers change segments --------------------------------------------
 
