@@ -181,3 +181,56 @@ def test_list_groups_shows_only_describable_groups(secured):
     wait_until(lambda: {g.group_id for g in bob.list_consumer_groups().result(10).valid} == {"g1"}, 10, "bob to list g1 only")
     admin = AdminClient(_conf(sasl, "admin"))
     assert "g1" in {g.group_id for g in admin.list_consumer_groups().result(10).valid}
+
+
+def _raw_as(port: int, user: str):
+    from tests.support import raw
+
+    c = raw.RawClient(f"127.0.0.1:{port}")
+    assert raw.error_code(c.request(17, 1, raw.req(17, 1, mechanism="PLAIN")).error_code) == 0
+    auth = c.request(36, 2, raw.req(36, 2, auth_bytes=f"\0{user}\0{user}-secret".encode()))
+    assert raw.error_code(auth.error_code) == 0
+    return c
+
+
+def test_denied_topics_refused_one_by_one_and_the_rest_served(secured):
+    """Kafka authorizes Produce, Fetch, ListOffsets ... topic by topic: carol (ALL on logs-*)
+    naming logs-app and orders in one request gets logs-app served and orders refused."""
+    import datetime
+
+    from kafscale.protocol.records import build_batch, decode_records, iter_batches
+    from tests.support.raw import error_code, req
+
+    _b, sasl = secured
+    denied = KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with _raw_as(sasl, "admin") as c:
+        orders_end = c.list_offsets("orders", 0, -1).offset
+    with _raw_as(sasl, "carol") as c:
+        batch = build_batch([(b"k", b"both-topics")])
+        topics = tuple(req(0, 9, "TopicProduceData", name=t, partition_data=(req(0, 9, "PartitionProduceData", index=0, records=batch),))
+                       for t in ("logs-app", "orders"))
+        resp = c.request(0, 9, req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=10), topic_data=topics))
+        got = {t.name: (error_code(t.partition_responses[0].error_code), t.partition_responses[0].base_offset) for t in resp.responses}
+        assert got["orders"] == (denied, -1)
+        assert got["logs-app"][0] == 0 and got["logs-app"][1] >= 1  # after the seed record
+        written = got["logs-app"][1]
+
+        lo = c.request(2, 7, req(2, 7, replica_id=-1, isolation_level=0, timeout=5000, topics=tuple(
+            req(2, 7, "ListOffsetsTopic", name=t, partitions=(req(2, 7, "ListOffsetsPartition", partition_index=0, current_leader_epoch=-1, timestamp=-1),))
+            for t in ("orders", "logs-app"))))
+        ends = {t.name: (error_code(t.partitions[0].error_code), t.partitions[0].offset) for t in lo.topics}
+        assert ends == {"orders": (denied, -1), "logs-app": (0, written + 1)}
+
+        fetch_topics = tuple(req(1, 12, "FetchTopic", topic=t, partitions=(req(1, 12, "FetchPartition", partition=0, current_leader_epoch=-1, fetch_offset=written,
+                                                                                   last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20),))
+                             for t in ("orders", "logs-app"))
+        f = c.request(1, 12, req(1, 12, replica_id=-1, max_wait=datetime.timedelta(milliseconds=100), min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                                 session_id=0, session_epoch=-1, topics=fetch_topics, forgotten_topics_data=(), rack_id=""))
+        parts = {t.topic: t.partitions[0] for t in f.responses}
+        assert error_code(parts["orders"].error_code) == denied and not parts["orders"].records
+        assert error_code(parts["logs-app"].error_code) == 0
+        values = [r.value for pos, h in iter_batches(parts["logs-app"].records) for r in decode_records(parts["logs-app"].records, pos, h)]
+        assert values == [b"both-topics"]
+    # nothing reached orders
+    with _raw_as(sasl, "admin") as c:
+        assert c.list_offsets("orders", 0, -1).offset == orders_end

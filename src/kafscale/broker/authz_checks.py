@@ -1,15 +1,19 @@
 """What each API needs, Kafka's way: (operation, resource) checks run before the handler
-when `--authorizer acls` is on. A request naming any resource the principal may not use
-is answered whole with the resource type's error (TOPIC_/GROUP_/CLUSTER_/
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED) in every topic, partition or group it named
-(Kafka answers per topic; a client asking for several topics at once where only some
-are denied gets all of them refused here). Metadata filters instead (handlers/metadata.py).
+when `--authorizer acls` is on. A request naming a group, transactional id or cluster
+action the principal may not use is answered whole with the resource type's error
+(GROUP_/CLUSTER_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED). Topics of the APIs in
+`PER_TOPIC` are authorized one by one, as Kafka does: the denied ones come back with
+TOPIC_AUTHORIZATION_FAILED and the handler serves the rest (`split_topics`); other APIs
+naming a denied topic are refused whole. Metadata filters instead (handlers/metadata.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
+from kafscale.protocol import error_response, fetch_response
 from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
 
 DENIED_CODE = {
@@ -17,6 +21,18 @@ DENIED_CODE = {
     Res.GROUP: ErrorCode.group_authorization_failed,
     Res.CLUSTER: ErrorCode.cluster_authorization_failed,
     Res.TRANSACTIONAL_ID: ErrorCode.transactional_id_authorization_failed,
+}
+
+
+# APIs whose topics Kafka authorizes one by one: request array, response array, operation.
+PER_TOPIC = {
+    0: ("topic_data", "responses", Op.WRITE),  # Produce
+    1: ("topics", "responses", Op.READ),  # Fetch
+    2: ("topics", "topics", Op.DESCRIBE),  # ListOffsets
+    8: ("topics", "topics", Op.READ),  # OffsetCommit (its group is checked whole)
+    21: ("topics", "topics", Op.DELETE),  # DeleteRecords
+    23: ("topics", "topics", Op.DESCRIBE),  # OffsetForLeaderEpoch
+    37: ("topics", "results", Op.ALTER),  # CreatePartitions
 }
 
 
@@ -40,17 +56,13 @@ async def required(ctx, api_key: int, req) -> list[tuple]:
     """[(operation, resource type, name) | ("any-of", [(op, type, name), ...])] the request needs."""
     cluster = (Res.CLUSTER, CLUSTER_NAME)
     g = getattr
+    # (the topics of PER_TOPIC APIs: split_topics)
     if api_key == 0:  # Produce
-        checks = [(Op.WRITE, Res.TOPIC, n) for n in await _topic_names(ctx, g(req, "topic_data", ()))]
-        if g(req, "transactional_id", None):
-            checks.append((Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id))
-        return checks
-    if api_key == 1:  # Fetch (followers do not exist here)
-        return [(Op.READ, Res.TOPIC, n) for n in await _topic_names(ctx, g(req, "topics", ()))]
-    if api_key in (2, 23):  # ListOffsets, OffsetForLeaderEpoch
-        return [(Op.DESCRIBE, Res.TOPIC, n) for n in await _topic_names(ctx, g(req, "topics", ()))]
+        return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)] if g(req, "transactional_id", None) else []
+    if api_key in (1, 2, 21, 23, 37):  # Fetch (no followers here), ListOffsets, DeleteRecords, OffsetForLeaderEpoch, CreatePartitions
+        return []
     if api_key == 8:  # OffsetCommit
-        return [(Op.READ, Res.GROUP, req.group_id)] + [(Op.READ, Res.TOPIC, n) for n in await _topic_names(ctx, g(req, "topics", ()))]
+        return [(Op.READ, Res.GROUP, req.group_id)]
     if api_key == 9:  # OffsetFetch
         groups = [x.group_id for x in g(req, "groups", ())] or ([req.group_id] if g(req, "group_id", None) is not None else [])
         return [(Op.DESCRIBE, Res.GROUP, x) for x in groups]
@@ -64,7 +76,7 @@ async def required(ctx, api_key: int, req) -> list[tuple]:
         return [(Op.DESCRIBE, Res.GROUP, x) for x in req.groups]
     if api_key == 19:  # CreateTopics: CREATE on the cluster or on each topic
         return [("any-of", [(Op.CREATE, *cluster), (Op.CREATE, Res.TOPIC, t.name)]) for t in req.topics]
-    if api_key in (20, 21):  # DeleteTopics, DeleteRecords
+    if api_key == 20:  # DeleteTopics
         return [(Op.DELETE, Res.TOPIC, n) for n in await _topic_names(ctx, g(req, "topics", None) or [_Named(x) for x in g(req, "topic_names", ())])]
     if api_key == 22:  # InitProducerId
         if g(req, "transactional_id", None):
@@ -78,8 +90,6 @@ async def required(ctx, api_key: int, req) -> list[tuple]:
         return checks
     if api_key == 27:  # WriteTxnMarkers: brokers only
         return [(Op.CLUSTER_ACTION, *cluster)]
-    if api_key == 37:  # CreatePartitions
-        return [(Op.ALTER, Res.TOPIC, t.name) for t in req.topics]
     if api_key in (42, 47):  # DeleteGroups, OffsetDelete
         groups = list(g(req, "groups_names", ()) or ()) or [req.group_id]
         return [(Op.DELETE, Res.GROUP, x) for x in groups]
@@ -128,3 +138,57 @@ async def denied(ctx, api_key: int, req) -> tuple[int, str] | None:
         if not authz.authorize(ctx.principal, host, op, rt, name):
             return DENIED_CODE[rt], f"{ctx.principal} may not {op.name} {rt.name} {name}"
     return None
+
+
+async def split_topics(ctx, api_key: int, req) -> tuple[object, object | None, tuple[int, str] | None]:
+    """For a PER_TOPIC API: (request to serve, request of the denied topics or None, refusal
+    or None). With some topics denied the handler serves the others and the server adds the
+    denied ones to its answer (`merge_denied`); with all denied, or a Produce with acks=0
+    (no answer to carry the errors: Kafka closes), the refusal answers the request whole."""
+    spec = PER_TOPIC.get(api_key)
+    if spec is None:
+        return req, None, None
+    field, _response_field, op = spec
+    authz = ctx.broker.authorizer
+    host = host_of(ctx.peer)
+    allowed, denied = [], []
+    first_denied = None
+    for item in getattr(req, field, None) or ():
+        [name] = await _topic_names(ctx, [item]) or [None]
+        if name is None or authz.authorize(ctx.principal, host, op, Res.TOPIC, name):
+            allowed.append(item)  # an unknown topic id: the handler answers UNKNOWN_TOPIC_ID
+        else:
+            denied.append(item)
+            first_denied = first_denied or name
+    if not denied:
+        return req, None, None
+    reason = f"{ctx.principal} may not {op.name} TOPIC {first_denied}"
+    if not allowed or (api_key == 0 and getattr(req, "acks", -1) == 0):
+        return req, None, (ErrorCode.topic_authorization_failed, reason)
+    return _with(req, field, allowed), _with(req, field, denied), None
+
+
+def refused_fetch(version: int, request, code: int) -> fetch_response.FetchResponse:
+    """`code` in every partition the Fetch named, encoded as the fetch handler encodes (empty
+    records, no leader epoch data); the top level is fine."""
+    fr = fetch_response
+    return fr.FetchResponse(version, [
+        fr.TopicData(getattr(t, "topic", None), getattr(t, "topic_id", None), [fr.PartitionData(p.partition, code, -1, -1, -1) for p in t.partitions])
+        for t in request.topics
+    ])
+
+
+def merge_denied(api_key: int, version: int, response, denied_request):
+    """The handler's response with TOPIC_AUTHORIZATION_FAILED entries for the denied topics."""
+    code = ErrorCode.topic_authorization_failed
+    field = PER_TOPIC[api_key][1]
+    if api_key == 1:
+        extra = refused_fetch(version, denied_request, code)
+    else:
+        extra = error_response.build(api_key, version, denied_request, code)
+    return _with(response, field, list(getattr(response, field)) + list(getattr(extra, field)))
+
+
+def _with(obj, field: str, items: list):
+    current = getattr(obj, field)
+    return dataclasses.replace(obj, **{field: tuple(items) if isinstance(current, tuple) else list(items)})

@@ -22,7 +22,7 @@ from kio.schema.index import api_key_map
 from kafscale.broker import authz_checks, memory
 from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol import codec, error_response, fetch_response, legacy
+from kafscale.protocol import codec, error_response, legacy
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
 from kafscale.security.sasl import BEFORE_AUTHENTICATION, SASL_AUTHENTICATE, SASL_HANDSHAKE, IllegalSaslState
 from kafscale.security.tls import ReloadingContext
@@ -621,19 +621,16 @@ class KafkaServer:
             conn.produce_turn = ctx.turn
         error = None
         try:
-            refusal = await authz_checks.denied(ctx, api_key, request) if self.broker.authorizer.enabled else None
+            refusal, denied_topics = None, None
+            if self.broker.authorizer.enabled:
+                refusal = await authz_checks.denied(ctx, api_key, request)
+                if refusal is None:
+                    request, denied_topics, refusal = await authz_checks.split_topics(ctx, api_key, request)
             if refusal is not None:
                 # Every resource the request named gets the error (the denial is logged
                 # and counted by the authorizer, at most once a second per resource).
                 if api_key == FETCH:
-                    # Encoded as the fetch handler encodes (empty records, no leader
-                    # epoch data): the refusal is per partition, the top level is fine.
-                    fr = fetch_response
-                    refused = fr.FetchResponse(version, [
-                        fr.TopicData(getattr(t, "topic", None), getattr(t, "topic_id", None),
-                                     [fr.PartitionData(p.partition, refusal[0], -1, -1, -1) for p in t.partitions])
-                        for t in request.topics
-                    ])
+                    refused = authz_checks.refused_fetch(version, request, refusal[0])
                     if adapter is not None:
                         return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, refused)
                     return refused.encode_frame(correlation_id)
@@ -644,6 +641,8 @@ class KafkaServer:
                     return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
                 return self._encode_refusal(api_key, version, correlation_id, response)
             response = await api.handler(ctx, request)
+            if denied_topics is not None and response is not None:
+                response = authz_checks.merge_denied(api_key, version, response, denied_topics)
             observers = self.response_hooks.get(api_key)
             if observers:
                 for hook in observers:
