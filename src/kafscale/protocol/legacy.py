@@ -29,6 +29,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from kafka.protocol.old import admin as _admin
+from kafka.protocol.producer import transaction as _txn
 from kafka.protocol.old import commit as _commit
 from kafka.protocol.old import fetch as _fetch
 from kafka.protocol.old import list_offsets as _list_offsets
@@ -67,6 +68,10 @@ class Adapter:
     down: Callable | None = None
     # version, payload, body offset -> kio request: a decoder of its own (Produce: zero copy)
     decoder: Callable | None = None
+    # (request, response) classes of kafka-python's schemas generated from Kafka's JSON
+    # message specs (which keep the fields of the old versions): for APIs kafka.protocol.old
+    # lacks, used instead of `classes`
+    json_classes: tuple[type, type] | None = None
 
 
 # ------------------------------------------------------------------------------------
@@ -166,6 +171,50 @@ def _from_kio(schema: Schema, entity, fill: dict) -> tuple:
     return tuple(out)
 
 
+def _dict_to_kio(cls: type, values: dict, defaults: dict) -> Any:
+    """The kio entity `cls` from kafka-python's to_dict() of a JSON-schema message."""
+    old = {_norm(k): v for k, v in values.items()}
+    kwargs = {}
+    for name, kind, element in _kio_fields(cls):
+        key = _norm(name)
+        if key not in old:
+            if name in defaults:
+                kwargs[name] = defaults[name]
+            continue
+        value = old[key]
+        if element is not None and isinstance(value, list):
+            value = tuple(_dict_to_kio(element, v, defaults) for v in value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return make(cls, **kwargs)
+
+
+def _json_from_kio(dc_cls: type, entity, version: int):
+    """kafka-python's JSON-schema message `dc_cls` (at `version`) from a kio entity."""
+    have = {_norm(f.name): f.name for f in dataclasses.fields(entity)}
+    kwargs = {}
+    for field in dc_cls._struct._fields:
+        if not field.for_version_q(version):
+            continue
+        attr = have.get(_norm(field.name))
+        if attr is None:
+            continue
+        value = getattr(entity, attr)
+        if field.is_struct_array() or field.is_struct():
+            child = field.data_class if field.data_class is not None else getattr(dc_cls, field.type_str)
+            if field.is_struct_array():
+                value = None if value is None else [_json_from_kio(child, v, version) for v in value]
+            else:
+                value = None if value is None else _json_from_kio(child, value, version)
+        elif isinstance(value, tuple):
+            value = [_plain(v) for v in value]
+        else:
+            value = _plain(value)
+        kwargs[field.name] = value
+    return dc_cls(**kwargs)
+
+
 # ------------------------------------------------------------------------------------
 # Decoding and encoding
 
@@ -174,6 +223,14 @@ def decode(adapter: Adapter, version: int, payload: memoryview, offset: int) -> 
     """(old request values or None, kio request of adapter.kio_version)."""
     if adapter.decoder is not None:
         return None, adapter.decoder(version, payload, offset)
+    kio_cls = codec.schema(adapter.api_key, adapter.kio_version, "request")
+    if adapter.json_classes is not None:
+        req_cls = adapter.json_classes[0]
+        try:
+            values = req_cls.decode(io.BytesIO(bytes(payload[offset:])), version=version).to_dict(json=False)
+        except Exception as e:  # noqa: BLE001 - short or garbled input
+            raise codec.MalformedRequest(f"cannot decode {req_cls.__name__} v{version}: {e!r}") from None
+        return None, _dict_to_kio(kio_cls, values, adapter.defaults)
     if adapter.classes is None:
         return None, codec.decode_body(adapter.api_key, adapter.kio_version, payload, offset)
     req_cls, _ = adapter.classes[version]
@@ -181,7 +238,6 @@ def decode(adapter: Adapter, version: int, payload: memoryview, offset: int) -> 
         values = req_cls.SCHEMA.decode(io.BytesIO(bytes(payload[offset:])))
     except Exception as e:  # noqa: BLE001 - short or garbled input: kafka-python raises several kinds
         raise codec.MalformedRequest(f"cannot decode {req_cls.__name__}: {e!r}") from None
-    kio_cls = codec.schema(adapter.api_key, adapter.kio_version, "request")
     request = _to_kio(kio_cls, req_cls.SCHEMA, values, adapter.defaults)
     if adapter.up is not None:
         request = adapter.up(version, values, request)
@@ -192,6 +248,9 @@ def encode_response(adapter: Adapter, version: int, correlation_id: int, old_req
     """The frame of the old version's response to a handler's kio response."""
     if isinstance(response, LegacyResponse):
         return [codec.encode_raw_response(correlation_id, response.body)]
+    if adapter.json_classes is not None:
+        body = _json_from_kio(adapter.json_classes[1], response, version).encode(version=version)
+        return [codec.encode_raw_response(correlation_id, bytes(body))]
     if adapter.classes is None:
         return codec.encode_response(adapter.api_key, adapter.kio_version, correlation_id, response)
     _, resp_cls = adapter.classes[version]
@@ -287,6 +346,8 @@ ADAPTERS: dict[int, Adapter] = {
         Adapter(20, 0, 1, _classes(_admin, "DeleteTopics", range(1))),
         Adapter(23, 0, 2, _classes(_ofle, "OffsetForLeaderEpoch", range(2)), defaults={"current_leader_epoch": -1}),
         # ACLs v0 know literal resource names only (KIP-290 added patterns in v1)
+        # v0 is v1 without flexible encoding; kafka.protocol.old has no WriteTxnMarkers
+        Adapter(27, 0, 1, None, json_classes=(_txn.WriteTxnMarkersRequest, _txn.WriteTxnMarkersResponse)),
         Adapter(29, 0, 1, _classes(_admin, "DescribeAcls", range(1)), defaults={"pattern_type_filter": 3}),
         Adapter(30, 0, 1, _classes(_admin, "CreateAcls", range(1)), defaults={"resource_pattern_type": 3}),
         Adapter(31, 0, 1, _classes(_admin, "DeleteAcls", range(1)), defaults={"pattern_type_filter": 3}),
