@@ -348,3 +348,24 @@ def test_policy_change_reaches_the_live_log(broker, admin, topic_name):
     # back to delete: records without a key are taken again
     assert incremental(admin, topic_name, ("cleanup.policy", "compact", AlterConfigOpType.SUBTRACT)).result(15) is None
     assert error_code(produce_raw(broker.bootstrap, topic_name, keyless).error_code) == 0
+
+
+
+@pytest.mark.parametrize("api_version", [(0, 10, 0), (0, 9)])
+def test_null_key_refused_in_an_old_message_format(broker, admin, topic_name, api_version):
+    """kafka-python speaking Produce v2 (message format v1) / v1 (format v0), up-converted by
+    the broker to one batch: the same rule, Kafka's InvalidRecordError."""
+    from kafka import KafkaProducer
+
+    create(admin, topic_name, {"cleanup.policy": "compact"})
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=api_version, retries=0, linger_ms=200)
+    try:
+        keyless = [p.send(topic_name, key=b"k", value=b"v", partition=0), p.send(topic_name, key=None, value=b"v", partition=0)]
+        for f in keyless:
+            with pytest.raises(kafka.errors.InvalidRecordError):
+                f.get(15)
+        assert end_offsets(broker.bootstrap, topic_name) == (0, 0)
+        assert p.send(topic_name, key=b"k", value=b"v", partition=0).get(15).offset == 0
+        assert p.send(topic_name, key=b"j", value=None, partition=0).get(15).offset == 1
+    finally:
+        p.close()
