@@ -542,3 +542,48 @@ def test_write_txn_markers_v0(kb, topic_name):
     assert m.producer_id == 4242
     [t] = m.topics
     assert t.name == topic_name and [p.partition_index for p in t.partitions] == [0]
+
+
+def test_down_convert_zstd_and_log_append_time():
+    plain = records.build_batch([(b"a", b"1")], base_offset=0, timestamp=5)
+    zstd = records.build_batch([(b"b", b"2")], base_offset=1, timestamp=5, codec=4)
+    with pytest.raises(InvalidRecordError) as e:
+        legacy_records.down_convert([zstd], 1, 1 << 20)
+    assert e.value.error_code == ErrorCode.unsupported_compression_type
+    # what comes before a zstd batch is returned; the next fetch starts at it
+    assert [m[0] for m in parse_message_set(legacy_records.down_convert([plain + zstd], 1, 1 << 20))] == [0]
+    # LogAppendTime: the broker's time and the timestamp-type bit, CRCs right (parse checks them)
+    for codec in (0, 1):
+        b = bytearray(records.build_batch([(b"a", b"1"), (b"b", b"2")], base_offset=0, timestamp=5, codec=codec))
+        records.set_max_timestamp(b, 0, len(b), 777)
+        msgs = parse_message_set(legacy_records.down_convert([bytes(b)], 1, 1 << 20))
+        assert all(m[2] & 0x08 and m[3] == 777 for m in msgs), msgs
+
+
+def test_raw_produce_old_limits(kb, topic_name):
+    """MESSAGE_TOO_LARGE per message (max.message.bytes) and INVALID_TIMESTAMP for a v1
+    timestamp out of message.timestamp.difference.max.ms, as Kafka's LogValidator."""
+    create_topic(kb.bootstrap, topic_name, config={"max.message.bytes": "1000", "message.timestamp.difference.max.ms": "60000"})
+    now = int(time.time() * 1000)
+    with OldClient(kb.bootstrap) as c:
+        def produce(data):
+            r = c.old(old_produce.ProduceRequest_v2(acks=1, timeout_ms=10000, topic_data=[(topic_name, [(0, data)])]), old_produce.ProduceResponse_v2)
+            return r.responses[0][1][0][1]
+
+        assert produce(spec_message(1, 0, None, b"x" * 2000, now)) == ErrorCode.message_too_large
+        # each message under the limit, the converted batch over it: Kafka re-checks a
+        # converted batch (UnifiedLog.append: messageSizeMaybeChanged)
+        assert produce(b"".join(spec_message(1, i, None, b"y" * 400, now) for i in range(5))) == ErrorCode.message_too_large
+        assert produce(b"".join(spec_message(1, i, None, b"y" * 100, now) for i in range(5))) == 0
+        assert produce(spec_message(1, 0, None, b"old", now - 3_600_000)) == ErrorCode.invalid_timestamp
+        assert produce(spec_message(1, 0, None, b"now", now)) == 0
+
+
+def test_raw_fetch_old_zstd(kb, topic_name):
+    create_topic(kb.bootstrap, topic_name)
+    with RawClient(kb.bootstrap) as c:
+        assert c.produce(topic_name, 0, records.build_batch([(b"k", b"v" * 100)], timestamp=int(time.time() * 1000), codec=4)).error_code == 0
+    with OldClient(kb.bootstrap) as c:
+        r = c.old(old_fetch.FetchRequest_v2(replica_id=-1, max_wait_ms=100, min_bytes=1, topics=[(topic_name, [(0, 0, 1 << 20)])]), old_fetch.FetchResponse_v2)
+    [(_name, [(_index, err, hw, data)])] = r.responses
+    assert (err, hw, data) == (ErrorCode.unsupported_compression_type, 1, b"")

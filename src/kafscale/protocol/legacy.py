@@ -285,12 +285,15 @@ def _fetch_down(version, old, request, response) -> tuple:
     for t in response.responses:
         parts = []
         for p in t.partitions:
-            data = b""
+            data, error = b"", int(p.error_code)
             if p.records:
                 limit = min(limits.get((t.topic, p.partition_index), budget), budget)
-                data = legacy_records.down_convert(p.records, magic, limit)
+                try:
+                    data = legacy_records.down_convert(p.records, magic, limit)
+                except legacy_records.InvalidRecordError as e:  # zstd: Kafka's error for old fetchers
+                    error = int(e.error_code)
                 budget -= len(data)
-            parts.append((p.partition_index, int(p.error_code), p.high_watermark, data))
+            parts.append((p.partition_index, error, p.high_watermark, data))
         topics.append((t.topic, parts))
     if version == 0:
         return (topics,)

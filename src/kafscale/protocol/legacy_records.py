@@ -30,6 +30,7 @@ _LOG_OVERHEAD = 12  # offset, message size
 _MIN_MESSAGE = 14  # crc, magic, attributes, key length, value length (magic 0)
 _OFFSET_SIZE = struct.Struct(">qi")
 _NO_LIMIT = 1 << 62
+_TIMESTAMP_TYPE_BIT = 0x08  # attributes: LogAppendTime (magic 1)
 
 
 def _corrupt(message: str) -> InvalidRecordError:
@@ -100,8 +101,6 @@ def _entries(buf: bytes):
 
 def _convert_batch(batch_bytes: bytes, header: records.BatchHeader, magic: int) -> bytes:
     codec = header.compression
-    if codec > records.COMPRESSION_LZ4:
-        codec = records.COMPRESSION_NONE  # zstd has no v0/v1 form: sent uncompressed
     builder = LegacyRecordBatchBuilder(magic, codec, _NO_LIMIT)
     last_offset, max_ts = header.base_offset, -1
     for rec in DefaultRecordBatch(batch_bytes):
@@ -110,28 +109,44 @@ def _convert_batch(batch_bytes: bytes, header: records.BatchHeader, magic: int) 
         offset = rec.offset - header.base_offset if codec and magic == 1 else rec.offset
         builder.append(offset, ts, rec.key, rec.value)
         last_offset, max_ts = rec.offset, max(max_ts, ts)
-    out = builder.build()
+    out = bytearray(builder.build())
     if codec and len(out):
         # kafka-python writes the wrapper at offset 0 (time 0): Kafka's wrapper holds the
         # absolute offset of its last message (and, in magic 1, the largest timestamp).
-        out = bytearray(out)
         struct.pack_into(">q", out, 0, last_offset)
         if magic == 1:
             struct.pack_into(">q", out, 18, max_ts)
-            struct.pack_into(">I", out, 12, zlib.crc32(memoryview(out)[16:]) & 0xFFFFFFFF)
+            _recrc(out, 0)
+    if magic == 1 and header.is_log_append_time:
+        # the broker's time: the timestamp-type bit on each outer message, as Kafka sets it
+        for start, _stop in _entries(out):
+            out[start + 17] |= _TIMESTAMP_TYPE_BIT
+            _recrc(out, start)
     return bytes(out)
+
+
+def _recrc(buf: bytearray, start: int) -> None:
+    """Recompute the CRC32 (from the magic byte on) of the message at `start`."""
+    (size,) = struct.unpack_from(">i", buf, start + 8)
+    struct.pack_into(">I", buf, start + 12, zlib.crc32(memoryview(buf)[start + 16 : start + _LOG_OVERHEAD + size]) & 0xFFFFFFFF)
 
 
 def down_convert(chunks, magic: int, limit: int) -> bytes:
     """The stored v2 batches in `chunks` as a magic 0/1 message set of at most `limit` bytes
     (whole messages; at least one, so that a consumer always moves on). Control batches
-    (transaction markers) are left out, as Kafka does for old consumers."""
+    (transaction markers) are left out, as Kafka does for old consumers. A zstd batch has
+    no v0/v1 form: UNSUPPORTED_COMPRESSION_TYPE (InvalidRecordError), as Kafka answers a
+    Fetch below v10 that would return one."""
     global down_conversions
     out = bytearray()
     for chunk in chunks:
         for pos, header in records.iter_batches(chunk):
             if header.is_control or header.record_count <= 0:
                 continue
+            if header.compression > records.COMPRESSION_LZ4:
+                if out:
+                    return bytes(out)  # what came before it; the next fetch starts at the zstd batch
+                raise InvalidRecordError(f"zstd-compressed batch at offset {header.base_offset}: Fetch v0-v3 cannot carry zstd", ErrorCode.unsupported_compression_type)
             converted = _convert_batch(bytes(chunk[pos : pos + header.size]), header, magic)
             down_conversions += 1
             for start, stop in _entries(converted):

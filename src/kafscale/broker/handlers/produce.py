@@ -50,8 +50,9 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
         buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
         max_bytes = lg.settings.max_message_bytes
         if ctx.wire_version is not None and len(buf) > records.MAGIC and buf[records.MAGIC] < 2:
-            # Produce v0-v2 with message format v0/v1: one v2 batch (sizes checked per message)
-            buf, max_bytes = memoryview(legacy_records.up_convert(buf, max_bytes)), None
+            # Produce v0-v2 with message format v0/v1: one v2 batch. Sizes are checked per
+            # message, then the batch's (Kafka re-checks a converted batch's size too).
+            buf = memoryview(legacy_records.up_convert(buf, max_bytes))
         headers = records.validate_record_set(buf, max_bytes)
         if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
             records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
