@@ -27,6 +27,11 @@ class BrokerConfig:
     connections_max_reauth_ms: int = field(default=0, metadata={"help": "SASL session lifetime: clients re-authenticate (KIP-368) before it ends or are disconnected (Kafka's connections.max.reauth.ms; 0: no limit)"})
     sasl_server_max_receive_size: int = field(default=524_288, metadata={"help": "largest request before SASL authentication completes (Kafka's sasl.server.max.receive.size)"})
     sasl_failed_authentication_delay_ms: int = field(default=100, metadata={"help": "after a failed authentication, the least wait before the next attempt from the same address; doubles with each failure up to 5 s (Kafka's connection.failed.authentication.delay.ms)"})
+    inter_broker_listener_name: str = field(default="", metadata={"help": "the listener brokers reach each other on (transaction markers; Kafka's inter.broker.listener.name); default PLAINTEXT if there is one, else the first listener"})
+    sasl_mechanism_inter_broker_protocol: str = field(default="PLAIN", metadata={"help": "SASL mechanism towards other brokers on a SASL inter-broker listener: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (Kafka's sasl.mechanism.inter.broker.protocol)"})
+    inter_broker_sasl_username: str = field(default="", metadata={"help": "this broker's SASL user towards other brokers (it needs CLUSTER_ACTION, or to be a super user, under --authorizer acls)"})
+    inter_broker_sasl_password: str = field(default="", metadata={"help": "its password; the environment variable KAFSCALE_INTER_BROKER_SASL_PASSWORD keeps it out of the process list"})
+    inter_broker_ssl_ca: str = field(default="", metadata={"help": "PEM CA certificates that sign the other brokers' certificates on a TLS inter-broker listener (default --ssl-ca, else the system's)"})
     oauth_jwks: str = field(default="", metadata={"help": "OAUTHBEARER: JWKS file (re-read on change) or http(s) URL (cached 5 min) with the keys that sign tokens"})
     oauth_issuer: str = field(default="", metadata={"help": "OAUTHBEARER: required iss claim ('' accepts any)"})
     oauth_audience: str = field(default="", metadata={"help": "OAUTHBEARER: required aud value ('' accepts any)"})
@@ -131,6 +136,9 @@ class BrokerConfig:
             raise ValueError("--http-tls needs --ssl-cert and --ssl-key")
         if self.http_basic_auth and ":" not in self.http_basic_auth:
             raise ValueError("--http-basic-auth must be USER:PASSWORD")
+        from kafscale.security.inter_broker import InterBrokerSecurity
+
+        InterBrokerSecurity.from_config(self)
         if self.authorizer not in ("none", "acls"):
             raise ValueError(f"--authorizer must be none or acls, not {self.authorizer!r}")
         if any(l.sasl for l in bound):

@@ -1,4 +1,5 @@
-"""SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677), the server side, without I/O.
+"""SCRAM-SHA-256 and SCRAM-SHA-512 (RFC 5802, RFC 7677), without I/O: the server side, and
+the client side a broker uses towards other brokers (`ScramClient`).
 
 Credentials are what Kafka stores: salt, StoredKey = H(HMAC(SaltedPassword, "Client
 Key")), ServerKey = HMAC(SaltedPassword, "Server Key") and the iteration count; the
@@ -194,3 +195,50 @@ class ScramServer:
             raise ScramError("invalid credentials")
         self.done = True
         return ("v=" + base64.b64encode(_hmac(self.alg, cred.server_key, auth_message)).decode()).encode()
+
+
+def _escape_saslname(name: str) -> str:
+    return name.replace("=", "=3D").replace(",", "=2C")
+
+
+class ScramClient:
+    """The client side of one exchange (the broker's own, to other brokers): `first()` is the
+    client-first message, `final(server_first)` the client-final one, `verify(server_final)`
+    checks the server's signature (a server that does not know the password fails it)."""
+
+    def __init__(self, mechanism: str, user: str, password: str, nonce: str | None = None):
+        if mechanism not in MECHANISMS:
+            raise ScramError(f"unsupported mechanism {mechanism}")
+        self.mechanism = mechanism
+        self.alg = MECHANISMS[mechanism]
+        self.password = password
+        self._nonce = nonce or secrets.token_hex(16)
+        self._bare = f"n={_escape_saslname(user)},r={self._nonce}"
+        self._server_signature = b""
+
+    def first(self) -> bytes:
+        return f"n,,{self._bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        text = server_first.decode("utf-8")
+        attrs = dict(_attributes(text))
+        nonce, salt, iterations = attrs.get("r", ""), attrs.get("s"), attrs.get("i", "")
+        if not nonce.startswith(self._nonce) or len(nonce) == len(self._nonce):
+            raise ScramError("the server nonce does not extend ours")
+        if salt is None or not iterations.isdigit() or int(iterations) < MIN_ITERATIONS:
+            raise ScramError("malformed SCRAM server-first message")
+        salted = salted_password(self.mechanism, self.password, base64.b64decode(salt), int(iterations))
+        client_key = _hmac(self.alg, salted, b"Client Key")
+        without_proof = f"c=biws,r={nonce}"
+        auth_message = f"{self._bare},{text},{without_proof}".encode()
+        signature = _hmac(self.alg, _h(self.alg, client_key), auth_message)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature))
+        self._server_signature = _hmac(self.alg, _hmac(self.alg, salted, b"Server Key"), auth_message)
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def verify(self, server_final: bytes) -> None:
+        attrs = dict(_attributes(server_final.decode("utf-8")))
+        if "e" in attrs:
+            raise ScramError(f"the server refused: {attrs['e']}")
+        if not hmac.compare_digest(base64.b64decode(attrs.get("v", "")), self._server_signature):
+            raise ScramError("the server's signature does not match")

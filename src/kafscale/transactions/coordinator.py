@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import ConflictError, MetadataStore
+from kafscale.security.inter_broker import InterBrokerSecurity
 from kafscale.transactions.state import (
     DEFAULT_ID_EXPIRATION_MS,
     DEFAULT_MAX_TIMEOUT_MS,
@@ -60,7 +61,13 @@ COORDINATOR_EPOCH = 0  # ownership is fenced by the guarded store writes, not by
 # is answered CONCURRENT_TRANSACTIONS: a producer's next transaction usually starts right
 # after its commit, and a retry costs it the client's backoff (librdkafka: 100 ms).
 MARKER_WAIT_S = 1.0
-INTER_BROKER_LISTENER = "PLAINTEXT"
+INTER_BROKER_LISTENER = "PLAINTEXT"  # without broker settings (tests building a coordinator alone)
+
+
+def _inter_broker_security(config) -> InterBrokerSecurity:
+    if not hasattr(config, "resolved_listeners"):
+        return InterBrokerSecurity(INTER_BROKER_LISTENER)  # a bare config (unit tests of the coordinator)
+    return InterBrokerSecurity.from_config(config)
 ADD_PARTITIONS_TO_TXN = 24
 # What a failed produce verification answers (Kafka's ReplicaManager): a partition not in
 # the transaction is INVALID_TXN_STATE for these clients, a stale epoch INVALID_PRODUCER_EPOCH,
@@ -98,7 +105,8 @@ class TransactionCoordinator:
         self._tasks: set[asyncio.Task] = set()
         self._sweep_task: asyncio.Task | None = None
         self._stopping = False
-        self.remote = RemoteMarkerWriter()
+        self.security = _inter_broker_security(config)
+        self.remote = RemoteMarkerWriter(security=self.security)
         listeners = getattr(cluster, "listeners", None)
         if isinstance(listeners, list):
             listeners.append(self._on_membership_change)
@@ -413,9 +421,8 @@ class TransactionCoordinator:
                     node = self.cluster.node(owner)
                     if node is None:
                         continue  # owner unknown right now: retried
-                    # Broker to broker in plaintext: the PLAINTEXT listener when the owner
-                    # advertises one, else its first listener.
-                    host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
+                    # The inter-broker listener (security/inter_broker.py), else its first.
+                    host, port = node.endpoint(self.security.listener) or (node.host, node.port)
                     results.update(await self.remote.write(host, port, markers, tps))
             except asyncio.CancelledError:
                 raise
@@ -441,9 +448,10 @@ class RemoteMarkerWriter:
     """A minimal broker-to-broker client: WriteTxnMarkers to a partition's owner over the
     Kafka protocol (its advertised listener), one connection per owner, one request at a time."""
 
-    def __init__(self, client_id: str = "kafscale-txn-coordinator", timeout_s: float = 30.0):
+    def __init__(self, client_id: str = "kafscale-txn-coordinator", timeout_s: float = 30.0, security: InterBrokerSecurity | None = None):
         self.client_id = client_id
         self.timeout_s = timeout_s
+        self.security = security or InterBrokerSecurity(INTER_BROKER_LISTENER)
         self._conns: dict[tuple[str, int], tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
         self._locks: defaultdict[tuple[str, int], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._correlation = 0
@@ -501,7 +509,7 @@ class RemoteMarkerWriter:
             conn = self._conns.get(addr)
             try:
                 if conn is None:
-                    conn = await asyncio.wait_for(asyncio.open_connection(*addr), self.timeout_s)
+                    conn = await self.security.connect(*addr, self.timeout_s, self.client_id)
                     self._conns[addr] = conn
                 reader, writer = conn
                 self._correlation = (self._correlation + 1) & 0x7FFFFFFF
