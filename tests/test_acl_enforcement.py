@@ -234,3 +234,42 @@ def test_denied_topics_refused_one_by_one_and_the_rest_served(secured):
     # nothing reached orders
     with _raw_as(sasl, "admin") as c:
         assert c.list_offsets("orders", 0, -1).offset == orders_end
+
+
+def test_transaction_and_producer_views_follow_describe_acls(secured):
+    """DescribeTransactions answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED without DESCRIBE on
+    the id and leaves out topics the principal may not DESCRIBE; ListTransactions lists only
+    describable ids; DescribeProducers refuses the topics without READ (Kafka's rules)."""
+    from tests.support.raw import error_code, req
+    from tests.test_txn_coordinator import add_partitions, describe, end, init
+
+    _b, sasl = secured
+    tid = f"acl-tx-{free_port()}"
+    with _raw_as(sasl, "admin") as c:
+        err, pid, epoch = init(c, tid)
+        assert err == 0
+        assert add_partitions(c, tid, pid, epoch, "logs-app") == {("logs-app", 0): 0}
+        assert add_partitions(c, tid, pid, epoch, "orders") == {("orders", 0): 0}
+
+    def listed(c) -> list[str]:
+        r = c.request(66, 1, req(66, 1, state_filters=(), producer_id_filters=()))
+        return [s.transactional_id for s in r.transaction_states]
+
+    with _raw_as(sasl, "carol") as c:
+        assert error_code(describe(c, tid).error_code) == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert tid not in listed(c)
+        dp = c.request(61, 0, req(61, 0, topics=tuple(req(61, 0, "TopicRequest", name=t, partition_indexes=(0,)) for t in ("logs-app", "orders"))))
+        errors = {t.name: error_code(t.partitions[0].error_code) for t in dp.topics}
+        assert errors == {"logs-app": 0, "orders": KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+    admin = AdminClient(_conf(sasl, "admin"))
+    binding = AclBinding(ResourceType.TRANSACTIONAL_ID, tid, ResourcePatternType.LITERAL, "User:carol", "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)
+    for f in admin.create_acls([binding]).values():
+        f.result(10)
+    with _raw_as(sasl, "carol") as c:
+        st = describe(c, tid)
+        assert (error_code(st.error_code), st.transaction_state) == (0, "Ongoing")
+        assert [(t.topic, t.partitions) for t in st.topics] == [("logs-app", [0])]  # orders: no DESCRIBE for carol
+        assert tid in listed(c)
+    with _raw_as(sasl, "admin") as c:
+        assert end(c, tid, pid, epoch, False) == 0

@@ -33,11 +33,20 @@ PER_TOPIC = {
     21: ("topics", "topics", Op.DELETE),  # DeleteRecords
     23: ("topics", "topics", Op.DESCRIBE),  # OffsetForLeaderEpoch
     37: ("topics", "results", Op.ALTER),  # CreatePartitions
+    61: ("topics", "topics", Op.READ),  # DescribeProducers
 }
 
 
 def host_of(peer: str) -> str:
     return peer.rsplit(":", 1)[0] if ":" in peer else peer
+
+
+def may(ctx, op: Op, resource_type: Res, name: str) -> bool:
+    """For handlers that filter what they show (DescribeTransactions, ListTransactions):
+    whether the principal may `op` the resource; True without an authorizer. Not logged as
+    a denial (nothing is refused, something is left out)."""
+    authz = ctx.broker.authorizer
+    return not authz.enabled or authz.authorize(ctx.principal, host_of(ctx.peer), op, resource_type, name, log_denial=False)
 
 
 async def _topic_names(ctx, items) -> list[str]:
@@ -59,7 +68,7 @@ async def required(ctx, api_key: int, req) -> list[tuple]:
     # (the topics of PER_TOPIC APIs: split_topics)
     if api_key == 0:  # Produce
         return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)] if g(req, "transactional_id", None) else []
-    if api_key in (1, 2, 21, 23, 37):  # Fetch (no followers here), ListOffsets, DeleteRecords, OffsetForLeaderEpoch, CreatePartitions
+    if api_key in (1, 2, 21, 23, 37, 61):  # Fetch (no followers here), ListOffsets, DeleteRecords, OffsetForLeaderEpoch, CreatePartitions, DescribeProducers
         return []
     if api_key == 8:  # OffsetCommit
         return [(Op.READ, Res.GROUP, req.group_id)]

@@ -17,10 +17,12 @@ from __future__ import annotations
 import datetime
 import logging
 
+from kafscale.broker import authz_checks
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
+from kafscale.security.acl import Operation as Op, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID = 22
@@ -266,6 +268,8 @@ async def describe_transactions(ctx, req):
         entry = dict(transactional_id=tid, transaction_state="", transaction_timeout=0, transaction_start_time=NO_TIMESTAMP,
                      producer_id=-1, producer_epoch=-1, topics=[])
         error = _check(ctx, tid)
+        if error is None and not authz_checks.may(ctx, Op.DESCRIBE, Res.TRANSACTIONAL_ID, tid):
+            error = ErrorCode.transactional_id_authorization_failed
         if error is None:
             try:
                 meta = await _txns(ctx).describe(tid)
@@ -279,7 +283,8 @@ async def describe_transactions(ctx, req):
                     transaction_state=d["transaction_state"], transaction_timeout=d["transaction_timeout_ms"],
                     transaction_start_time=_timestamp(d["transaction_start_time_ms"]), producer_id=d["producer_id"],
                     producer_epoch=d["producer_epoch"],
-                    topics=[dict(topic=t, partitions=ps) for t, ps in d["topics"].items()],
+                    # as Kafka: the partitions of topics the principal may not DESCRIBE are left out
+                    topics=[dict(topic=t, partitions=ps) for t, ps in d["topics"].items() if authz_checks.may(ctx, Op.DESCRIBE, Res.TOPIC, t)],
                 )
                 error = ErrorCode.none
         states.append(dict(error_code=error, **entry))
@@ -322,6 +327,8 @@ async def list_transactions(ctx, req):
             continue
         if regex is not None and not regex.fullmatch(meta.transactional_id):
             continue
+        if not authz_checks.may(ctx, Op.DESCRIBE, Res.TRANSACTIONAL_ID, meta.transactional_id):
+            continue  # Kafka lists only the ids the principal may DESCRIBE
         out.append(dict(transactional_id=meta.transactional_id, producer_id=meta.producer_id,
                         transaction_state=meta.state.value))
     return make(cls, throttle_time=0, error_code=ErrorCode.none, unknown_state_filters=unknown, transaction_states=out)
