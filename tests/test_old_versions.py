@@ -125,17 +125,26 @@ def test_up_convert_refuses_what_kafka_refuses():
     with pytest.raises(InvalidRecordError) as e:
         legacy_records.up_convert(memoryview(bytearray(big)), 100)
     assert e.value.error_code == ErrorCode.message_too_large
-    # a compressed wrapper whose inner message is corrupt
-    inner = bytearray(spec_message(1, 0, b"k", b"v", 5))
-    inner[-1] ^= 1
-    wrapper = spec_message(1, 0, None, zlib.compress(bytes(inner)), 5, attributes=0)
+    # a gzip wrapper (CRC right) whose compressed payload is garbled
     gz = bytearray(kp_message_set(1, "gzip", [(b"k", b"v")], 5))
-    gz[-3] ^= 0xFF  # garble the compressed payload (CRC of the wrapper fixed below)
+    gz[-3] ^= 0xFF
     struct.pack_into(">I", gz, 12, zlib.crc32(bytes(gz[16:])) & 0xFFFFFFFF)
     with pytest.raises(InvalidRecordError) as e:
         legacy_records.up_convert(memoryview(gz), None)
     assert e.value.error_code == ErrorCode.corrupt_message
-    assert wrapper  # (built from the spec: a wrapper with codec 0 holding bytes is one plain message)
+    # a gzip wrapper whose inner message's CRC is wrong
+    inner = bytearray(spec_message(1, 0, b"k", b"v", 5))
+    inner[-1] ^= 1
+    import gzip
+
+    wrapper = spec_message(1, 0, None, gzip.compress(bytes(inner)), 5, attributes=1)
+    with pytest.raises(InvalidRecordError) as e:
+        legacy_records.up_convert(memoryview(bytearray(wrapper)), None)
+    assert e.value.error_code == ErrorCode.corrupt_message
+    # a zstd wrapper: no such thing in message format v0/v1
+    with pytest.raises(InvalidRecordError) as e:
+        legacy_records.up_convert(memoryview(bytearray(spec_message(1, 0, None, b"zz", 5, attributes=4))), None)
+    assert e.value.error_code == ErrorCode.unsupported_compression_type
 
 
 @pytest.mark.parametrize("codec", list(CODECS))
@@ -587,3 +596,54 @@ def test_raw_fetch_old_zstd(kb, topic_name):
         r = c.old(old_fetch.FetchRequest_v2(replica_id=-1, max_wait_ms=100, min_bytes=1, topics=[(topic_name, [(0, 0, 1 << 20)])]), old_fetch.FetchResponse_v2)
     [(_name, [(_index, err, hw, data)])] = r.responses
     assert (err, hw, data) == (ErrorCode.unsupported_compression_type, 1, b"")
+
+
+@pytest.mark.parametrize("fallback", ["0.9.0", "0.8.2"])
+def test_librdkafka_without_api_versions(kb, topic_name, fallback):
+    """librdkafka told not to ask ApiVersions (api.version.request=false) speaks what the
+    broker version it is told had: 0.9.0 (Produce v1, Fetch v1, a consumer group with
+    JoinGroup v0 and OffsetCommit v2), 0.8.2 (Produce v0, Fetch v0, ListOffsets v0, no group:
+    assign)."""
+    from confluent_kafka import Producer
+
+    create_topic(kb.bootstrap, topic_name)
+    old = {"api.version.request": False, "broker.version.fallback": fallback}
+    m0 = metrics(kb)
+    p = Producer({"bootstrap.servers": kb.bootstrap, "linger.ms": 5, "compression.type": "gzip", **old})
+    sent = [(f"k{i}".encode(), (f"v{i}-" * 30).encode()) for i in range(5)]
+    for k, v in sent:
+        p.produce(topic_name, key=k, value=v, partition=0)
+    assert p.flush(20) == 0
+    group = f"rd-{topic_name}"
+    c = Consumer({"bootstrap.servers": kb.bootstrap, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 50, **old})
+    try:
+        if fallback == "0.9.0":
+            c.subscribe([topic_name])
+        else:
+            c.assign([TopicPartition(topic_name, 0, OFFSET_BEGINNING)])
+        got, deadline = [], time.monotonic() + 30
+        while len(got) < 5 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m)
+        assert [(m.offset(), m.key(), m.value()) for m in got] == [(i, k, v) for i, (k, v) in enumerate(sent)]
+        if fallback == "0.9.0":
+            c.commit(asynchronous=False)
+            assert c.committed([TopicPartition(topic_name, 0)], timeout=15)[0].offset == 5
+    finally:
+        c.close()
+    m1 = metrics(kb)
+    v = 1 if fallback == "0.9.0" else 0
+    assert requests_count(m1, "Produce", v) > requests_count(m0, "Produce", v)
+    assert requests_count(m1, "Fetch", v) > requests_count(m0, "Fetch", v)
+    if fallback == "0.8.2":  # OFFSET_BEGINNING resolved with ListOffsets v0
+        assert requests_count(m1, "ListOffsets", 0) > requests_count(m0, "ListOffsets", 0)
+    else:
+        assert requests_count(m1, "JoinGroup", 0) > requests_count(m0, "JoinGroup", 0)
+    # stored compressed as librdkafka sent it (one message set: one v2 batch)
+    from tests.support.wait import wait_until
+    from tests.test_clients import segment_batches
+
+    batches = wait_until(lambda: segment_batches(kb.data_dir, topic_name, 0), 10, "a flushed segment")
+    assert {attrs & 7 for _b, attrs, _n in batches} == {1}

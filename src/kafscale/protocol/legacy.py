@@ -21,9 +21,7 @@ import dataclasses
 import datetime
 import enum
 import io
-import struct
 import typing
-import uuid
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
@@ -39,8 +37,6 @@ from kafka.protocol.old.types import Array, Boolean, Bytes, Int8, Int16, Int32, 
 
 from kafscale.protocol import codec, legacy_records
 from kafscale.protocol.build import make
-
-_I32 = struct.Struct(">i")
 
 
 class LegacyResponse:
@@ -62,8 +58,6 @@ class Adapter:
     classes: dict[int, tuple[type, type]] | None
     # kio request field -> value for fields the old versions lack (by field name, any depth)
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # version, old request (decoded values), kio request -> kio request: meaning that differs
-    up: Callable | None = None
     # version, old request values, kio request, kio response -> the old response's values
     down: Callable | None = None
     # version, payload, body offset -> kio request: a decoder of its own (Produce: zero copy)
@@ -127,8 +121,6 @@ def _plain(value):
         return int(value.timestamp() * 1000)
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, uuid.UUID):
-        return value
     return value
 
 
@@ -238,10 +230,7 @@ def decode(adapter: Adapter, version: int, payload: memoryview, offset: int) -> 
         values = req_cls.SCHEMA.decode(io.BytesIO(bytes(payload[offset:])))
     except Exception as e:  # noqa: BLE001 - short or garbled input: kafka-python raises several kinds
         raise codec.MalformedRequest(f"cannot decode {req_cls.__name__}: {e!r}") from None
-    request = _to_kio(kio_cls, req_cls.SCHEMA, values, adapter.defaults)
-    if adapter.up is not None:
-        request = adapter.up(version, values, request)
-    return values, request
+    return values, _to_kio(kio_cls, req_cls.SCHEMA, values, adapter.defaults)
 
 
 def encode_response(adapter: Adapter, version: int, correlation_id: int, old_request, request, response) -> list:
