@@ -4,6 +4,7 @@ are checked with the project's decoder and independently (struct + the crc32c pa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 import tracemalloc
@@ -89,8 +90,10 @@ def test_dirty_ratio_against_min_cleanable_dirty_ratio():
     segs = [seg(0, 9, cleaned=True), seg(10, 19)]
     assert cleaner.plan(segs, last_stable_offset=20, now_ms=NOW, settings=settings(min_cleanable_dirty_ratio=0.0)) is None
     # ... unless a kept tombstone's delete horizon has passed (Kafka cleans such a log too)
-    p = cleaner.plan(segs, last_stable_offset=20, now_ms=NOW, settings=settings(), horizon_due=True)
-    assert p is not None and p.dirty == []
+    segs = [dataclasses.replace(segs[0], delete_horizon_ms=NOW + 1), segs[1]]
+    assert cleaner.plan(segs, last_stable_offset=20, now_ms=NOW, settings=settings()) is None
+    p = cleaner.plan(segs, last_stable_offset=20, now_ms=NOW + 1, settings=settings())
+    assert p is not None and p.dirty == [] and p.reason == "delete horizon passed"
 
 
 def test_max_compaction_lag_forces_a_pass_below_the_ratio():
@@ -218,7 +221,7 @@ def test_tombstones_get_a_delete_horizon_then_go_after_it():
     assert h1.delete_horizon_ms is None and not h1.attributes & 0x40
     assert h2.attributes & 0x40 and h2.delete_horizon_ms == NOW + 1000 and h2.first_timestamp == NOW + 1000
     assert h2.max_timestamp == NOW - 7000
-    assert c.earliest_horizon == NOW + 1000
+    assert c.earliest_horizon == NOW + 1000 and out.delete_horizon_ms == NOW + 1000
     independent_check(out.body)
     # before the horizon: kept as is
     c2, again = clean_once(out.body, now=NOW + 999, retention=1000)
@@ -227,7 +230,7 @@ def test_tombstones_get_a_delete_horizon_then_go_after_it():
     c3, later = clean_once(out.body, now=NOW + 1000, retention=1000)
     assert [(r.offset, r.key, r.timestamp) for r in all_records(later.body)] == [(1, b"b", NOW - 9000), (3, b"c", NOW - 7000)]
     assert batches(later.body)[1][1].delete_horizon_ms == NOW + 1000
-    assert c3.earliest_horizon == cleaner.LONG_MAX
+    assert c3.earliest_horizon == cleaner.LONG_MAX and later.delete_horizon_ms == -1
     independent_check(later.body)
 
 

@@ -69,6 +69,8 @@ class BrokerConfig:
     merge_grace_ms: int = field(default=60_000, metadata={"help": "longest time merged-away objects stay for in-flight readers"})
     merge_max_pending_objects: int = field(default=1000, metadata={"help": "while more merged-away segments than this wait for deletion, the oldest go after --merge-min-grace-ms"})
     merge_min_grace_ms: int = field(default=5000, metadata={"help": "least time merged-away objects stay (readers' segment lists are at most a few seconds old)"})
+    compaction_interval_ms: int = field(default=15_000, metadata={"help": "how often compacted partitions are checked for a compaction pass (Kafka's log.cleaner.backoff.ms; 0 disables compaction)"})
+    compaction_key_map_bytes: int = field(default=128 * 1024 * 1024, metadata={"help": "memory for one compaction pass's key map (Kafka's log.cleaner.dedupe.buffer.size; about 176 bytes a key)"})
     retention_check_interval_ms: int = field(default=30_000, metadata={"help": "how often retention runs"})
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
     group_min_session_timeout_ms: int = field(default=6000, metadata={"help": "least session timeout a group member may ask for (Kafka's group.min.session.timeout.ms)"})

@@ -31,6 +31,10 @@ class SegmentInfo:
     # one not marked are the cleaned part of a compacted log (Kafka's cleaner checkpoint).
     # Absent (False) in metadata written before compaction.
     cleaned: bool = False
+    # The earliest delete horizon (KIP-534) of the tombstones and transaction markers the
+    # compactor kept in this segment (-1: none): the partition is due for a pass then, dirty
+    # or not, so they go. Absent (-1) in metadata written before compaction.
+    delete_horizon_ms: int = -1
 
     def __post_init__(self) -> None:
         for name in ("aborted", "open_txns"):

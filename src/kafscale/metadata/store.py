@@ -105,6 +105,8 @@ def _segment_json(seg: SegmentInfo) -> bytes:
     for name in ("aborted", "open_txns", "cleaned"):
         if not d[name]:
             del d[name]  # the common case stays as compact as before transactions and compaction
+    if d["delete_horizon_ms"] < 0:
+        del d["delete_horizon_ms"]
     return _dump(d)
 
 

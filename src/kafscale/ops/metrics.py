@@ -279,6 +279,15 @@ class _LiveCollector(Collector):
         yield from counter("kafscale_flushes", "Segments uploaded and committed (one per group-commit flush)", "flushes")
         yield from counter("kafscale_flush_failures", "Flushes that failed (upload or metadata commit); their batches were rejected", "flush_failures")
         yield from counter("kafscale_segment_bytes", "Bytes of segments uploaded to the object store", "segment_bytes")
+        yield from counter("kafscale_compaction_rounds", "Times the compactor looked at every owned compacted partition (every --compaction-interval-ms)", "compaction_rounds")
+        yield from counter("kafscale_compaction_runs", "Log compaction passes completed over compacted partitions", "compaction_runs")
+        yield from counter("kafscale_compaction_bytes_read", "Segment bytes read by log compaction (key map and cleaning)", "compaction_bytes_read")
+        yield from counter("kafscale_compaction_bytes_written", "Segment bytes written by log compaction", "compaction_bytes_written")
+        yield from counter("kafscale_compaction_segments_written", "Segments written by log compaction", "compaction_segments_written")
+        yield from counter("kafscale_compaction_records_removed", "Records removed by log compaction (superseded, aborted, keyless, tombstones past their delete horizon, markers)", "compaction_records_removed")
+        yield from counter("kafscale_compaction_recompressions", "Compressed batches log compaction decompressed and compressed again (not in kafscale_decompressions_total)", "compaction_recompressions")
+        if "compaction_key_map_peak_entries" in stats:
+            yield GaugeMetricFamily("kafscale_compaction_key_map_peak_entries", "Most keys one compaction pass held in its key map (budget: --compaction-key-map-bytes)", value=stats["compaction_key_map_peak_entries"])
         ops = CounterMetricFamily("kafscale_object_store_requests", "Object-store requests issued by the log manager, by operation", labels=["op"])
         for op, key in (("put", "puts"), ("get", "gets")):
             if key in stats:

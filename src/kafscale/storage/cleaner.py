@@ -102,14 +102,13 @@ def plan(
     last_stable_offset: int,
     now_ms: int,
     settings: LogSettings,
-    horizon_due: bool = False,
 ) -> CleanPlan | None:
     """Whether a compacted partition is due for a pass, and over which segments (None: not).
 
     Due when dirty / cleanable bytes > min.cleanable.dirty.ratio (Kafka compares strictly),
     or when the oldest dirty segment was written more than max.compaction.lag.ms ago, or
-    (`horizon_due`) when a tombstone or marker the compactor kept has passed its delete
-    horizon (Kafka cleans such a log even with nothing dirty)."""
+    when a tombstone or marker the compactor kept has passed its delete horizon
+    (SegmentInfo.delete_horizon_ms; Kafka cleans such a log even with nothing dirty)."""
     if not settings.cleanup_compact:
         return None
     segs = cleanable_segments(segments, last_stable_offset, now_ms, settings.min_compaction_lag_ms)
@@ -122,7 +121,7 @@ def plan(
     if first < len(segs) and (forced or ratio > settings.min_cleanable_dirty_ratio):
         reason = "max.compaction.lag.ms" if forced and not ratio > settings.min_cleanable_dirty_ratio else f"dirty ratio {ratio:.2f}"
         return CleanPlan(segs, first, ratio, forced, aborted, reason)
-    if horizon_due:
+    if any(0 <= s.delete_horizon_ms <= now_ms for s in segs):
         return CleanPlan(segs, first, ratio, False, aborted, "delete horizon passed")
     return None
 
@@ -288,6 +287,7 @@ class CleanedSegment:
     records_out: int = 0
     batches_dropped: int = 0
     removed_markers: list[int] = field(default_factory=list)  # offsets of control batches removed
+    delete_horizon_ms: int = -1  # earliest delete horizon of a tombstone or marker kept (-1: none)
 
     @property
     def records_removed(self) -> int:
@@ -331,7 +331,8 @@ class BatchCleaner:
         self.new_horizon = now_ms + delete_retention_ms if delete_retention_ms < LONG_MAX - now_ms else LONG_MAX
         self.aborted = aborted or AbortedIndex()
         self.producer_last_offsets = producer_last_offsets or {}
-        self._txn_seen: set[int] = set()  # producers with a transactional batch met since their last marker
+        self._txn_seen: set[int] = set()
+        self._current: CleanedSegment | None = None  # the segment being cleaned  # producers with a transactional batch met since their last marker
         # Pass totals
         self.records_in = 0
         self.records_out = 0
@@ -343,7 +344,7 @@ class BatchCleaner:
         mv = memoryview(data)
         out: list = []
         changed = False
-        res = CleanedSegment(b"", False)
+        res = self._current = CleanedSegment(b"", False)
         for pos, h in records.iter_batches(mv):
             res.records_in += h.record_count
             kept = self._clean_batch(mv, pos, h, res)
@@ -369,6 +370,9 @@ class BatchCleaner:
         partition again then, dirty or not)."""
         if horizon < self.earliest_horizon:
             self.earliest_horizon = horizon
+        cur = self._current
+        if cur is not None and (cur.delete_horizon_ms < 0 or horizon < cur.delete_horizon_ms):
+            cur.delete_horizon_ms = horizon
 
     def _clean_batch(self, mv: memoryview, pos: int, h: records.BatchHeader, res: CleanedSegment):
         """True: keep as is; None: drop; bytes: the rewritten batch."""

@@ -14,7 +14,9 @@ The rest of storage/, by job:
   reader.py          SegmentReader: the shared read path (cache, whole and ranged segment loads)
   recovery.py        adopting uncommitted segments and rebuilding producer state on load
   retention.py       which segments are past retention, and the task that deletes them
-  merger.py          merging small adjacent segments
+  merger.py          merging small adjacent segments (and the loop the compactor runs in)
+  cleaner.py         log compaction's decisions (cleanable range, key map, batch rewriting)
+  compactor.py       log compaction's driver over the object store (docs/compaction.md)
   topic_cache.py     TopicCache: topic metadata and the topic-id table
   failures.py        StorageError, and how store failures become retriable Kafka errors
   segment.py, cache.py, producers.py, objectstore.py, s3.py: the segment codec, the segment
@@ -31,6 +33,7 @@ from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
 from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage import segment
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
+from kafscale.storage.compactor import Compactor
 from kafscale.storage.merger import SegmentMerger
 from kafscale.storage.objectstore import ObjectStore
 from kafscale.storage.partition_log import FlushedPartition, PartitionLog
@@ -46,7 +49,8 @@ log = logging.getLogger("kafscale.storage")
 
 class LogManager:
     """The partition logs this broker owns; the read path (self.reader), the topic cache
-    (self.topics), retention (self.retention) and the merger (self.merger) hang off it."""
+    (self.topics), retention (self.retention), the merger (self.merger) and the compactor
+    (self.compactor) hang off it."""
 
     def __init__(self, metadata: MetadataStore, store: ObjectStore, config, cluster):
         self.metadata = metadata
@@ -68,6 +72,10 @@ class LogManager:
         self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.stats)
         self.cache = self.reader.cache
         self.retention = Retention(self, config.retention_check_interval_ms / 1000)
+        self.compactor = Compactor(self, config.compaction_key_map_bytes, self.merger.schedule_delete)
+        if config.compaction_interval_ms > 0:
+            self.merger.compactor = self.compactor
+            self.merger.compaction_interval_s = config.compaction_interval_ms / 1000
         # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
         self.flush_hooks: list = []
 
@@ -105,7 +113,7 @@ class LogManager:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._retention_task = loop.create_task(self.retention.run_forever(), name="retention")
-        if self.config.merge_interval_ms > 0:
+        if self.config.merge_interval_ms > 0 or self.config.compaction_interval_ms > 0:
             self._merge_task = loop.create_task(self.merger.run_forever(), name="merger")
 
     async def stop(self) -> None:

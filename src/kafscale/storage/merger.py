@@ -23,7 +23,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
@@ -37,13 +36,15 @@ def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[l
     """Runs of >= 2 adjacent small segments whose merged size stays within segment_bytes.
 
     A segment is small when it is under half of segment_bytes; bigger ones are left alone
-    so that no byte is rewritten more than a bounded number of times."""
+    so that no byte is rewritten more than a bounded number of times. A run never mixes
+    segments the compactor wrote (SegmentInfo.cleaned) with others: the cleaned ones are a
+    compacted log's cleaned prefix, and a merge keeps the flag."""
     runs: list[list[segment.SegmentInfo]] = []
     run: list[segment.SegmentInfo] = []
     size = 0
     for seg in segments:
         small = seg.size < segment_bytes // 2
-        contiguous = not run or run[-1].last_offset + 1 == seg.base_offset
+        contiguous = not run or (run[-1].last_offset + 1 == seg.base_offset and run[-1].cleaned == seg.cleaned)
         if small and contiguous and size + seg.size <= segment_bytes:
             run.append(seg)
             size += seg.size
@@ -82,15 +83,34 @@ class SegmentMerger:
         self.pending_segments = 0  # merged-away segment objects waiting in _doomed
         self.merged_segments = 0
         self.merges = 0
+        # The log compactor (storage/compactor.py), run from this loop so that merging and
+        # compaction of a partition never overlap; set by the LogManager.
+        self.compactor = None
+        self.compaction_interval_s = 0.0
 
     async def run_forever(self) -> None:
-        next_merge = time.monotonic() + self.interval_s
+        """Merge every `interval_s` (0: never), run the compactor (`compactor`, if set)
+        every `compaction_interval_s`, and delete objects past their grace in between."""
+        never = float("inf")
+        start = time.monotonic()
+        next_merge = start + self.interval_s if self.interval_s > 0 else never
+        next_compact = start + self.compaction_interval_s if self.compactor is not None and self.compaction_interval_s > 0 else never
         while True:
-            await asyncio.sleep(max(0.0, min(next_merge - time.monotonic(), DELETE_CHECK_INTERVAL_S)))
-            if time.monotonic() >= next_merge:
-                next_merge = time.monotonic() + self.interval_s
+            await asyncio.sleep(max(0.0, min(min(next_merge, next_compact) - time.monotonic(), DELETE_CHECK_INTERVAL_S)))
+            now = time.monotonic()
+            acted = False
+            if now >= next_merge:
+                next_merge = now + self.interval_s
                 await self.run_once()
-            else:
+                acted = True
+            if now >= next_compact:
+                try:
+                    await self.compactor.run_once()
+                except Exception:  # noqa: BLE001 - a bug must not stop merging
+                    log.exception("compaction round failed")
+                next_compact = time.monotonic() + self.compaction_interval_s
+                acted = True
+            if not acted:
                 await self.delete_expired()
 
     async def run_once(self) -> int:
@@ -128,15 +148,19 @@ class SegmentMerger:
             # uncommitted merge of ours): a newer owner's longer merge, which must stand.
             log.info("merge of %s skipped: the object there (offsets %d-%d) is not one this merge may replace", where, first.base_offset, first.last_offset)
             return False
-        bodies = [_batches_through(decoded.batches, run[0].last_offset)]
+        bodies = [segment.batches_through(decoded.batches, run[0].last_offset)]
         for seg in run[1:]:
             view = await mgr.reader.segment_view(lg.topic, lg.partition, seg)
             # A view may hold more than the segment (its key was replaced by an earlier
             # merge that never committed): keep exactly this segment's offsets.
-            bodies.append(_batches_through(view.data, seg.last_offset))
+            bodies.append(segment.batches_through(view.data, seg.last_offset))
         body = b"".join(bodies)
         # The aborted-transaction entries of the run, in offset order (each segment's are).
-        enc = segment.encode([body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns)
+        enc = segment.encode(
+            [body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns,
+            last_offset=run[-1].last_offset, cleaned=run[0].cleaned,
+            delete_horizon_ms=min((s.delete_horizon_ms for s in run if s.delete_horizon_ms >= 0), default=-1),
+        )
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
         objects = mgr.segment_objects(lg.topic, lg.partition, enc)
@@ -197,17 +221,6 @@ class SegmentMerger:
                 log.warning("deleting merged-away objects failed (will retry): %s", e)
                 self._doomed.insert(0, (time.monotonic() - self.grace_s, keys))  # due at the next look
                 self.pending_segments += _segments_in(keys)
-
-
-def _batches_through(batches: memoryview | bytes, last_offset: int) -> memoryview:
-    """The leading batches of `batches` that end at or before `last_offset`."""
-    mv = memoryview(batches)
-    end = 0
-    for pos, h in records.iter_batches(mv):
-        if h.last_offset > last_offset:
-            break
-        end = pos + h.size
-    return mv[:end]
 
 
 def _segments_in(keys: list[str]) -> int:

@@ -115,6 +115,11 @@ class ProducerStateTable:
             entry = self.producers[producer_id] = ProducerEntry(producer_id, epoch)
         self._set_txn(entry, first_offset)
 
+    def last_batch_offsets(self) -> dict[int, int]:
+        """Producer id -> last offset of its last batch here, for every producer known (the
+        batches the compactor keeps, emptied if need be, as Kafka's cleaner does)."""
+        return {pid: e.batches[-1].last_offset for pid, e in self.producers.items() if e.batches}
+
     def first_unstable_offset(self) -> int | None:
         """The smallest first offset of the open transactions (None: none open)."""
         return min(self.open_txns.values()) if self.open_txns else None

@@ -76,6 +76,8 @@ def encode(
     aborted: tuple = (),
     open_txns: tuple = (),
     last_offset: int | None = None,
+    cleaned: bool = False,
+    delete_horizon_ms: int = -1,
 ) -> EncodedSegment:
     """Wrap already-offset-patched batch buffers in a segment, and build its sparse index.
 
@@ -83,7 +85,9 @@ def encode(
     `aborted` the aborted-transaction entries of its ABORT markers and `open_txns` the
     transactions open at its end (kept in the metadata only: the segment file format has no
     place for them). `last_offset` overrides the last batch's: a compacted segment keeps the
-    offset range it had even when its last records were cleaned away.
+    offset range it had even when its last records were cleaned away, and is `cleaned`
+    (SegmentInfo.cleaned: written by the compactor) with the earliest delete horizon of what
+    it kept (`delete_horizon_ms`).
     """
     created_ms = int(time.time() * 1000) if created_ms is None else created_ms
     count = 0
@@ -114,7 +118,7 @@ def encode(
     header = HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, 0, base_offset, count, created_ms, 0)
     footer = FOOTER.pack(crc, last_offset, FOOTER_MAGIC)
     index = INDEX_HEADER.pack(INDEX_MAGIC, FORMAT_VERSION, len(entries), index_interval, 0) + b"".join(entries)
-    info = SegmentInfo(base_offset, last_offset, size, count, max_ts, created_ms, tuple(aborted), tuple(open_txns))
+    info = SegmentInfo(base_offset, last_offset, size, count, max_ts, created_ms, tuple(aborted), tuple(open_txns), cleaned, delete_horizon_ms)
     return EncodedSegment(info, [header, *batches, footer], index)
 
 
@@ -152,6 +156,19 @@ def decode(data, *, verify_crc: bool = True, name: str = "segment") -> DecodedSe
         expected = h.last_offset + 1
         max_ts = max(max_ts, h.max_timestamp)
     return DecodedSegment(SegmentInfo(base_offset, last_offset, len(mv), count, max_ts, created), mv)
+
+
+def batches_through(batches, last_offset: int) -> memoryview:
+    """The leading whole batches of `batches` that end at or before `last_offset`: a
+    segment's own batches out of an object that may hold more (its key was replaced by a
+    merge or compaction that never committed)."""
+    mv = memoryview(batches)
+    end = 0
+    for pos, h in records.iter_batches(mv):
+        if h.last_offset > last_offset:
+            break
+        end = pos + h.size
+    return mv[:end]
 
 
 def decode_header(data) -> tuple[int, int, int]:

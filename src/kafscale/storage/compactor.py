@@ -1,0 +1,190 @@
+"""The log compactor: Kafka's log compaction over the object store (docs/compaction.md).
+
+`Compactor.run_once()` looks at every partition log this broker owns whose topic has
+`cleanup.policy` compact, and `Compactor.compact(lg)` runs one pass over one of them; the
+segment merger's background loop calls `run_once` every `--compaction-interval-ms`, so
+merging and compaction of a partition never run at once on a broker. The decisions are
+storage/cleaner.py's (pure); this module does the I/O around them:
+
+1. `cleaner.plan` picks the cleanable segments (or none: not due).
+2. The key map is filled from the dirty segments, read through the SegmentReader, whole
+   segments only, within `key_map_bytes` (--compaction-key-map-bytes); the pass then covers
+   the log from its start through the last segment mapped.
+3. Those segments are grouped (input bytes <= segment.bytes); each group's batches are
+   cleaned off the event loop (`asyncio.to_thread`) and, unless nothing changed, written as
+   one segment under the group's first key with a conditional replace over the version read
+   (an old owner's late pass is refused, as the merger's), its index after; one metadata
+   transaction (`PartitionLog.swap_segments`) swaps the group for it; the group's other
+   objects are deleted after the merger's grace period.
+
+A crash at any point leaves a readable log: before the swap, the first key holds exactly
+the survivors of its group (every record removed is superseded by one still in place, or a
+tombstone past its horizon whose older values went with it), which readers bound by the
+committed segment's offsets; after it, the swap is complete.
+
+Use outside the broker (bench/bench_compaction.py): build a LogManager as the broker does,
+then `await manager.compactor.compact(await manager.get_log(topic, partition))`; stats are
+in `compactor.stats` (also on /metrics as kafscale_compaction_*).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kafscale.storage import cleaner, segment
+from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
+
+if TYPE_CHECKING:
+    from kafscale.storage.logs import LogManager, PartitionLog
+
+log = logging.getLogger("kafscale.compactor")
+
+
+class Compactor:
+    def __init__(self, manager: "LogManager", key_map_bytes: int, schedule_delete):
+        self.manager = manager
+        self.key_map_bytes = key_map_bytes
+        self.schedule_delete = schedule_delete  # the merger's: deleted after its grace period
+        # Shared with the LogManager's stats, so /metrics exports them.
+        self.stats = manager.stats
+        for k in ("compaction_rounds", "compaction_runs", "compaction_bytes_read", "compaction_bytes_written", "compaction_records_removed",
+                  "compaction_recompressions", "compaction_segments_written", "compaction_key_map_peak_entries"):
+            self.stats.setdefault(k, 0)
+
+    async def run_once(self) -> int:
+        """One pass over every owned compacted partition that is due. Returns the passes done."""
+        done = 0
+        self.stats["compaction_rounds"] += 1
+        for lg in list(self.manager.logs.values()):
+            if lg.closed or not lg.settings.cleanup_compact:
+                continue
+            try:
+                if await self.compact(lg):
+                    done += 1
+            except Exception as e:  # noqa: BLE001 - retried on the next round
+                log.warning("compaction of %s-%s failed: %s", lg.topic, lg.partition, e, extra={"topic": lg.topic, "partition": lg.partition})
+        return done
+
+    async def compact(self, lg: "PartitionLog", now_ms: int | None = None) -> bool:
+        """One compaction pass over `lg` if it is due. True when a pass ran to its end."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        plan = cleaner.plan(lg.state.segments, last_stable_offset=lg.last_stable_offset, now_ms=now, settings=lg.settings)
+        if plan is None:
+            return False
+        # 1. The key map, from the dirty segments: whole segments only.
+        key_map = cleaner.KeyMap(self.key_map_bytes)
+        end = plan.first_dirty
+        for seg in plan.dirty:
+            if not key_map.fits(seg.record_count):
+                break
+            data = await self._read(lg, seg)
+            await asyncio.to_thread(key_map.add, data, plan.aborted)
+            self.stats["compaction_bytes_read"] += len(data)
+            end += 1
+        if plan.dirty and end == plan.first_dirty:
+            log.warning(
+                "compaction of %s-%s: the segment at %d (%d records) does not fit the key map (%d entries, --compaction-key-map-bytes)",
+                lg.topic, lg.partition, plan.dirty[0].base_offset, plan.dirty[0].record_count, key_map.capacity,
+            )
+            return False
+        self.stats["compaction_key_map_peak_entries"] = max(self.stats["compaction_key_map_peak_entries"], key_map.peak_entries)
+        # 2. Clean from the log start through the last mapped segment, group by group.
+        c = cleaner.BatchCleaner(
+            key_map,
+            now_ms=now,
+            delete_retention_ms=lg.settings.delete_retention_ms,
+            aborted=plan.aborted,
+            producer_last_offsets=lg.producers.last_batch_offsets(),
+        )
+        removed_before = c.records_in - c.records_out
+        for group in cleaner.group_segments(plan.segments[:end], lg.settings.segment_bytes):
+            if not await self._clean_group(lg, group, c):
+                return False  # the rest waits for the next pass
+        self.stats["compaction_records_removed"] += (c.records_in - c.records_out) - removed_before
+        self.stats["compaction_recompressions"] += c.recompressions
+        self.stats["compaction_runs"] += 1
+        log.info(
+            "compacted %s-%s (%s): offsets %d-%d, %d of %d records kept, key map %d entries",
+            lg.topic, lg.partition, plan.reason, plan.segments[0].base_offset, plan.segments[end - 1].last_offset,
+            c.records_out, c.records_in, len(key_map),
+        )
+        return True
+
+    async def _read(self, lg: "PartitionLog", seg: segment.SegmentInfo) -> memoryview:
+        """The batches of a committed segment, bounded by its offsets (the object may hold
+        more: a merge or compaction replaced it and crashed before its swap)."""
+        view = await self.manager.reader.segment_view(lg.topic, lg.partition, seg)
+        return segment.batches_through(view.data, seg.last_offset)
+
+    async def _clean_group(self, lg: "PartitionLog", group: list[segment.SegmentInfo], c: cleaner.BatchCleaner) -> bool:
+        mgr = self.manager
+        ns = mgr.namespace
+        base = group[0].base_offset
+        first_key = segment.segment_key(ns, lg.topic, lg.partition, base)
+        where = f"{lg.topic}-{lg.partition} at {base}"
+        try:
+            stored, version = await mgr.store.get_with_version(first_key)
+        except ObjectNotFound:
+            return False  # retention or DeleteRecords took it meanwhile
+        decoded = segment.decode(stored, name=first_key)
+        first = decoded.info
+        if first.base_offset != base or first.created_ms != group[0].created_ms or not group[0].last_offset <= first.last_offset <= group[-1].last_offset:
+            log.info("compaction of %s skipped: the object there (offsets %d-%d) is not one this pass may replace", where, first.base_offset, first.last_offset)
+            return False
+        bodies = [segment.batches_through(decoded.batches, group[0].last_offset)]
+        for seg in group[1:]:
+            bodies.append(await self._read(lg, seg))
+        results = await asyncio.to_thread(lambda: [c.clean(b) for b in bodies])
+        self.stats["compaction_bytes_read"] += sum(len(b) for b in bodies)
+        horizons = [r.delete_horizon_ms for r in results if r.delete_horizon_ms >= 0]
+        if len(group) == 1 and group[0].cleaned and not results[0].changed:
+            # Already clean: nothing to write. A horizon that passed with nothing to remove
+            # (a marker whose transaction still has batches) is dropped from the metadata,
+            # or the partition would be due for a pass forever.
+            horizon = min(horizons, default=-1)
+            if horizon != group[0].delete_horizon_ms:
+                return await lg.swap_segments(group, dataclasses.replace(group[0], delete_horizon_ms=horizon))
+            return True
+        body = b"".join(r.body for r in results)
+        removed_markers = {o for r in results for o in r.removed_markers}
+        enc = segment.encode(
+            [body],
+            base,
+            created_ms=group[0].created_ms,
+            aborted=tuple(a for seg in group for a in seg.aborted if a[2] not in removed_markers),
+            open_txns=group[-1].open_txns,
+            last_offset=group[-1].last_offset,
+            cleaned=True,
+            delete_horizon_ms=min(horizons, default=-1),
+        )
+        objects = mgr.segment_objects(lg.topic, lg.partition, enc)
+        if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
+            return False
+        index_key = segment.index_key(ns, lg.topic, lg.partition, base)
+        if len(objects) == 1 and first.size >= mgr.config.index_min_bytes:
+            # The replaced object may have an index the new one will not: never leave an
+            # index that does not match its segment (readers then read the segment whole).
+            await mgr.store.delete([index_key])
+        try:
+            await mgr.store.replace(*objects[0], version)
+        except ObjectChangedError as e:
+            log.warning("compaction of %s dropped: %s (another writer, a newer owner?, replaced it first)", where, e)
+            return False
+        if len(objects) > 1:
+            await mgr.store.put_many(objects[1:])
+        mgr.metrics_uploaded(len(objects))
+        if not await lg.swap_segments(group, enc.info):
+            return False  # retention or DeleteRecords changed the group meanwhile, or the log stopped
+        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in group], base, body)
+        keys = []
+        for seg in group[1:]:
+            keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]
+        self.schedule_delete(keys)
+        self.stats["compaction_bytes_written"] += enc.info.size
+        self.stats["compaction_segments_written"] += 1
+        log.debug("compaction of %s: %d segments (%d bytes) -> offsets %d-%d (%d bytes)", where, len(group), sum(s.size for s in group), base, enc.info.last_offset, enc.info.size)
+        return True
