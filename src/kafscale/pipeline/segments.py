@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import datetime as _dt
 import itertools
 import json
@@ -280,6 +281,15 @@ class SegmentMeta:
         i = bisect.bisect_left(self.index_offsets, offset)
         return self.index_positions[i] if i < len(self.index_positions) else self.size - segment.FOOTER_SIZE
 
+    def offset_at_position(self, pos: int) -> int:
+        """Base offset of the indexed batch at byte `pos`; -1 for the footer's position."""
+        i = bisect.bisect_left(self.index_positions, pos)
+        if i < len(self.index_positions) and self.index_positions[i] == pos:
+            return self.index_offsets[i]
+        if pos == self.size - segment.FOOTER_SIZE:
+            return -1
+        raise ValueError(f"{self.key}: no indexed batch at byte {pos}")
+
 
 def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tuple[int, int]], int]:
     """Check that data[start:] is whole batches then the footer; return [(base, abs pos)], last offset.
@@ -299,7 +309,9 @@ def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tu
         last = h.last_offset
         pos += h.size
     _crc, footer_last, _magic = segment.FOOTER.unpack_from(data, pos)
-    if last is not None and last != footer_last:
+    if last is not None and last > footer_last:
+        # (below it is a compacted segment's trailing gap: its last records were removed,
+        # its offset range stays)
         raise CorruptSegmentError(key, f"footer says last offset {footer_last} but the last batch ends at {last}", offset=last)
     return batches, footer_last
 
@@ -389,6 +401,11 @@ class SegmentSlice:
     # read_committed: (producer id, first offset, marker offset) of aborted transactions;
     # their transactional batches in this slice are skipped (see transaction_outcomes)
     aborted: tuple[tuple[int, int, int], ...] = ()
+    # With a byte range: the base offsets of the batch at its first byte and of the one
+    # right after it (-1: the footer), as the index said when planning. The compactor
+    # rewrites a segment under its key, batches at other positions: a range planned on the
+    # old object is recognised by these and re-planned rather than read (see read_slice).
+    range_bounds: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -447,12 +464,15 @@ def split_piece(tp: TopicPartition, m: SegmentMeta, start: int, end: int, max_by
     slices = []
     chunk_off, chunk_pos = start, first
     prev: tuple[int, int] | None = None
+    def ranged(a_off: int, b_off: int, a: int, b: int) -> SegmentSlice:
+        return SegmentSlice(topic, part, m.key, a_off, b_off, (a, b), b - a, range_bounds=(m.offset_at_position(a), m.offset_at_position(b)))
+
     for off, pos in cuts + [(end, last)]:
         if pos - chunk_pos > max_bytes and prev is not None:
-            slices.append(SegmentSlice(topic, part, m.key, chunk_off, prev[0], (chunk_pos, prev[1]), prev[1] - chunk_pos))
+            slices.append(ranged(chunk_off, prev[0], chunk_pos, prev[1]))
             chunk_off, chunk_pos = prev
         prev = (off, pos) if pos > chunk_pos else None
-    slices.append(SegmentSlice(topic, part, m.key, chunk_off, end, (chunk_pos, last), last - chunk_pos))
+    slices.append(ranged(chunk_off, end, chunk_pos, last))
     return slices
 
 
@@ -551,7 +571,7 @@ def group_slices(
                 continue
             span = max(1, s.end_offset - s.start_offset)
             size = s.size * (hi - lo) // span if (lo, hi) != (s.start_offset, s.end_offset) else s.size
-            inside.append(SegmentSlice(s.topic, s.partition, s.key, lo, hi, s.byte_range, size, s.aborted))
+            inside.append(dataclasses.replace(s, start_offset=lo, end_offset=hi, size=size))
         if inside:
             groups.extend(pack_slices(inside, max_bytes) if pack else [(s,) for s in inside])
     return groups
@@ -1281,7 +1301,7 @@ def _prefetch(window: list[SegmentSlice]):
     async def get_all(store: ObjectStore) -> list:
         async def one(sl: SegmentSlice):
             try:
-                return await _getter(sl.key, sl.byte_range)(store)
+                return await _getter(sl.key, _fetched_range(sl.byte_range, sl.range_bounds))(store)
             except ObjectNotFound:
                 return None  # read_slice asks again and re-plans (a merge replaced it)
 
@@ -1294,22 +1314,26 @@ def read_slice(opts: ReadOptions, s: SegmentSlice, prefetched: bytes | None = No
     """Decode the records of a slice in offset order, each offset at most once, in column
     chunks. `prefetched`: the slice's object (or byte range), already read."""
     st = _SliceState(s.start_offset, SkipReport())
-    pending: list[tuple[str, tuple[int, int] | None]] = [(s.key, s.byte_range)]
+    pending: list[tuple[str, tuple[int, int] | None, tuple[int, int] | None]] = [(s.key, s.byte_range, s.range_bounds)]
     replanned = False
     while pending and st.next_expected < s.end_offset:
-        key, byte_range = pending.pop(0)
+        key, byte_range, bounds = pending.pop(0)
         try:
             if prefetched is not None:
                 data, prefetched = prefetched, None
             else:
-                data = run_with_store(opts.storage, _getter(key, byte_range))
-        except ObjectNotFound:
+                data = run_with_store(opts.storage, _getter(key, _fetched_range(byte_range, bounds)))
+            if byte_range is not None and bounds is not None:
+                data = _within_bounds(data, byte_range, bounds)
+        except (ObjectNotFound, _ObjectChanged):
             if replanned:
                 raise
-            # A merge replaced this object after planning: its offsets now live in another
-            # segment; re-list the partition and read whatever covers what is still missing.
+            # A merge deleted this object after planning, or a compaction rewrote it (other
+            # batches at the planned byte positions): its offsets now live elsewhere or at
+            # other positions; re-list the partition and read whatever covers what is still
+            # missing (whole objects).
             replanned = True
-            pending = [(sl.key, sl.byte_range) for sl in _replan(opts, s, st.next_expected)]
+            pending = [(sl.key, sl.byte_range, sl.range_bounds) for sl in _replan(opts, s, st.next_expected)]
             continue
         deferred = None
         if byte_range is None:
@@ -1330,6 +1354,35 @@ def read_slice(opts: ReadOptions, s: SegmentSlice, prefetched: bytes | None = No
         if deferred is not None:  # per-batch checks passed, yet the object is damaged
             raise CorruptSegmentError(key, deferred.what, offset=st.next_expected)
     st.skipped.write(opts.corruption_log)
+
+
+class _ObjectChanged(PipelineError):
+    """The object under a slice's key is not the one its byte range was planned on."""
+
+
+def _fetched_range(byte_range: tuple[int, int] | None, bounds: tuple[int, int] | None) -> tuple[int, int] | None:
+    """What to read for a slice's byte range: with bounds, the range and the 16 bytes after
+    it (the next batch's base offset, or the footer), to check the object is the planned one."""
+    if byte_range is None or bounds is None:
+        return byte_range
+    return byte_range[0], byte_range[1] + segment.FOOTER_SIZE
+
+
+def _within_bounds(data: bytes, byte_range: tuple[int, int], bounds: tuple[int, int]) -> bytes:
+    """The planned range out of `data` (read by _fetched_range), after checking that the
+    batches around it are the planned ones (else _ObjectChanged). A batch with the planned
+    base offset at each end means the range holds exactly the object's batches between them,
+    whatever the compactor removed from them; anything else is another object."""
+    n = byte_range[1] - byte_range[0]
+    first, after = bounds
+    ok = len(data) == n + segment.FOOTER_SIZE and n >= records.HEADER_SIZE and records.read_base_offset(data, 0) == first
+    if ok and after >= 0:
+        ok = records.read_base_offset(data, n) == after
+    elif ok:
+        ok = segment.FOOTER.unpack_from(data, n)[2] == segment.FOOTER_MAGIC
+    if not ok:
+        raise _ObjectChanged(f"byte range {byte_range} no longer lies between the batches at offsets {first} and {after}")
+    return data[:n]
 
 
 def _getter(key: str, byte_range: tuple[int, int] | None):

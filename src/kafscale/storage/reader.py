@@ -178,7 +178,8 @@ class SegmentReader:
                 # index is unusable: the segment itself is the truth, read it whole.
                 log.warning("segment %s has no usable index: reading it whole", skey)
                 return await self._load_segment(topic, partition, seg)
-            start = index.lookup(offset)
+            at = max(bisect.bisect_right(index.offsets, offset) - 1, 0)  # (entry 0: the first batch)
+            start = index.positions[at]
             if after is not None:
                 if not after.positions:
                     raise StorageError(f"no whole batch at byte {after.start} of {skey}")
@@ -189,7 +190,9 @@ class SegmentReader:
             want = max(max_bytes, 1 << 20) + (1 << 20)
             data = await self.store.get(skey, start, min(end_limit, start + want))
             first = records.read_header(data, 0)
-            if (after is None and first.base_offset not in index.offsets) or first.magic != 2:
+            # The batch there must be the indexed one: an index left from the object before a
+            # compaction rewrote it (the index is written after the segment) points elsewhere.
+            if (after is None and first.base_offset != index.offsets[at]) or first.magic != 2:
                 log.warning("index of %s does not match the segment (stale?): reading it whole", skey)
                 return await self._load_segment(topic, partition, seg)
             end = start + len(data)
