@@ -647,3 +647,15 @@ def test_librdkafka_without_api_versions(kb, topic_name, fallback):
 
     batches = wait_until(lambda: segment_batches(kb.data_dir, topic_name, 0), 10, "a flushed segment")
     assert {attrs & 7 for _b, attrs, _n in batches} == {1}
+
+
+def test_downconversion_disabled(kb, topic_name):
+    """message.downconversion.enable=false: Fetch v0-v3 gets UNSUPPORTED_VERSION (Kafka's
+    answer); modern fetches are untouched."""
+    create_topic(kb.bootstrap, topic_name, config={"message.downconversion.enable": "false"})
+    with RawClient(kb.bootstrap) as c:
+        assert c.produce(topic_name, 0, records.build_batch([(b"k", b"v")], timestamp=int(time.time() * 1000))).error_code == 0
+    with OldClient(kb.bootstrap) as c:
+        r = c.old(old_fetch.FetchRequest_v3(replica_id=-1, max_wait_ms=10, min_bytes=1, max_bytes=1 << 20, topics=[(topic_name, [(0, 0, 1 << 20)])]), old_fetch.FetchResponse_v3)
+    assert r.responses[0][1][0][1] == ErrorCode.unsupported_version
+    assert [m.value() for m in consume_all(kb.bootstrap, topic_name, 1)] == [b"v"]

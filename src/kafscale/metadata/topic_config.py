@@ -194,8 +194,8 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
                   "even below min.cleanable.dirty.ratio.", ("log.cleaner.max.compaction.lag.ms",), ENFORCED),
         ConfigDef("max.message.bytes", "1048588", INT, at_least(0), "Largest record batch (after compression) a producer may send to this topic; larger ones get MESSAGE_TOO_LARGE.",
                   ("message.max.bytes",), ENFORCED),
-        ConfigDef("message.downconversion.enable", "true", BOOLEAN, None, "Whether fetches of old protocol versions may be served by converting batches to an older message format." + _STORED + ".",
-                  ("log.message.downconversion.enable",)),
+        ConfigDef("message.downconversion.enable", "true", BOOLEAN, None, "Whether Fetch v0-v3 (consumers reading message formats v0/v1) is served by converting the stored batches; "
+                  "false answers them UNSUPPORTED_VERSION.", ("log.message.downconversion.enable",), ENFORCED),
         ConfigDef("message.format.version", "3.0-IV1", STRING, _message_format_version, "Deprecated message format version of the topic; ignored from inter-broker protocol 3.0 on, as in Kafka." + _STORED + ".",
                   ("log.message.format.version",)),
         ConfigDef("message.timestamp.after.max.ms", str(LONG_MAX), LONG, at_least(0),
@@ -398,6 +398,8 @@ class LogSettings:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
     delete_retention_ms: int = 86_400_000
+    # message.downconversion.enable: Fetch v0-v3 served by down-converting (protocol/legacy.py)
+    downconversion: bool = True
 
     @classmethod
     def from_configs(cls, configs: dict[str, str], broker_static: dict[str, str] | None = None) -> "LogSettings":
@@ -420,4 +422,5 @@ class LogSettings:
             int(c["min.compaction.lag.ms"]),
             int(c["max.compaction.lag.ms"]),
             int(c["delete.retention.ms"]),
+            c["message.downconversion.enable"] == "true",
         )

@@ -13,6 +13,7 @@ import time
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
+from kafscale.metadata import topic_config
 from kafscale.protocol import fetch_response, records
 from kafscale.storage.failures import StorageError
 
@@ -44,12 +45,17 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
         except StorageError as e:  # the metadata store cannot say which topic the id names
             name, lookup_error = None, e
         parts = []
+        # Fetch v0-v3 is served by down-converting (protocol/legacy.py): Kafka answers
+        # UNSUPPORTED_VERSION where the topic turned that off (message.downconversion.enable)
+        no_conversion = ctx.wire_version is not None and name is not None and not await _downconversion_enabled(broker, names, name)
         for fp in ft.partitions:
             p = _Part(name, fp.partition, fp.fetch_offset, fp.partition_max_bytes, getattr(fp, "current_leader_epoch", -1))
             if lookup_error is not None:
                 p.error = lookup_error.error_code
             elif name is None:
                 p.error = ErrorCode.unknown_topic_id
+            elif no_conversion:
+                p.error = ErrorCode.unsupported_version
             else:
                 try:
                     p.log = await broker.logs.get_reader(name, fp.partition)
@@ -60,6 +66,16 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
             parts.append(p)
         out.append(((name, topic_id), parts))
     return out
+
+
+async def _downconversion_enabled(broker, names: TopicIdResolver, name: str) -> bool:
+    try:
+        meta = await names.by_name(name)
+    except StorageError:
+        return True  # the partition lookup that follows answers the store's failure
+    if meta is None:
+        return True  # unknown topic: the partition lookup answers that
+    return topic_config.LogSettings.from_configs(meta.configs, broker.config.kafka_static_configs()).downconversion
 
 
 async def _read(parts: list[_Part], max_bytes: int, committed: bool) -> int:
