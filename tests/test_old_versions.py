@@ -659,3 +659,40 @@ def test_downconversion_disabled(kb, topic_name):
         r = c.old(old_fetch.FetchRequest_v3(replica_id=-1, max_wait_ms=10, min_bytes=1, max_bytes=1 << 20, topics=[(topic_name, [(0, 0, 1 << 20)])]), old_fetch.FetchResponse_v3)
     assert r.responses[0][1][0][1] == ErrorCode.unsupported_version
     assert [m.value() for m in consume_all(kb.bootstrap, topic_name, 1)] == [b"v"]
+
+
+def test_offset_for_leader_epoch_v0_v1(kb, topic_name):
+    from kafka.protocol.old import offset_for_leader_epoch as old_ofle
+
+    create_topic(kb.bootstrap, topic_name)
+    with RawClient(kb.bootstrap) as c:
+        assert c.produce(topic_name, 0, records.build_batch([(None, b"a"), (None, b"b")], timestamp=int(time.time() * 1000))).error_code == 0
+        epoch = c.metadata([topic_name]).topics[0].partitions[0].leader_epoch
+    with OldClient(kb.bootstrap) as c:
+        r = c.old(old_ofle.OffsetForLeaderEpochRequest_v0([(topic_name, [(0, epoch), (9, epoch)])]), old_ofle.OffsetForLeaderEpochResponse_v0)
+        [(_t, parts)] = r.topics
+        assert parts[0] == (0, 0, 2)  # error, partition, end offset
+        assert parts[1][0] == ErrorCode.unknown_topic_or_partition
+        r = c.old(old_ofle.OffsetForLeaderEpochRequest_v1([(topic_name, [(0, epoch)])]), old_ofle.OffsetForLeaderEpochResponse_v1)
+        assert r.topics[0][1][0] == (0, 0, epoch, 2)  # error, partition, leader epoch, end offset
+
+
+def test_acls_v0(kb_acl):
+    """CreateAcls / DescribeAcls / DeleteAcls v0: literal resource names (no pattern type)."""
+    with OldClient(kb_acl.bootstrap) as c:
+        r = c.old(old_admin.CreateAclsRequest_v0([(2, "orders", "User:alice", "*", 3, 3)]), old_admin.CreateAclsResponse_v0)
+        assert r.results == [(0, None)], r
+        r = c.old(old_admin.DescribeAclsRequest_v0(2, "orders", None, None, 1, 1), old_admin.DescribeAclsResponse_v0)
+        assert r.error_code == 0 and r.resources == [(2, "orders", [("User:alice", "*", 3, 3)])], r
+        r = c.old(old_admin.DeleteAclsRequest_v0([(2, "orders", None, None, 1, 1)]), old_admin.DeleteAclsResponse_v0)
+        [(err, _msg, matching)] = r.filter_results
+        assert err == 0 and [(m[3], m[4], m[6]) for m in matching] == [("orders", "User:alice", 3)], r
+        r = c.old(old_admin.DescribeAclsRequest_v0(2, None, None, None, 1, 1), old_admin.DescribeAclsResponse_v0)
+        assert r.resources == []
+
+
+@pytest.fixture(scope="module")
+def kb_acl():
+    b = BrokerProcess(extra_args=["--authorizer", "acls", "--super-users", "User:ANONYMOUS"]).start()
+    yield b
+    b.stop()

@@ -330,8 +330,9 @@ ADAPTERS: dict[int, Adapter] = {
         Adapter(2, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
         Adapter(8, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
                 # v0 has no group generation: a commit outside a group (simple consumers).
-                # v1's per-partition commit timestamp is not kept: offsets are kept for
-                # offsets.retention.minutes after the group empties, as Kafka 2.1+ does.
+                # v1's per-partition commit timestamp is not kept: the broker's time is the
+                # commit time (Kafka 3.9 took the client's, which only moves when an
+                # offsets-only group's offset expires: offsets.retention.minutes after it).
                 defaults={"generation_id_or_member_epoch": -1, "member_id": "", "retention_time": -1}),
         Adapter(9, 0, 1, _classes(_commit, "OffsetFetch", range(1))),
         Adapter(19, 0, 2, _classes(_admin, "CreateTopics", range(2)), defaults={"validate_only": False}),
