@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev
+APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev
 # Quix Streams (tests/test_quix_streams.py) lives in a venv of its own: it pins
 # confluent-kafka < 2.13 and pydantic < 2.14, older than the test venv's clients.
 QUIX_VENV := .venv-quix
@@ -28,8 +28,8 @@ $(QUIX_STAMP): pyproject.toml $(STAMP)
 run: install
 	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
 
-# Debian packages the integration tests use (kcat, etcd, Go and sarama for
-# tests/test_sarama.py); installed only when missing.
+# Debian packages the integration tests use (kcat, etcd, Go with sarama and kafka-go for
+# tests/test_go_clients.py); installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v kcat >/dev/null || missing="$$missing kcat"; \
@@ -37,6 +37,7 @@ system-deps:
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
 	[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing="$$missing golang-github-shopify-sarama-dev"; \
+	[ -d /usr/share/gocode/src/github.com/segmentio/kafka-go ] || missing="$$missing golang-github-segmentio-kafka-go-dev"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
