@@ -393,7 +393,7 @@ def test_admin_old_versions(kb, topic_name):
         assert r.responses == [(topic_name, 0)]
 
 
-@pytest.mark.parametrize("api_version", [(0, 10, 0), (0, 9)])
+@pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 0), (0, 9)])
 def test_kafka_python_old_api_versions(kb, topic_name, api_version):
     """kafka-python forced to an old broker version produces (Produce v2 / v0, message
     format v1 / v0, gzip) and consumes (Fetch v2 / v0) in a group that commits (OffsetCommit
@@ -432,7 +432,7 @@ def test_kafka_python_old_api_versions(kb, topic_name, api_version):
     got, _ = consume(2)
     assert [(m.offset, m.key) for m in got] == [(4, b"k4"), (5, b"k5")]
     m1 = metrics(kb)
-    produce_v, fetch_v = (2, 2) if api_version >= (0, 10) else (1, 1)
+    produce_v, fetch_v = {(0, 10, 1): (2, 3), (0, 10, 0): (2, 2), (0, 9): (1, 1)}[api_version]
     assert requests_count(m1, "Produce", produce_v) > requests_count(m0, "Produce", produce_v)
     assert requests_count(m1, "Fetch", fetch_v) > requests_count(m0, "Fetch", fetch_v)
     up, down = 'kafscale_record_conversions_total{direction="up"}', 'kafscale_record_conversions_total{direction="down"}'
