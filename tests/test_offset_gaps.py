@@ -39,9 +39,33 @@ def gappy(tmp_path_factory):
     write_partition_sync(data_dir, TOPIC, 0, segs, partitions=2)
     tail = [Rec(0, ts(t, 0), b"a", b"first"), Rec(3, ts(t, 3), b"b", b"last")]
     write_partition_sync(data_dir, TOPIC, 1, [Seg(0, 9, [gap_batch(0, 4, tail)])])
+    write_partition_sync(data_dir, TXN_TOPIC, 0, _compacted_transactions(t))
     b = BrokerProcess(data_dir=str(data_dir), extra_args=["--merge-interval-ms", "0"]).start()
     yield b, t, survivors, tail
     b.stop()
+
+
+TXN_TOPIC = "txgaps"
+
+
+def _compacted_transactions(t: int) -> list[Seg]:
+    """Transactions as compaction leaves them: producer 9's committed one thinned (0 and 2
+    kept of 0-3) with its COMMIT marker at 4; producer 10's aborted one emptied (5-7) with
+    its ABORT marker at 8; producer 11's committed one emptied (9-10), its marker at 11
+    gone past its horizon; then a plain record at 12."""
+    from kafscale.protocol.records import TRANSACTIONAL_MASK, build_control_batch
+
+    def txn(base: int, last: int, recs: list[Rec], pid: int) -> bytes:
+        return gap_batch(base, last, recs, base_timestamp=ts(t, base), producer_id=pid, producer_epoch=0, base_sequence=0, attributes=TRANSACTIONAL_MASK)
+
+    batches = [
+        txn(0, 3, [Rec(0, ts(t, 0), b"c0", b"yes"), Rec(2, ts(t, 2), b"c2", b"yes")], 9),
+        build_control_batch(True, 9, 0, 0, ts(t, 4), base_offset=4),
+        txn(5, 7, [], 10),
+        build_control_batch(False, 10, 0, 0, ts(t, 8), base_offset=8),
+        txn(9, 10, [], 11),
+    ]
+    return [Seg(0, 10, batches, aborted=((10, 5, 8),)), Seg(11, 12, [gap_batch(12, 12, [Rec(12, ts(t, 12), b"n", b"plain")])])]
 
 
 def _as_tuples(recs) -> list[tuple]:
@@ -310,3 +334,24 @@ async def test_byte_budget_never_skips_a_batch_that_does_not_fit(tmp_path):
         assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [0, 12]
     finally:
         await mgr.stop()
+
+
+def test_read_committed_over_compacted_transactions(gappy):
+    """The owner's last stable offset is the high watermark after loading the log (no
+    transaction left open by an emptied batch whose marker is gone), and a read_committed
+    consumer gets the committed survivors, nothing of the aborted transaction."""
+    b, *_ = gappy
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "gaps-txn", "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+                      "enable.partition.eof": False, "isolation.level": isolation})
+        try:
+            c.assign([TopicPartition(TXN_TOPIC, 0, 0)])
+            got = []
+            deadline = time.monotonic() + 15
+            while (not got or got[-1][0] < 12) and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is not None and not m.error():
+                    got.append((m.offset(), m.value()))
+            assert got == [(0, b"yes"), (2, b"yes"), (12, b"plain")], isolation
+        finally:
+            c.close()

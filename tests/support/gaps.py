@@ -94,6 +94,7 @@ class Seg:
     base: int
     last: int
     batches: list[bytes]
+    aborted: tuple = ()  # (producer id, first offset, ABORT marker offset), as a flush records them
 
 
 def t0() -> int:
@@ -140,7 +141,7 @@ async def write_partition(data_dir: str | Path, topic: str, partition: int, segs
             await meta.create_topic(TopicMeta(topic, partitions, configs=dict(configs or {})))
         st = await meta.get_partition(topic, partition)
         for s in segs:
-            enc = segment.encode(s.batches, s.base, last_offset=s.last, index_interval=index_interval)
+            enc = segment.encode(s.batches, s.base, last_offset=s.last, index_interval=index_interval, aborted=s.aborted)
             await store.create_many([
                 (segment.segment_key(namespace, topic, partition, s.base), enc.parts),
                 (segment.index_key(namespace, topic, partition, s.base), [enc.index]),
