@@ -330,6 +330,9 @@ ADAPTERS: dict[int, Adapter] = {
         Adapter(2, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
         Adapter(8, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
                 # v0 has no group generation: a commit outside a group (simple consumers).
+                # Kafka 3.9 kept v0 commits (and answered OffsetFetch v0) in ZooKeeper, apart
+                # from the offsets v1+ see, and a KRaft cluster refused them; here they are the
+                # same offsets as v1+ (there is one offsets store, and no ZooKeeper).
                 # v1's per-partition commit timestamp is not kept: the broker's time is the
                 # commit time (Kafka 3.9 took the client's, which only moves when an
                 # offsets-only group's offset expires: offsets.retention.minutes after it).
