@@ -124,25 +124,29 @@ def test_kafka_python_reads_survivors_from_every_offset(gappy):
 @pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 9)])
 def test_old_fetch_versions_read_survivors_from_every_offset(gappy, api_version):
     """Fetch v3 / v1 (message formats v1 / v0, down-converted): the emptied batch converts
-    to no message and the gaps stay gaps; the consumer moves on over them."""
+    to no message and the gaps stay gaps; the consumer moves on over them, also one message
+    a fetch (a read that would convert to nothing, the emptied batch or the removed tail of
+    a batch, reads on past it; messages below the fetch offset are not sent)."""
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
 
     b, _t, survivors, _ = gappy
-    c = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=50, api_version=api_version)
-    tp = KTP(TOPIC, 0)
-    c.assign([tp])
-    try:
-        for start in (0, 3, 6, 9, 11, 16, 25):
-            c.seek(tp, start)
-            got: list[tuple] = []
-            deadline = time.monotonic() + 15
-            while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
-                for msgs in c.poll(timeout_ms=200).values():
-                    got += [(m.offset, m.key, m.value) for m in msgs]
-            assert got == [r[:3] for r in _as_tuples(survivors) if r[0] >= start], f"from offset {start}"
-    finally:
-        c.close()
+    for fetch_bytes in (1 << 20, 64):
+        c = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=50, api_version=api_version,
+                          max_partition_fetch_bytes=fetch_bytes)
+        tp = KTP(TOPIC, 0)
+        c.assign([tp])
+        try:
+            for start in START_OFFSETS:
+                c.seek(tp, start)
+                got: list[tuple] = []
+                deadline = time.monotonic() + 15
+                while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
+                    for msgs in c.poll(timeout_ms=200).values():
+                        got += [(m.offset, m.key, m.value) for m in msgs]
+                assert got == [r[:3] for r in _as_tuples(survivors) if r[0] >= start], f"from offset {start}, {fetch_bytes} bytes a fetch"
+        finally:
+            c.close()
 
 
 def _fetch_batches(c: RawClient, offset: int, max_bytes: int, partition: int = 0) -> list[tuple[int, int, int]]:

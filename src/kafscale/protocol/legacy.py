@@ -269,6 +269,7 @@ def _fetch_down(version, old, request, response) -> tuple:
     message sets, within the request's byte limits."""
     magic = 0 if version < 2 else 1
     limits = {(t.topic, p.partition): p.partition_max_bytes for t in request.topics for p in t.partitions}
+    offsets = {(t.topic, p.partition): p.fetch_offset for t in request.topics for p in t.partitions}
     budget = request.max_bytes
     topics = []
     for t in response.responses:
@@ -278,7 +279,7 @@ def _fetch_down(version, old, request, response) -> tuple:
             if p.records:
                 limit = min(limits.get((t.topic, p.partition_index), budget), budget)
                 try:
-                    data = legacy_records.down_convert(p.records, magic, limit)
+                    data = legacy_records.down_convert(p.records, magic, limit, offsets.get((t.topic, p.partition_index), -1))
                 except legacy_records.InvalidRecordError as e:  # zstd: Kafka's error for old fetchers
                     error = int(e.error_code)
                 budget -= len(data)

@@ -99,11 +99,15 @@ def _entries(buf: bytes):
         pos += _LOG_OVERHEAD + size
 
 
-def _convert_batch(batch_bytes: bytes, header: records.BatchHeader, magic: int) -> bytes:
+def _convert_batch(batch_bytes: bytes, header: records.BatchHeader, magic: int, first_offset: int = -1) -> bytes:
     codec = header.compression
     builder = LegacyRecordBatchBuilder(magic, codec, _NO_LIMIT)
     last_offset, max_ts = header.base_offset, -1
     for rec in DefaultRecordBatch(batch_bytes):
+        if not codec and rec.offset < first_offset:
+            # below the fetch offset (as Kafka's RecordsUtil.downConvert): the consumer drops
+            # them, so sent within a byte limit they could fill it and stall it forever
+            continue
         ts = rec.timestamp if rec.timestamp is not None else -1
         # magic 1 wrappers carry offsets relative to the first (KIP-31); magic 0 absolute
         offset = rec.offset - header.base_offset if codec and magic == 1 else rec.offset
@@ -131,12 +135,30 @@ def _recrc(buf: bytearray, start: int) -> None:
     struct.pack_into(">I", buf, start + 12, zlib.crc32(memoryview(buf)[start + 16 : start + _LOG_OVERHEAD + size]) & 0xFFFFFFFF)
 
 
-def down_convert(chunks, magic: int, limit: int) -> bytes:
+def has_messages_from(chunks, first_offset: int) -> bool:
+    """Would down_convert(chunks, ..., first_offset) give an old consumer a message at or
+    after `first_offset`? Not when the batches are control or emptied ones (compaction keeps
+    a producer's last batch with no record) or hold only records below it (the fetch offset
+    in a compacted batch's tail): such a read brings the consumer back to the same offset."""
+    for chunk in chunks:
+        for pos, header in records.iter_batches(chunk):
+            if header.is_control or header.record_count <= 0 or header.last_offset < first_offset:
+                continue
+            if header.base_offset >= first_offset or header.compression > records.COMPRESSION_LZ4:
+                return True  # (zstd: down_convert answers it with its error)
+            if any(r.offset >= first_offset for r in records.decode_records(chunk, pos, header, verify_crc=False)):
+                return True
+    return False
+
+
+def down_convert(chunks, magic: int, limit: int, first_offset: int = -1) -> bytes:
     """The stored v2 batches in `chunks` as a magic 0/1 message set of at most `limit` bytes
     (whole messages; at least one, so that a consumer always moves on). Control batches
     (transaction markers) are left out, as Kafka does for old consumers. A zstd batch has
     no v0/v1 form: UNSUPPORTED_COMPRESSION_TYPE (InvalidRecordError), as Kafka answers a
-    Fetch below v10 that would return one."""
+    Fetch below v10 that would return one. Uncompressed messages below `first_offset` (the
+    fetch offset, inside the first batch, or a compacted batch's) are left out as Kafka does;
+    a compressed wrapper holds its batch whole."""
     global down_conversions
     out = bytearray()
     for chunk in chunks:
@@ -147,7 +169,7 @@ def down_convert(chunks, magic: int, limit: int) -> bytes:
                 if out:
                     return bytes(out)  # what came before it; the next fetch starts at the zstd batch
                 raise InvalidRecordError(f"zstd-compressed batch at offset {header.base_offset}: Fetch v0-v3 cannot carry zstd", ErrorCode.unsupported_compression_type)
-            converted = _convert_batch(bytes(chunk[pos : pos + header.size]), header, magic)
+            converted = _convert_batch(bytes(chunk[pos : pos + header.size]), header, magic, first_offset)
             down_conversions += 1
             for start, stop in _entries(converted):
                 if out and len(out) + (stop - start) > limit:

@@ -14,7 +14,7 @@ import time
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
-from kafscale.protocol import fetch_response, records
+from kafscale.protocol import fetch_response, legacy_records, records
 from kafscale.storage.failures import StorageError
 
 FETCH = 1
@@ -78,7 +78,7 @@ async def _downconversion_enabled(broker, names: TopicIdResolver, name: str) -> 
     return topic_config.LogSettings.from_configs(meta.configs, broker.config.kafka_static_configs()).downconversion
 
 
-async def _read(parts: list[_Part], max_bytes: int, committed: bool) -> int:
+async def _read(parts: list[_Part], max_bytes: int, committed: bool, legacy: bool = False) -> int:
     """Read every partition that has data; returns the bytes gathered."""
     # Segments not in the cache are loaded for all partitions at once (a consumer catching
     # up on several partitions); the reads below then go in order, as the byte budget needs.
@@ -100,12 +100,25 @@ async def _read(parts: list[_Part], max_bytes: int, committed: bool) -> int:
                 continue
         try:
             p.chunks = await p.log.read(p.offset, max(budget, 0), at_least_one=(total == 0), upto=p.lso)
+            if legacy:
+                p.chunks = await _past_unconvertible(p, max(budget, 0), total == 0, p.lso)
         except StorageError as e:
             p.error = e.error_code
             continue
         p.size = sum(len(c) for c in p.chunks)
         total += p.size
     return total
+
+
+async def _past_unconvertible(p: _Part, budget: int, at_least_one: bool, upto: int | None) -> list:
+    """Fetch v0-v3: batches that down-convert to no message at or after the fetch offset
+    (emptied or control batches, a compacted batch's tail) would send an old consumer back
+    to the same offset forever: read on past them (their offsets are gaps to it)."""
+    chunks, offset = p.chunks, p.offset
+    while chunks and not legacy_records.has_messages_from(chunks, p.offset):
+        offset = _end_of(chunks, offset)
+        chunks = await p.log.read(offset, budget, at_least_one, upto) if offset < p.log.high_watermark else []
+    return chunks
 
 
 async def fetch(ctx, req):
@@ -115,7 +128,7 @@ async def fetch(ctx, req):
     parts = [p for _, ps in topics for p in ps]
     committed = getattr(req, "isolation_level", 0) == READ_COMMITTED
     while True:
-        total = await _read(parts, req.max_bytes, committed)
+        total = await _read(parts, req.max_bytes, committed, legacy=ctx.wire_version is not None)
         remaining = max_wait - (time.monotonic() - started)
         if total >= req.min_bytes or remaining <= 0 or any(p.error for p in parts) or not parts:
             break
