@@ -11,6 +11,7 @@ from every interesting offset; a restart recovers a log from such segments.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -40,12 +41,14 @@ def gappy(tmp_path_factory):
     tail = [Rec(0, ts(t, 0), b"a", b"first"), Rec(3, ts(t, 3), b"b", b"last")]
     write_partition_sync(data_dir, TOPIC, 1, [Seg(0, 9, [gap_batch(0, 4, tail)])])
     write_partition_sync(data_dir, TXN_TOPIC, 0, _compacted_transactions(t))
+    write_partition_sync(data_dir, DEL_TOPIC, 0, segs)
     b = BrokerProcess(data_dir=str(data_dir), extra_args=["--merge-interval-ms", "0"]).start()
     yield b, t, survivors, tail
     b.stop()
 
 
 TXN_TOPIC = "txgaps"
+DEL_TOPIC = "gappy-deleted"  # the layout again, for DeleteRecords to move its log start
 
 
 def _compacted_transactions(t: int) -> list[Seg]:
@@ -383,3 +386,61 @@ def test_read_committed_over_compacted_transactions(gappy):
             assert got == [(0, b"yes"), (2, b"yes"), (12, b"plain")], isolation
         finally:
             c.close()
+
+
+async def test_aiokafka_reads_survivors_from_every_offset(gappy):
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as ATP
+
+    b, _t, survivors, _ = gappy
+    for fetch_bytes in (1 << 20, 64):
+        consumer = AIOKafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=50, max_partition_fetch_bytes=fetch_bytes)
+        await consumer.start()
+        try:
+            tp = ATP(TOPIC, 0)
+            consumer.assign([tp])
+            for start in START_OFFSETS:
+                consumer.seek(tp, start)
+                got: list[tuple] = []
+                deadline = time.monotonic() + 15
+                while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
+                    for msgs in (await consumer.getmany(timeout_ms=200)).values():
+                        got += [(m.offset, m.key, m.value, m.timestamp) for m in msgs]
+                assert got == [r for r in _as_tuples(survivors) if r[0] >= start], f"from offset {start}, {fetch_bytes} bytes a fetch"
+        finally:
+            await consumer.stop()
+
+
+def test_delete_records_to_an_offset_in_a_gap(gappy):
+    """DeleteRecords may put the log start offset where compaction left no record: ListOffsets
+    EARLIEST says it, a fetch below it is OFFSET_OUT_OF_RANGE, a fetch at it returns the next
+    surviving batch, and segments wholly below it go."""
+    from confluent_kafka.admin import AdminClient
+
+    b, _t, survivors, _ = gappy
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    for start, first_batch in [(11, (10, 12, 0)), (25, (30, 34, 5))]:  # in the emptied batch; in a segment without batches
+        [f] = admin.delete_records([TopicPartition(DEL_TOPIC, 0, start)]).values()
+        assert f.result(15).low_watermark == start
+        with RawClient(b.bootstrap) as c:
+            assert c.list_offsets(DEL_TOPIC, 0, EARLIEST).offset == start
+            assert c.list_offsets(DEL_TOPIC, 0, LATEST).offset == HW
+            assert error_code(c.fetch(DEL_TOPIC, 0, start - 1).error_code) == 1  # OFFSET_OUT_OF_RANGE
+            p = c.fetch(DEL_TOPIC, 0, start, max_bytes=1)
+            assert error_code(p.error_code) == 0 and p.log_start_offset == start
+            assert [(h.base_offset, h.last_offset, h.record_count) for _pos, h in iter_batches(p.records)] == [first_batch]
+        c2 = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "gaps-deleted", "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+                       "enable.partition.eof": False, "auto.offset.reset": "earliest"})
+        try:
+            c2.assign([TopicPartition(DEL_TOPIC, 0, -2)])  # OFFSET_BEGINNING: the new log start
+            got = []
+            deadline = time.monotonic() + 15
+            while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
+                m = c2.poll(0.2)
+                if m is not None and not m.error():
+                    got.append((m.offset(), m.key(), m.value(), m.timestamp()[1]))
+            assert got == [r for r in _as_tuples(survivors) if r[0] >= start]
+        finally:
+            c2.close()
+    objects = sorted(p.name for p in (Path(b.data_dir) / "objects" / "default" / DEL_TOPIC / "0").glob("*.kfs"))
+    assert objects == [f"segment-{20:020d}.kfs", f"segment-{30:020d}.kfs"]  # 0-9 and 10-19 lie wholly below 25
