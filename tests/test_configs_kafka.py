@@ -344,6 +344,8 @@ KAFKA_BROKER_DEFAULTS = {
     "num.partitions": "1",
     "offsets.retention.check.interval.ms": "600000",
     "offsets.retention.minutes": "10080",
+    "offsets.topic.num.partitions": "50",
+    "offsets.topic.segment.bytes": "104857600",
     "producer.id.expiration.ms": "86400000",
     "queued.max.request.bytes": "-1",
     "socket.request.max.bytes": "104857600",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kafscale.broker import topics
 from kafscale.broker.auth import Authenticator
 from kafscale.broker.authz import BrokerAuthorizer
 from kafscale.broker.config import BrokerConfig
@@ -40,13 +41,14 @@ class Broker:
             self.cluster = EtcdCluster(
                 local, self.metadata.kv, self.metadata, config.lease_ttl_s, resync_interval_s=config.ownership_resync_ms / 1000,
                 on_release=self._release_log, on_topic_deleted=self._stop_topic_logs, on_topics=self._topics_seen,
+                offsets_topic_partitions=config.offsets_topic_num_partitions,
             )
         else:
-            self.cluster = SingleNodeCluster(local)
+            self.cluster = SingleNodeCluster(local, config.offsets_topic_num_partitions)
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
         self.producer_ids = ProducerIdAllocator(self.metadata)
         self.router = build_router()
-        self.groups = GroupCoordinator(self.metadata, config, self.cluster)
+        self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal)
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:
             self.transactions = TransactionCoordinator(self.metadata, config, self.cluster, self.logs, self.producer_ids)
@@ -66,6 +68,7 @@ class Broker:
         await self.metadata.migrate_legacy_keys()
         await self.cluster.start()
         await self.logs.start()
+        await topics.ensure_internal_topics(self)
         await self.groups.start()
         if self.transactions is not None:
             await self.transactions.start()

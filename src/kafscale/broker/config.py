@@ -77,6 +77,8 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = field(default=1_800_000, metadata={"help": "greatest session timeout a group member may ask for (Kafka's group.max.session.timeout.ms)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
+    offsets_topic_num_partitions: int = field(default=50, metadata={"help": "partitions of the internal topic __consumer_offsets when the broker creates it; a group's coordinator is the owner of partition hash(group) % its partition count (Kafka's offsets.topic.num.partitions)"})
+    offsets_topic_segment_bytes: int = field(default=104_857_600, metadata={"help": "segment.bytes of __consumer_offsets when the broker creates it (Kafka's offsets.topic.segment.bytes)"})
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     transactions: bool = field(default=True, metadata={"help": "serve the transaction APIs (false: transactional ids are refused and the APIs not advertised)"})
     transaction_partition_verification_enable: bool = field(default=True, metadata={"help": "a partition accepts the first transactional batch of a transaction only if the coordinator has the partition in it (KIP-890; Kafka's setting of this name)"})
@@ -203,6 +205,8 @@ KAFKA_NAMES = {
     "group_max_session_timeout_ms": "group.max.session.timeout.ms",
     "offsets_retention_minutes": "offsets.retention.minutes",
     "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
+    "offsets_topic_num_partitions": "offsets.topic.num.partitions",
+    "offsets_topic_segment_bytes": "offsets.topic.segment.bytes",
     "producer_id_expiration_ms": "producer.id.expiration.ms",
     "transaction_max_timeout_ms": "transaction.max.timeout.ms",
     "transactional_id_expiration_ms": "transactional.id.expiration.ms",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
+from kafscale.metadata.internal_topics import OFFSETS_TOPIC, is_internal, offsets_topic_configs
 from kafscale.metadata.store import TopicExistsError, TopicMeta, UnknownTopicError
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
@@ -73,7 +74,38 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
     return meta
 
 
+async def ensure_internal_topics(broker: "Broker") -> TopicMeta | None:
+    """Create `__consumer_offsets` if it does not exist yet, with Kafka's configs for it
+    (--offsets-topic-num-partitions, compacted, --offsets-topic-segment-bytes). Brokers
+    starting together race on one guarded create: one wins, the others find it. A store
+    that is down only delays it (a later Metadata request for it, or the next start,
+    creates it); groups work meanwhile, without their records in the topic."""
+    try:
+        meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
+        if meta is not None:
+            return meta
+        configs = offsets_topic_configs(broker.config.offsets_topic_segment_bytes)
+        meta = TopicMeta(name=OFFSETS_TOPIC, partitions=broker.config.offsets_topic_num_partitions, configs=configs)
+        await broker.metadata.create_topic(meta)
+    except TopicExistsError:
+        return await broker.metadata.get_topic(OFFSETS_TOPIC)
+    except _STORE_DOWN as e:
+        log.warning("could not create %s: %s", OFFSETS_TOPIC, e)
+        return None
+    log.info("created internal topic %s with %d partitions", OFFSETS_TOPIC, meta.partitions)
+    broker.logs.topic_changed(meta)
+    return meta
+
+
+def check_not_internal(name: str, what: str) -> None:
+    """Refuse an administrative change of an internal topic (INVALID_TOPIC_EXCEPTION, the
+    code Kafka gives appends and DeleteRecords on internal topics)."""
+    if is_internal(name):
+        raise TopicError(ErrorCode.invalid_topic_exception, f"Cannot {what} internal topic {name}")
+
+
 async def delete(broker: "Broker", name: str) -> TopicMeta:
+    check_not_internal(name, "delete")
     try:
         meta = await broker.metadata.delete_topic(name)
     except UnknownTopicError:
@@ -96,6 +128,7 @@ async def add_partitions(broker: "Broker", name: str, count: int, validate_only:
 
 
 async def _add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
+    check_not_internal(name, "add partitions to")
     meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")

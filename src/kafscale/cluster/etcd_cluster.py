@@ -4,7 +4,8 @@
 - The desired owner of a partition is chosen from the live brokers and the current owners
   (sticky, at most ceil(partitions / brokers) each, rendezvous preference for the rest), so
   every broker computes the same answer and ownership moves only for the share a joining
-  or leaving broker takes or gives up. Group coordinators go by rendezvous hashing.
+  or leaving broker takes or gives up. A group's coordinator is the owner of its partition
+  of `__consumer_offsets` (Kafka's model); transaction coordinators go by rendezvous hashing.
 - Ownership is the key `/owners/{topic}/{p}`, tied to the owner's lease. Taking it is one
   transaction that also bumps the partition's leader epoch (so the old owner's next
   segment commit fails its compare): the old owner cannot commit after a takeover.
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from kafscale.cluster.membership import BrokerIdInUse, BrokerNode, Cluster
 from kafscale.metadata import keys
+from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC
 from kafscale.metadata.kv import MetadataUnavailable, Txn
 from kafscale.metadata.store import MetadataStore
 
@@ -107,11 +109,12 @@ class EtcdCluster(Cluster):
         on_release: Callable[[str, int, bool], Awaitable[None]] | None = None,
         on_topic_deleted: Callable[[str], Awaitable[None]] | None = None,
         on_topics: Callable[[list], None] | None = None,
+        offsets_topic_partitions: int = DEFAULT_OFFSETS_PARTITIONS,
     ):
         """`on_release(topic, partition, flush)` and `on_topic_deleted(topic)` stop this
         broker's logs of partitions it no longer owns (the broker passes its log manager's;
         None: a cluster with no logs, as in tests of membership alone)."""
-        super().__init__(local)
+        super().__init__(local, offsets_topic_partitions)
         self.kv = kv
         self.metadata = metadata
         self.ttl = lease_ttl_s
@@ -138,6 +141,10 @@ class EtcdCluster(Cluster):
         self._broken_watches: set[str] = set()  # prefixes not watched now: poll meanwhile
         self._stopping = False
         self.listeners: list = []  # callables(cluster) run after membership changes
+        # callables(cluster) run after membership changes and after ownership changes of
+        # __consumer_offsets: group coordinators move with either
+        self.group_listeners: list = []
+        self._offsets_owners: dict[int, int] = {}
 
     # -- Cluster interface ---------------------------------------------------------------
 
@@ -171,6 +178,9 @@ class EtcdCluster(Cluster):
 
     def coordinator_for(self, key: str) -> BrokerNode:
         return self._live[rendezvous(f"group/{key}", list(self._live))]
+
+    def offsets_partition_count(self) -> int:
+        return self._partition_counts.get(OFFSETS_TOPIC) or self.offsets_topic_partitions
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -390,7 +400,7 @@ class EtcdCluster(Cluster):
             live[node_id] = BrokerNode(node_id, doc["host"], doc["port"], doc.get("rack"), endpoints)
         if self.lease_alive() and not self._stopping:
             live.setdefault(self.local.node_id, self.local)
-        changed = set(live) != set(self._live)
+        membership = set(live) != set(self._live)
         self._live = live
         owners = {}
         for kv in await self.kv.range(keys.OWNERS):
@@ -400,9 +410,17 @@ class EtcdCluster(Cluster):
         for key, (_node, epoch) in owners.items():
             if epoch > self._epochs.get(key, -1):
                 self._epochs[key] = epoch
-        if changed:
+        # Group coordinators move with the owners of __consumer_offsets: the group
+        # listeners let go of the groups this broker no longer coordinates.
+        offsets_owners = {p: node for (t, p), (node, _epoch) in owners.items() if t == OFFSETS_TOPIC}
+        groups_moved = membership or offsets_owners != self._offsets_owners
+        self._offsets_owners = offsets_owners
+        if membership:
             log.info("live brokers: %s", sorted(live))
             for fn in self.listeners:
+                fn(self)
+        if groups_moved:
+            for fn in self.group_listeners:
                 fn(self)
 
     async def reconcile(self) -> bool:

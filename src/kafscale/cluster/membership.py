@@ -1,14 +1,18 @@
 """Who is in the cluster and who owns what.
 
 `Cluster` is the interface the handlers use: the live brokers, the owner of a partition,
-the coordinator of a group. `SingleNodeCluster` is the embedded default: this broker
-owns everything. The etcd-backed cluster (leases, balanced ownership) implements the same.
+the coordinator of a group (Kafka's model: the owner of the group's partition of the
+internal topic `__consumer_offsets`, where the coordinator writes the group's records) and
+of a transactional id. `SingleNodeCluster` is the embedded default: this broker owns
+everything. The etcd-backed cluster (leases, balanced ownership) implements the same.
 """
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+
+from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
 
 
 class BrokerIdInUse(Exception):
@@ -38,9 +42,12 @@ class BrokerNode:
 
 class Cluster:
     cluster_id: str = "kafscale"
+    # offsets_topic_partitions: partitions of __consumer_offsets before the topic is known
+    # (the broker's --offsets-topic-num-partitions); the topic's real count wins once known.
 
-    def __init__(self, local: BrokerNode):
+    def __init__(self, local: BrokerNode, offsets_topic_partitions: int = DEFAULT_OFFSETS_PARTITIONS):
         self.local = local
+        self.offsets_topic_partitions = offsets_topic_partitions
 
     def brokers(self) -> list[BrokerNode]:
         return [self.local]
@@ -70,12 +77,29 @@ class Cluster:
         return self.owner_of(topic, partition) == self.local.node_id
 
     def coordinator_for(self, key: str) -> BrokerNode:
-        """The broker coordinating a group (or other coordinator key)."""
+        """The broker coordinating a transactional id (by hashing over the live brokers;
+        also the fallback for groups while `__consumer_offsets` has no owner)."""
         live = sorted(self.brokers(), key=lambda b: b.node_id)
         return live[zlib.crc32(key.encode()) % len(live)]
 
     def is_coordinator(self, key: str) -> bool:
         return self.coordinator_for(key).node_id == self.local.node_id
+
+    def offsets_partition_count(self) -> int:
+        return self.offsets_topic_partitions
+
+    def offsets_partition(self, group_id: str) -> int:
+        """The group's partition of `__consumer_offsets` (Kafka's partitionFor)."""
+        return offsets_partition_for(group_id, self.offsets_partition_count())
+
+    def group_coordinator(self, group_id: str) -> BrokerNode:
+        """The broker coordinating a group: the owner of its `__consumer_offsets` partition,
+        so the coordinator appends the group's records to a log it owns (Kafka's model)."""
+        node = self.node(self.owner_of(OFFSETS_TOPIC, self.offsets_partition(group_id)))
+        return node if node is not None else self.coordinator_for(group_id)
+
+    def is_group_coordinator(self, group_id: str) -> bool:
+        return self.group_coordinator(group_id).node_id == self.local.node_id
 
     @property
     def controller_id(self) -> int:

@@ -8,6 +8,15 @@ MetadataStore. Group snapshots are written when Kafka writes its GroupMetadata r
 replaced), so after a restart members come back as after a Kafka coordinator failover;
 committed offsets are written on every commit.
 
+After each store write the coordinator also appends Kafka's records for it (offset
+commits, group metadata, tombstones: `offsets_topic.py`) to the group's partition of the
+internal topic `__consumer_offsets`, which this broker owns as the group's coordinator
+(`append_records`, the log manager's internal append). The store stays the source of
+truth: the answer does not wait for that append to be durable (a record reaches the topic
+with the partition's next flush), and an append that fails is logged, never undoes or
+fails the commit. Appends are made under the group's lock, so the topic holds each
+group's changes in the order the store got them.
+
 Every operation on a group runs under that group's lock, so the state machine sees one
 request at a time and effects (persist, then replies) are applied in order.
 """
@@ -19,7 +28,7 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 from kafscale.errors import ErrorCode
 from kafscale.groups.state import (
@@ -33,6 +42,8 @@ from kafscale.groups.state import (
     Reply,
     SyncResult,
 )
+from kafscale.groups import offsets_topic
+from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
 from kafscale.metadata.store import CommittedOffset, MetadataStore
 
 log = logging.getLogger("kafscale.groups")
@@ -47,9 +58,14 @@ class GroupCoordinator:
         config,
         cluster=None,
         clock: Callable[[], float] | None = None,
+        append_records: Callable[[str, int, list], Awaitable[asyncio.Future]] | None = None,
     ):
         self.metadata = metadata
         self.config = config
+        # append_records(topic, partition, [(key, value)]) -> future of durability: where
+        # the __consumer_offsets records go (None: nowhere, as in unit tests)
+        self.append_records = append_records
+        self._append_failures = 0
         # Who coordinates which group; None means this broker coordinates every group
         # (the single-node default). Handlers bind the broker's cluster when unset.
         self.cluster = None
@@ -106,12 +122,15 @@ class GroupCoordinator:
         self._waiters.clear()
 
     def bind_cluster(self, cluster) -> None:
-        """Learn who coordinates which group; on membership changes, let go of the groups
-        that moved to another broker so no stale copy acts on them."""
+        """Learn who coordinates which group; when coordinators move (membership changes,
+        or new owners of `__consumer_offsets` partitions), let go of the groups that moved
+        to another broker so no stale copy acts on them."""
         if self.cluster is cluster:
             return
         self.cluster = cluster
-        listeners = getattr(cluster, "listeners", None)
+        listeners = getattr(cluster, "group_listeners", None)
+        if not isinstance(listeners, list):
+            listeners = getattr(cluster, "listeners", None)
         if isinstance(listeners, list):
             listeners.append(self._on_membership_change)
 
@@ -122,7 +141,7 @@ class GroupCoordinator:
             task.add_done_callback(self._tasks.discard)
 
     def owns(self, group_id: str) -> bool:
-        return self.cluster is None or self.cluster.is_coordinator(group_id)
+        return self.cluster is None or self.cluster.is_group_coordinator(group_id)
 
     async def release(self, group_id: str) -> None:
         """This broker no longer coordinates the group: forget it (another broker loads it)."""
@@ -215,6 +234,7 @@ class GroupCoordinator:
                 stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
                 if pending_producer_id is None:
                     await self.metadata.commit_offsets(group_id, stamped)
+                    await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
                 else:
                     await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
             if created:
@@ -249,6 +269,7 @@ class GroupCoordinator:
                     deletable.append((topic, partition))
             if deletable:
                 await self.metadata.delete_offsets(group_id, deletable)
+                await self._write_records(group_id, offsets_topic.offset_tombstones(group_id, deletable))
             if group.is_empty and not await self.metadata.fetch_offsets(group_id):
                 # Kafka drops an Empty group once its last offset is gone.
                 await self._remove_group(group)
@@ -309,6 +330,7 @@ class GroupCoordinator:
                 expired = [tp for tp, o in offsets.items() if self._offset_expired(group, tp[0], o, now)]
                 if expired:
                     await self.metadata.delete_offsets(group_id, expired)
+                    await self._write_records(group_id, offsets_topic.offset_tombstones(group_id, expired))
                     removed += len(expired)
                 if group.is_empty and not group.pending_members and len(expired) == len(offsets):
                     log.info("group %s is empty and has no offsets left; removing it", group_id)
@@ -379,7 +401,11 @@ class GroupCoordinator:
     async def _remove_group(self, group: Group) -> None:
         self._resolve(group.mark_dead())
         self._forget(group)
+        offsets = await self.metadata.fetch_offsets(group.group_id)
         await self.metadata.delete_group(group.group_id)
+        # Kafka's tombstones for a removed group: each offset it had, then the group.
+        tombstones = offsets_topic.offset_tombstones(group.group_id, offsets)
+        await self._write_records(group.group_id, [*tombstones, offsets_topic.group_tombstone(group.group_id)])
 
     async def _finish(self, group: Group, out: Outcome) -> asyncio.Future | None:
         """Park the request if needed, carry out the effects, re-arm the group's timer."""
@@ -428,11 +454,42 @@ class GroupCoordinator:
                     fut.set_result(effect.result)
 
     async def _persist(self, group: Group) -> None:
+        doc = group.to_doc()
         try:
-            await self.metadata.put_group(group.group_id, group.to_doc())
+            await self.metadata.put_group(group.group_id, doc)
         except Exception:
             # The group keeps working from memory; only restart recovery is affected.
             log.exception("could not persist group %s", group.group_id)
+            return
+        await self._write_records(group.group_id, [offsets_topic.group_metadata_record(group.group_id, doc)])
+
+    def offsets_partition(self, group_id: str) -> int:
+        if self.cluster is not None:
+            return self.cluster.offsets_partition(group_id)
+        return offsets_partition_for(group_id, DEFAULT_OFFSETS_PARTITIONS)
+
+    async def _write_records(self, group_id: str, recs: list) -> None:
+        """Append the records of a change the store already has to the group's partition of
+        __consumer_offsets (see the module doc: not awaited to durability; failures logged)."""
+        if self.append_records is None or not recs:
+            return
+        partition = self.offsets_partition(group_id)
+        try:
+            done = await self.append_records(OFFSETS_TOPIC, partition, recs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the store has the change; the topic misses it
+            self._append_failed(group_id, partition, e)
+            return
+        if done is not None:
+            done.add_done_callback(lambda f: None if f.cancelled() or f.exception() is None else self._append_failed(group_id, partition, f.exception()))
+
+    def _append_failed(self, group_id: str, partition: int, error: BaseException) -> None:
+        self._append_failures += 1
+        log.warning(
+            "group %s: records for %s-%d not appended (%s); the metadata store has the change",
+            group_id, OFFSETS_TOPIC, partition, error,
+        )
 
     def _cancel_timer(self, group_id: str) -> None:
         handle = self._timers.pop(group_id, None)

@@ -118,7 +118,7 @@ class OpsHandle:
         # Each group's lag is reported by its coordinator only, so a cluster-wide sum in
         # Prometheus does not count a group once per broker.
         try:
-            return bool(self.broker.cluster.is_coordinator(group))
+            return bool(self.broker.cluster.is_group_coordinator(group))
         except Exception:  # noqa: BLE001
             return True
 

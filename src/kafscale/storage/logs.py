@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
+from kafscale.protocol import records as record_batches
 from kafscale.protocol.records import InvalidRecordError
 from kafscale.storage import segment
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
@@ -256,6 +258,19 @@ class LogManager:
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
+
+    async def append_internal(self, topic: str, partition: int, recs: list[tuple[bytes | None, bytes | None]]) -> asyncio.Future:
+        """The broker's own append (the group coordinator's records to `__consumer_offsets`):
+        one batch of (key, value) records with the current time, through the owned log
+        like any produce but with none of the produce path's refusals (internal topics,
+        null keys). Offsets are assigned now, in call order; the returned future resolves
+        when the batch is durable (or fails with the StorageError that dropped it).
+        Raises StorageError now when this broker does not own the partition."""
+        lg = await self.get_log(topic, partition)
+        buf = memoryview(bytearray(record_batches.build_batch(recs, timestamp=int(time.time() * 1000))))
+        headers = record_batches.validate_record_set(buf, None)
+        _base, _append_time, waiter = lg.append(buf, headers, True)
+        return waiter
 
     async def write_txn_markers(self, marker: TxnMarker) -> dict[tuple[str, int], ErrorCode]:
         """Append `marker` (COMMIT or ABORT of one producer's transaction) to each of its

@@ -40,6 +40,8 @@ _BROKER_DOCS: dict[str, tuple[int, str]] = {
     "group.max.session.timeout.ms": (tc.INT, "Greatest session timeout a group member may ask for."),
     "offsets.retention.minutes": (tc.INT, "Committed offsets of empty groups expire after this."),
     "offsets.retention.check.interval.ms": (tc.LONG, "How often expired committed offsets are removed."),
+    "offsets.topic.num.partitions": (tc.INT, "Partitions of __consumer_offsets when the broker creates it; a group's coordinator owns its partition."),
+    "offsets.topic.segment.bytes": (tc.INT, "segment.bytes of __consumer_offsets when the broker creates it."),
     "producer.id.expiration.ms": (tc.INT, "An idempotent producer's state is forgotten after this long without writes."),
     "transaction.max.timeout.ms": (tc.INT, "Greatest transaction timeout a transactional producer may ask for."),
     "transactional.id.expiration.ms": (tc.INT, "A transactional id is forgotten after this long without a transaction."),

@@ -6,6 +6,7 @@ leader replicas (KIP-966) are empty lists: there is never more than one replica.
 from __future__ import annotations
 
 from kafscale.errors import ErrorCode
+from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.storage.failures import StorageError
 
@@ -44,7 +45,7 @@ async def describe_topic_partitions(ctx, req):
             parts.append(make(part_cls, error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available, partition_index=p, leader_id=leader,
                               leader_epoch=cluster.leader_epoch(name, p), replica_nodes=replicas, isr_nodes=replicas,
                               eligible_leader_replicas=(), last_known_elr=(), offline_replicas=()))
-        out.append(make(topic_cls, error_code=ErrorCode.none, name=name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts)))
+        out.append(make(topic_cls, error_code=ErrorCode.none, name=name, topic_id=meta.uuid, is_internal=is_internal(name), partitions=tuple(parts)))
         remaining -= end - start
         if end < meta.partitions:
             next_cursor = make(cursor_cls, topic_name=name, partition_index=end)

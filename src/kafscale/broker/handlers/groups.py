@@ -77,7 +77,7 @@ def _coordinator(ctx):
 
 async def _owned(ctx, group_id: str) -> bool:
     """Is this broker the group's coordinator? If not, forget any copy we hold."""
-    if ctx.broker.cluster.is_coordinator(group_id):
+    if ctx.broker.cluster.is_group_coordinator(group_id):
         return True
     groups = ctx.broker.groups
     if groups is not None:
@@ -106,9 +106,10 @@ async def find_coordinator(ctx, req):
         if key_type == COORDINATOR_KEY_GROUP or (
             key_type == COORDINATOR_KEY_TRANSACTION and getattr(ctx.broker, "transactions", None) is not None
         ):
-            # A transactional id goes by the same key hashing: the broker named here is the
-            # one whose TransactionCoordinator owns the id (`is_coordinator`).
-            node = ctx.broker.cluster.coordinator_for(key)
+            # A group: the owner of its __consumer_offsets partition (Kafka's partitionFor).
+            # A transactional id: the broker whose TransactionCoordinator owns it (`is_coordinator`).
+            cluster = ctx.broker.cluster
+            node = cluster.group_coordinator(key) if key_type == COORDINATOR_KEY_GROUP else cluster.coordinator_for(key)
             where = node.endpoint(ctx.listener)
             if where is None:
                 # The coordinator has no listener of this name: Kafka answers
@@ -484,7 +485,7 @@ async def list_groups(ctx, req):
     states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     try:
-        listed = await groups.list_groups(ctx.broker.cluster.is_coordinator)
+        listed = await groups.list_groups(ctx.broker.cluster.is_group_coordinator)
     except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     entries = [

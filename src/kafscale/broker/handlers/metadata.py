@@ -6,6 +6,7 @@ import logging
 
 from kafscale.broker import topics
 from kafscale.errors import ErrorCode
+from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol.build import ZERO_UUID, has_field, make, nested, response
 from kafscale.protocol.error_response import RequestError
 from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
@@ -48,7 +49,7 @@ def _topic_entry(ctx, cls, meta, include_ops: bool = False):
     extra = {}
     if include_ops:
         extra["topic_authorized_operations"] = _ops(ctx, Res.TOPIC, meta.name)
-    return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=False, partitions=tuple(parts), **extra)
+    return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=is_internal(meta.name), partitions=tuple(parts), **extra)
 
 
 def _ops(ctx, resource_type, name: str) -> int:
@@ -129,6 +130,11 @@ async def metadata(ctx, req):
                     topics.check_name(name)
                     if allow_auto and not _may(ctx, Op.CREATE, name):
                         code = ErrorCode.topic_authorization_failed
+                    elif allow_auto and is_internal(name):
+                        # Never a plain topic of that name: the internal topic, with its
+                        # configs, as Kafka's auto-creation makes it.
+                        meta = await topics.ensure_internal_topics(broker)
+                        code = ErrorCode.leader_not_available
                     elif allow_auto:
                         meta = await topics.create(broker, name, -1, {})
                         log.info("auto-created topic %s with %d partitions", name, meta.partitions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from kafscale.errors import ErrorCode
+from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 
@@ -67,6 +68,9 @@ async def list_offsets(ctx, req):
 
 async def _delete_one(ctx, topic: str, p) -> dict:
     out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": ErrorCode.none}
+    if is_internal(topic):  # Kafka: "Cannot delete records of internal topic"
+        out["error_code"] = ErrorCode.invalid_topic_exception
+        return out
     try:
         lg = await ctx.broker.logs.get_log(topic, p.partition_index)
         target = lg.high_watermark if p.offset == -1 else p.offset

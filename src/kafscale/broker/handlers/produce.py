@@ -17,6 +17,7 @@ import logging
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
+from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol import legacy_records, produce_request, records
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
@@ -105,6 +106,9 @@ async def produce(ctx, req):
                 r.error, r.message = lookup_error.error_code, str(lookup_error)
             elif name is None:
                 r.error = ErrorCode.unknown_topic_id
+            elif is_internal(name):
+                # Kafka's ReplicaManager: only the broker itself writes internal topics.
+                r.error, r.message = ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}"
             elif req.transactional_id is not None and (refused := await _txn_check(ctx, req.transactional_id, name, pd.index, pd.records)):
                 r.error, r.message = refused, f"transactional produce to {name}-{pd.index} refused by the transaction coordinator"
             else:

@@ -234,7 +234,7 @@ async def txn_offset_commit(ctx, req):
         if offsets:
             if not group_id:
                 error = ErrorCode.invalid_group_id
-            elif groups is None or not ctx.broker.cluster.is_coordinator(group_id):
+            elif groups is None or not ctx.broker.cluster.is_group_coordinator(group_id):
                 error = ErrorCode.not_coordinator
             else:
                 error = await _txns(ctx).check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch, group_id)

@@ -1,0 +1,436 @@
+"""`__consumer_offsets` (#16): groups and committed offsets, kept in the metadata store, are
+also written by each group's coordinator to the internal compacted topic, in Kafka's record
+format, for lag monitors and tools that read that topic.
+
+The records are decoded here by hand from Kafka's message specs (OffsetCommitKey v1,
+OffsetCommitValue v3, GroupMetadataKey v2, GroupMetadataValue v3: int16 version first,
+int16-length strings, int32-length bytes), with `struct` only, so the broker's encoder
+(`kafscale.groups.offsets_topic`) is checked against a second implementation; no PyPI
+package that decodes `__consumer_offsets` is installable. The group -> partition mapping is
+Kafka's `Utils.abs(groupId.hashCode()) % partitions`, computed here independently too.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import struct
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KTopicPartition
+
+from kafscale.errors import ErrorCode
+from kafscale.groups import offsets_topic
+from kafscale.metadata.internal_topics import OFFSETS_TOPIC, offsets_partition_for
+from kafscale.metadata.store import CommittedOffset
+from kafscale.protocol import records
+from tests.support.raw import RawClient, error_code, req
+from tests.support.servers import ETCD_BIN
+from tests.support.wait import wait_until
+from tests.test_cluster import backends, cluster_factory  # noqa: F401  (fixtures)
+
+PARTITIONS = 50  # Kafka's offsets.topic.num.partitions, the broker default
+
+
+# -- an independent reading of Kafka's specs ------------------------------------------------------
+
+
+def java_hash(s: str) -> int:
+    h = 0
+    for ch in s:  # BMP only: the tests' group ids are ASCII
+        h = (h * 31 + ord(ch)) % (1 << 32)
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def kafka_partition_for(group: str, n: int = PARTITIONS) -> int:
+    h = java_hash(group)
+    return (0 if h == -(1 << 31) else abs(h)) % n
+
+
+class Reader:
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, fmt: str):
+        (v,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self):
+        n = self.take(">h")
+        if n < 0:
+            return None
+        s = self.data[self.pos:self.pos + n].decode()
+        self.pos += n
+        return s
+
+    def bytes_(self):
+        n = self.take(">i")
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def done(self) -> bool:
+        return self.pos == len(self.data)
+
+
+def decode_key(key: bytes):
+    """('offset', group, topic, partition) or ('group', group)."""
+    r = Reader(key)
+    version = r.take(">h")
+    if version in (0, 1):
+        out = ("offset", r.string(), r.string(), r.take(">i"))
+    elif version == 2:
+        out = ("group", r.string())
+    else:
+        raise AssertionError(f"unknown key version {version}")
+    assert r.done()
+    return out
+
+
+def decode_offset_value(value: bytes) -> dict:
+    r = Reader(value)
+    version = r.take(">h")
+    assert version == 3, version  # what Kafka 3.x writes
+    out = {"offset": r.take(">q"), "leader_epoch": r.take(">i"), "metadata": r.string(), "commit_timestamp": r.take(">q")}
+    assert r.done()
+    return out
+
+
+def decode_group_value(value: bytes) -> dict:
+    r = Reader(value)
+    version = r.take(">h")
+    assert version == 3, version
+    out = {"protocol_type": r.string(), "generation": r.take(">i"), "protocol": r.string(), "leader": r.string(),
+           "current_state_timestamp": r.take(">q"), "members": []}
+    for _ in range(r.take(">i")):
+        out["members"].append({
+            "member_id": r.string(), "group_instance_id": r.string(), "client_id": r.string(), "client_host": r.string(),
+            "rebalance_timeout": r.take(">i"), "session_timeout": r.take(">i"), "subscription": r.bytes_(), "assignment": r.bytes_(),
+        })  # fmt: skip
+    assert r.done()
+    return out
+
+
+# -- unit: the encoder and the mapping against the above ---------------------------------------
+
+
+def test_partition_for_is_kafkas():
+    assert offsets_partition_for("hello", 1 << 30) == 99162322  # "hello".hashCode()
+    # "polygenelubricants".hashCode() is Integer.MIN_VALUE: Kafka's Utils.abs makes it 0.
+    assert java_hash("polygenelubricants") == -(1 << 31)
+    assert offsets_partition_for("polygenelubricants", PARTITIONS) == 0
+    for g in ["my-group", "g", "", "console-consumer-12345", "Ω-group", "a" * 300]:
+        assert offsets_partition_for(g, PARTITIONS) == kafka_partition_for(g), g
+        assert offsets_partition_for(g, 7) == kafka_partition_for(g, 7), g
+    # Outside the BMP, Java hashes the UTF-16 surrogate pair (0xD83D, 0xDE00).
+    assert offsets_partition_for("\U0001F600", 1 << 30) == 0xD83D * 31 + 0xDE00
+
+
+def test_offset_commit_record_bytes():
+    [(key, value)] = offsets_topic.offset_commit_records(
+        "grp", {("orders", 3): CommittedOffset(offset=42, leader_epoch=7, metadata="meta", commit_ms=1_700_000_000_123)}
+    )
+    assert key == struct.pack(">hh3sh6si", 1, 3, b"grp", 6, b"orders", 3)
+    assert decode_key(key) == ("offset", "grp", "orders", 3)
+    assert decode_offset_value(value) == {"offset": 42, "leader_epoch": 7, "metadata": "meta", "commit_timestamp": 1_700_000_000_123}
+    [(tkey, tvalue)] = offsets_topic.offset_tombstones("grp", [("orders", 3)])
+    assert (tkey, tvalue) == (key, None)
+
+
+def test_group_metadata_record_bytes():
+    doc = {
+        "protocol_type": "consumer", "protocol": "range", "generation": 5, "leader": "m-1", "state_ts": 1234,
+        "members": [{"member_id": "m-1", "group_instance_id": None, "client_id": "c", "client_host": "/127.0.0.1",
+                     "session_timeout": 45000, "rebalance_timeout": 300000,
+                     "subscription": base64.b64encode(b"\x00\x01sub").decode(), "assignment": base64.b64encode(b"asg").decode()}],
+    }  # fmt: skip
+    key, value = offsets_topic.group_metadata_record("grp", doc)
+    assert key == struct.pack(">hh3s", 2, 3, b"grp") and decode_key(key) == ("group", "grp")
+    assert decode_group_value(value) == {
+        "protocol_type": "consumer", "generation": 5, "protocol": "range", "leader": "m-1", "current_state_timestamp": 1234,
+        "members": [{"member_id": "m-1", "group_instance_id": None, "client_id": "c", "client_host": "/127.0.0.1",
+                     "rebalance_timeout": 300000, "session_timeout": 45000, "subscription": b"\x00\x01sub", "assignment": b"asg"}],
+    }  # fmt: skip
+    empty_key, empty = offsets_topic.group_metadata_record("grp", {"protocol_type": None, "protocol": None, "generation": 0, "leader": None, "state_ts": 9, "members": []})
+    assert decode_group_value(empty) == {"protocol_type": "", "generation": 0, "protocol": None, "leader": None, "current_state_timestamp": 9, "members": []}
+    assert offsets_topic.group_tombstone("grp") == (key, None)
+
+
+# -- a broker ----------------------------------------------------------------------------------
+
+
+def read_partition(bootstrap: str, partition: int, timeout: float = 3.0) -> list[tuple[int, bytes, bytes | None]]:
+    """(offset, key, value) of every record in __consumer_offsets-`partition` (kafka-python,
+    assigned explicitly: internal topics are left out of subscriptions by default)."""
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=int(timeout * 1000),
+                      auto_offset_reset="earliest")  # fmt: skip
+    try:
+        tp = KTopicPartition(OFFSETS_TOPIC, partition)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        end = c.end_offsets([tp])[tp]
+        out = []
+        deadline = time.monotonic() + timeout
+        while (not out or out[-1][0] < end - 1) and time.monotonic() < deadline:
+            for batch in c.poll(timeout_ms=500).values():
+                out += [(m.offset, m.key, m.value) for m in batch]
+        return out
+    finally:
+        c.close()
+
+
+def group_records(bootstrap: str, group: str) -> tuple[dict, dict | None, list]:
+    """The latest decoded value per key of `group` in its partition: ({(topic, p): offset
+    value or None}, group value or None (None also for a tombstone), every key seen in order)."""
+    offsets: dict = {}
+    meta = None
+    seen = []
+    for _off, key, value in read_partition(bootstrap, kafka_partition_for(group)):
+        k = decode_key(key)
+        if k[1] != group:
+            continue
+        seen.append((k, value is None))
+        if k[0] == "offset":
+            offsets[(k[2], k[3])] = None if value is None else decode_offset_value(value)
+        else:
+            meta = None if value is None else decode_group_value(value)
+    return offsets, meta, seen
+
+
+def commit_with_group(bootstrap: str, topic: str, group: str, n: int) -> None:
+    """A confluent-kafka consumer in `group` reads `n` records of `topic` and commits them."""
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(n):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
+    assert p.flush(15) == 0
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "client.id": "offsets-topic-test"})  # fmt: skip
+    try:
+        c.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 30
+        while got < n and time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is not None and m.error() is None:
+                got += 1
+        assert got == n
+        c.commit(asynchronous=False)
+        # With commit metadata (librdkafka sends the C string's terminating NUL with it).
+        c.commit(offsets=[TopicPartition(topic, 0, n // 2 + n % 2, "tool-metadata")], asynchronous=False)
+    finally:
+        c.close()
+
+
+def test_commits_and_group_metadata_readable_from_consumer_offsets(broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(15)
+    group = f"g-{topic_name}"
+    before = int(time.time() * 1000)
+    commit_with_group(broker.bootstrap, topic_name, group, 6)
+
+    def committed():
+        offsets, meta, _ = group_records(broker.bootstrap, group)
+        want = {(topic_name, 0): 3, (topic_name, 1): 3}
+        got = {tp: v["offset"] for tp, v in offsets.items() if v is not None}
+        return (offsets, meta) if got == want and offsets[(topic_name, 0)]["metadata"].startswith("tool-metadata") else None
+
+    offsets, meta = wait_until(committed, 20, f"the commits of {group} in {OFFSETS_TOPIC}")
+    for v in offsets.values():
+        assert before <= v["commit_timestamp"] <= int(time.time() * 1000)
+        assert v["leader_epoch"] >= -1
+    # The group's metadata: after the consumer left, the last record is the Empty group.
+    assert meta is not None and meta["protocol_type"] == "consumer" and meta["generation"] >= 1
+    _, _, seen = group_records(broker.bootstrap, group)
+    with_members = [k for k, tomb in seen if k[0] == "group"]
+    assert with_members, seen
+
+    # A record of the stable group had the member with its subscription and assignment.
+    full = []
+    for _off, key, value in read_partition(broker.bootstrap, kafka_partition_for(group)):
+        k = decode_key(key)
+        if k == ("group", group) and value is not None:
+            full.append(decode_group_value(value))
+    stable = [g for g in full if g["members"]]
+    assert stable, full
+    m = stable[-1]["members"][0]
+    assert m["client_id"] == "offsets-topic-test" and m["member_id"] == stable[-1]["leader"]
+    assert topic_name.encode() in m["subscription"] and topic_name.encode() in m["assignment"]
+    assert stable[-1]["protocol"] in ("range", "roundrobin", "cooperative-sticky")
+
+
+def test_deleting_a_group_writes_tombstones(broker, topic_name):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(15)
+    group = f"gdel-{topic_name}"
+    commit_with_group(broker.bootstrap, topic_name, group, 2)
+    wait_until(lambda: group_records(broker.bootstrap, group)[0], 20, "the commits")
+    admin.delete_consumer_groups([group])[group].result(15)
+
+    def tombstoned():
+        offsets, meta, seen = group_records(broker.bootstrap, group)
+        return seen and seen[-1] == (("group", group), True) and all(v is None for v in offsets.values())
+
+    wait_until(tombstoned, 20, f"tombstones for {group}")
+
+
+def test_metadata_marks_it_internal(broker):
+    with RawClient(broker.bootstrap) as c:
+        [t] = c.metadata([OFFSETS_TOPIC], allow_auto=False).topics
+        assert error_code(t.error_code) == 0 and t.is_internal is True and len(t.partitions) == PARTITIONS
+        everything = {x.name: x.is_internal for x in c.metadata(None).topics}
+        assert everything[OFFSETS_TOPIC] is True and not any(v for k, v in everything.items() if k != OFFSETS_TOPIC)
+        # DescribeTopicPartitions (75) says so too.
+        body = req(75, 0, topics=(req(75, 0, "TopicRequest", name=OFFSETS_TOPIC),), response_partition_limit=2000, cursor=None)
+        [dt] = c.request(75, 0, body).topics
+        assert dt.is_internal is True and len(dt.partitions) == PARTITIONS
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    desc = admin.describe_topics(TopicCollection([OFFSETS_TOPIC]))[OFFSETS_TOPIC].result(15)
+    assert desc.is_internal is True and len(desc.partitions) == PARTITIONS
+    assert OFFSETS_TOPIC in admin.list_topics(timeout=10).topics
+    cfg = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, OFFSETS_TOPIC)])
+    configs = list(cfg.values())[0].result(15)
+    assert configs["cleanup.policy"].value == "compact"
+    assert configs["segment.bytes"].value == "104857600"
+    # kafka-python leaves internal topics out of what it lists, by the Metadata flag.
+    kc = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+    try:
+        assert OFFSETS_TOPIC not in kc.topics()
+        assert OFFSETS_TOPIC in kc._client.cluster.topics(exclude_internal_topics=False)
+        assert OFFSETS_TOPIC in kc._client.cluster.internal_topics
+    finally:
+        kc.close()
+
+
+def test_auto_creation_never_makes_a_plain_topic(broker):
+    with RawClient(broker.bootstrap) as c:
+        for _ in range(2):
+            [t] = c.metadata([OFFSETS_TOPIC], allow_auto=True).topics
+            assert error_code(t.error_code) == 0 and t.is_internal is True and len(t.partitions) == PARTITIONS
+        assert [x.name for x in c.metadata(None).topics].count(OFFSETS_TOPIC) == 1
+
+
+def test_producers_cannot_write_it(broker):
+    batch = records.build_batch([(b"k", b"v")])
+    with RawClient(broker.bootstrap) as c:
+        for version in (3, 9):
+            r = c.produce(OFFSETS_TOPIC, 0, batch, version=version)
+            assert error_code(r.error_code) == ErrorCode.invalid_topic_exception
+    p = Producer({"bootstrap.servers": broker.bootstrap, "message.timeout.ms": 10000})
+    errors = []
+    p.produce(OFFSETS_TOPIC, key=b"k", value=b"v", partition=0, on_delivery=lambda err, msg: errors.append(err))
+    p.flush(15)
+    assert [e.code() for e in errors] == [KafkaError.TOPIC_EXCEPTION]
+
+
+def test_admin_changes_refused(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    with pytest.raises(Exception) as e:
+        admin.delete_topics([OFFSETS_TOPIC], operation_timeout=10)[OFFSETS_TOPIC].result(15)
+    assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    with pytest.raises(Exception) as e:
+        admin.create_partitions([NewPartitions(OFFSETS_TOPIC, PARTITIONS + 1)])[OFFSETS_TOPIC].result(15)
+    assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    with RawClient(broker.bootstrap) as c:
+        assert len(c.metadata([OFFSETS_TOPIC], allow_auto=False).topics[0].partitions) == PARTITIONS
+        # DeleteRecords: Kafka's "Cannot delete records of internal topic".
+        part = req(21, 2, "DeleteRecordsPartition", partition_index=0, offset=-1)
+        body = req(21, 2, topics=(req(21, 2, "DeleteRecordsTopic", name=OFFSETS_TOPIC, partitions=(part,)),), timeout=5000)
+        [t] = c.request(21, 2, body).topics
+        assert error_code(t.partitions[0].error_code) == ErrorCode.invalid_topic_exception
+
+
+# -- a cluster: the coordinator is the owner of the group's partition ----------------------------
+
+
+def find_coordinator(bootstrap: str, group: str) -> int:
+    with RawClient(bootstrap, timeout=5) as c:
+        r = c.request(10, 3, req(10, 3, key=group, key_type=0))
+    assert error_code(r.error_code) == 0, r
+    return r.node_id
+
+
+def _groups_owned_by(owners: dict, tag: str) -> dict[int, str]:
+    """A group id for each owner node: one whose __consumer_offsets partition it owns."""
+    out: dict[int, str] = {}
+    for i in range(1000):
+        g = f"g{i}-{tag}"
+        node = owners[kafka_partition_for(g)][0]
+        out.setdefault(node, g)
+        if len(out) == len({n for n, _ in owners.values()}):
+            break
+    return out
+
+
+def simple_commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    """An offsets-only commit (no group membership), as tools and lag exporters' tests do."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not os.path.exists(ETCD_BIN), reason="etcd binary not installed (make system-deps)")
+@pytest.mark.timeout(150)
+def test_cluster_coordinator_is_the_partition_owner(cluster_factory):  # noqa: F811
+    cl = cluster_factory("offs", n=2)
+    owners = cl.wait_owned(OFFSETS_TOPIC, PARTITIONS, timeout=30)
+    assert {n for n, _ in owners.values()} == {0, 1}  # both brokers own a share
+    by_owner = _groups_owned_by(owners, cl.tag)
+    assert sorted(by_owner) == [0, 1]
+    for node, group in sorted(by_owner.items()):
+        topic = f"t{node}-{cl.tag}"
+        cl.create_topic(topic, 2)
+        cl.wait_owned(topic, 2)
+        for b in cl.brokers.values():  # every broker names the partition's owner
+            assert find_coordinator(b.bootstrap, group) == node, (group, b.bootstrap)
+        commit_with_group(cl.bootstrap, topic, group, 4)
+
+        seen: list = []
+
+        def landed(group=group):
+            offsets, meta, _ = group_records(cl.bootstrap, group)
+            got = {tp: v["offset"] for tp, v in offsets.items() if v is not None}
+            seen[:] = [got, meta]
+            return got == {(topic, 0): 2, (topic, 1): 2} and meta is not None
+
+        try:
+            wait_until(landed, 30, f"the commits of {group} in {OFFSETS_TOPIC}-{kafka_partition_for(group)}")
+        except AssertionError:
+            raise AssertionError(f"last read {seen}, all: {read_partition(cl.bootstrap, kafka_partition_for(group))}")
+        assert cl.owners(OFFSETS_TOPIC)[kafka_partition_for(group)][0] == node
+
+    # Offsets-only groups, then a third broker joins and takes a share of the topic: the
+    # groups whose partitions it took move to it with their offsets (the store has them),
+    # and their next commits land in the same partitions, written by the new owner.
+    simple = [f"s{i}-{cl.tag}" for i in range(20)]
+    for i, g in enumerate(simple):
+        simple_commit(cl.bootstrap, g, topic, 100 + i)
+    cl.start_broker(2)
+    wait_until(lambda: len([n for n, _ in cl.owners(OFFSETS_TOPIC).values() if n == 2]) >= PARTITIONS // 3
+               and len(cl.owners(OFFSETS_TOPIC)) == PARTITIONS, 30, "broker 2 to own its share of the topic")  # fmt: skip
+    owners = cl.owners(OFFSETS_TOPIC)
+    moved = [(i, g) for i, g in enumerate(simple) if owners[kafka_partition_for(g)][0] == 2]
+    assert moved, owners
+    i, group = moved[0]
+    wait_until(lambda: all(find_coordinator(b.bootstrap, group) == 2 for b in cl.live().values()), 30,
+               f"every broker to name broker 2 as the coordinator of {group}")  # fmt: skip
+    c = Consumer({"bootstrap.servers": cl.brokers[2].bootstrap, "group.id": group})
+    try:
+        [tp] = c.committed([TopicPartition(topic, 0)], timeout=15)
+        assert tp.offset == 100 + i  # carried over: the new coordinator read it from the store
+    finally:
+        c.close()
+    simple_commit(cl.bootstrap, group, topic, 500)
+
+    def rewritten():
+        offsets, _, _ = group_records(cl.bootstrap, group)
+        v = offsets.get((topic, 0))
+        return v is not None and v["offset"] == 500
+
+    wait_until(rewritten, 30, f"the new commit of {group}, by broker 2")
