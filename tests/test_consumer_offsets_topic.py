@@ -278,6 +278,34 @@ def test_deleting_a_group_writes_tombstones(broker, topic_name):
     wait_until(tombstoned, 20, f"tombstones for {group}")
 
 
+def test_transactional_offsets_written_when_the_transaction_commits(broker, topic_name):
+    """send_offsets_to_transaction: the offsets reach __consumer_offsets once the transaction
+    commits (the marker on the group's partition), never for an aborted one."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, 1)])[topic_name].result(15)
+    group = f"gtx-{topic_name}"
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"tx-{topic_name}"})
+    try:
+        p.init_transactions(30)
+        for offset, commit in ((7, True), (9, False), (11, True)):
+            p.begin_transaction()
+            p.produce(topic_name, b"x")
+            p.send_offsets_to_transaction([TopicPartition(topic_name, 0, offset)], c.consumer_group_metadata(), 30)
+            (p.commit_transaction if commit else p.abort_transaction)(30)
+    finally:
+        c.close()
+
+    def values():
+        out = []
+        for _off, key, value in read_partition(broker.bootstrap, kafka_partition_for(group)):
+            if decode_key(key) == ("offset", group, topic_name, 0) and value is not None:
+                out.append(decode_offset_value(value)["offset"])
+        return out if out and out[-1] == 11 else None
+
+    assert wait_until(values, 20, f"the transactional commits of {group}") == [7, 11]
+
+
 def test_metadata_marks_it_internal(broker):
     with RawClient(broker.bootstrap) as c:
         [t] = c.metadata([OFFSETS_TOPIC], allow_auto=False).topics

@@ -131,7 +131,10 @@ def test_commit_writes_local_and_remote_markers_then_moves_offsets(env):
         api_key, version, body = e.peer.requests[-1]
         [m] = body.markers
         assert (api_key, m.producer_id, m.producer_epoch, m.transaction_result) == (27, pid, epoch, True)
-        assert [(t.name, list(t.partition_indexes)) for t in m.topics] == [("remote", [0])]
+        # The group's __consumer_offsets partition gets its marker too (Kafka's
+        # AddOffsetsToTxn), here from its owner, the peer.
+        offsets_partition = c.cluster.offsets_partition("g")
+        assert sorted((t.name, list(t.partition_indexes)) for t in m.topics) == [("__consumer_offsets", [offsets_partition]), ("remote", [0])]
         assert (await e.store.fetch_offsets("g"))[("local", 0)].offset == 42
         assert await e.store.pending_offset_partitions("g") == set()
         doc, _v = await e.store.get_transaction("tx")

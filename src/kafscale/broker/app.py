@@ -13,6 +13,7 @@ from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.groups.coordinator import GroupCoordinator
+from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.kv import open_kv
 from kafscale.metadata.producer_ids import ProducerIdAllocator
 from kafscale.metadata.store import MetadataStore
@@ -49,6 +50,7 @@ class Broker:
         self.producer_ids = ProducerIdAllocator(self.metadata)
         self.router = build_router()
         self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal)
+        self.logs.marker_hooks[OFFSETS_TOPIC] = self.groups.txn_marker_written
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:
             self.transactions = TransactionCoordinator(self.metadata, config, self.cluster, self.logs, self.producer_ids)

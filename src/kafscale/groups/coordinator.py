@@ -66,6 +66,8 @@ class GroupCoordinator:
         # the __consumer_offsets records go (None: nowhere, as in unit tests)
         self.append_records = append_records
         self._append_failures = 0
+        # producer id -> groups it has TxnOffsetCommit offsets pending in (this broker's view)
+        self._txn_groups: defaultdict[int, set[str]] = defaultdict(set)
         # Who coordinates which group; None means this broker coordinates every group
         # (the single-node default). Handlers bind the broker's cluster when unset.
         self.cluster = None
@@ -237,10 +239,33 @@ class GroupCoordinator:
                     await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
                 else:
                     await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
+                    self._txn_groups[pending_producer_id].add(group_id)
             if created:
                 await self._persist(group)
             self._reschedule(group)
             return ErrorCode.none
+
+    async def txn_marker_written(self, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction's marker reached this group's partition of __consumer_offsets
+        (written before the transaction coordinator moves the pending offsets in the store).
+        On commit, append the records of the producer's pending offsets of the groups in
+        this partition, stamped now; the store commits them right after. Groups this broker
+        did not see the TxnOffsetCommit of (it coordinates them since) are found in the store."""
+        groups = {g for g in self._txn_groups.get(producer_id, ()) if self.offsets_partition(g) == partition}
+        if not groups:
+            groups = {g for g in await self.metadata.list_groups() if self.offsets_partition(g) == partition}
+        for group_id in sorted(groups):
+            async with self._locks[group_id]:
+                pending = await self.metadata.pending_offsets(group_id, producer_id)
+                if commit and pending:
+                    now = int(self.clock())
+                    stamped = {tp: dataclasses.replace(o, commit_ms=now) for tp, o in pending.items()}
+                    await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
+            left = self._txn_groups.get(producer_id)
+            if left is not None:
+                left.discard(group_id)
+                if not left:
+                    del self._txn_groups[producer_id]
 
     async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         return await self.metadata.fetch_offsets(group_id)

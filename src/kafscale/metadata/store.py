@@ -499,6 +499,18 @@ class MetadataStore:
         txn = Txn(puts=[(keys.pending_offset(group_id, producer_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
         await self.kv.commit(txn)
 
+    async def pending_offsets(self, group_id: str, producer_id: int) -> dict[tuple[str, int], CommittedOffset]:
+        """The group's transactional offsets held for `producer_id`'s open transaction."""
+        out = {}
+        for kv in await self.kv.range(keys.producer_pending_offsets_prefix(group_id, producer_id)):
+            try:
+                _pid, topic, partition = keys.pending_offset_of(kv.key)
+            except keys.MalformedKey as e:
+                log.warning("ignoring a key this layout cannot have written: %s", e)
+                continue
+            out[(topic, partition)] = CommittedOffset(**json.loads(kv.value))
+        return out
+
     async def pending_offset_partitions(self, group_id: str) -> set[tuple[str, int]]:
         """The partitions of the group with a transactional offset not yet committed or aborted."""
         out = set()

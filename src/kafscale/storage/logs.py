@@ -80,6 +80,10 @@ class LogManager:
             self.merger.compaction_interval_s = config.compaction_interval_ms / 1000
         # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
         self.flush_hooks: list = []
+        # topic -> async hook(partition, producer_id, commit) awaited after a transaction
+        # marker on that topic's partition is durable (the group coordinator's, for the
+        # transactional offsets of __consumer_offsets); a failing hook is logged only
+        self.marker_hooks: dict = {}
 
     # -- metrics hooks (ops/metrics reads these) -----------------------------------------
 
@@ -297,6 +301,13 @@ class LogManager:
                 exc = fut.exception()
                 if exc is not None:
                     results[key] = exc.error_code if isinstance(exc, StorageError) else ErrorCode.kafka_storage_error
+                elif key[0] in self.marker_hooks:
+                    try:
+                        await self.marker_hooks[key[0]](key[1], marker.producer_id, marker.commit)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - the marker stands; only the hook's records are missing
+                        log.warning("after the transaction marker of producer %d on %s-%d: %s", marker.producer_id, key[0], key[1], e)
         return results
 
     def epoch_end_offset(self, lg: PartitionLog, epoch: int) -> tuple[int, int]:

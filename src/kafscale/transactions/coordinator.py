@@ -11,7 +11,9 @@ allocation, the marker writes and the periodic sweep.
   the version read, so a broker holding a stale copy fails with NOT_COORDINATOR instead of
   overwriting) before the request is answered or any marker is sent.
 - Markers: once PrepareCommit/PrepareAbort is persisted, a task writes the markers to every
-  partition of the transaction: `logs.write_txn_markers` for partitions this broker owns,
+  partition of the transaction, and to the `__consumer_offsets` partition of each group
+  with offsets in it (Kafka's AddOffsetsToTxn; there the group coordinator appends the
+  committed offsets' records): `logs.write_txn_markers` for partitions this broker owns,
   WriteTxnMarkers (API 27) to the owner for the others, retrying until each partition
   answers NONE or UNKNOWN_TOPIC_OR_PARTITION (a deleted partition needs no marker). Then
   CompleteCommit/CompleteAbort is persisted together with the move of the transaction's
@@ -34,6 +36,7 @@ from collections import defaultdict
 from typing import Callable, Iterable
 
 from kafscale.errors import ErrorCode
+from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.store import ConflictError, MetadataStore
 from kafscale.security.inter_broker import InterBrokerSecurity
 from kafscale.transactions.state import (
@@ -355,7 +358,10 @@ class TransactionCoordinator:
     async def _finish(self, tid: str, markers: Markers) -> None:
         """Write every marker (retrying), then persist CompleteCommit/CompleteAbort."""
         delay = MARKER_RETRY_MIN_S
-        remaining = set(markers.partitions)
+        # As Kafka: a transaction with offsets (AddOffsetsToTxn) also gets its marker on each
+        # group's __consumer_offsets partition, whose owner (the group's coordinator) then
+        # writes the offsets' records to that partition on commit.
+        remaining = set(markers.partitions) | {(OFFSETS_TOPIC, self.cluster.offsets_partition(g)) for g in markers.groups}
         while remaining:
             try:
                 results = await self.write_markers(markers, remaining)
