@@ -131,6 +131,16 @@ def test_partition_for_is_kafkas():
     assert offsets_partition_for("\U0001F600", 1 << 30) == 0xD83D * 31 + 0xDE00
 
 
+def test_groups_map_onto_the_topics_real_partition_count():
+    from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
+
+    cluster = SingleNodeCluster(BrokerNode(3, "127.0.0.1", 1), offsets_topic_partitions=50)
+    assert cluster.offsets_partition("my-group") == kafka_partition_for("my-group", 50)
+    cluster.offsets_topic_seen(7)  # the topic was made with 7 before the flag changed
+    assert cluster.offsets_partition("my-group") == kafka_partition_for("my-group", 7)
+    assert cluster.group_coordinator("my-group").node_id == 3 and cluster.is_group_coordinator("my-group")
+
+
 def test_offset_commit_record_bytes():
     [(key, value)] = offsets_topic.offset_commit_records(
         "grp", {("orders", 3): CommittedOffset(offset=42, leader_epoch=7, metadata="meta", commit_ms=1_700_000_000_123)}

@@ -82,18 +82,20 @@ async def ensure_internal_topics(broker: "Broker") -> TopicMeta | None:
     creates it); groups work meanwhile, without their records in the topic."""
     try:
         meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
-        if meta is not None:
-            return meta
-        configs = offsets_topic_configs(broker.config.offsets_topic_segment_bytes)
-        meta = TopicMeta(name=OFFSETS_TOPIC, partitions=broker.config.offsets_topic_num_partitions, configs=configs)
-        await broker.metadata.create_topic(meta)
-    except TopicExistsError:
-        return await broker.metadata.get_topic(OFFSETS_TOPIC)
+        if meta is None:
+            configs = offsets_topic_configs(broker.config.offsets_topic_segment_bytes)
+            meta = TopicMeta(name=OFFSETS_TOPIC, partitions=broker.config.offsets_topic_num_partitions, configs=configs)
+            try:
+                await broker.metadata.create_topic(meta)
+                log.info("created internal topic %s with %d partitions", OFFSETS_TOPIC, meta.partitions)
+                broker.logs.topic_changed(meta)
+            except TopicExistsError:
+                meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
     except _STORE_DOWN as e:
         log.warning("could not create %s: %s", OFFSETS_TOPIC, e)
         return None
-    log.info("created internal topic %s with %d partitions", OFFSETS_TOPIC, meta.partitions)
-    broker.logs.topic_changed(meta)
+    if meta is not None:
+        broker.cluster.offsets_topic_seen(meta.partitions)
     return meta
 
 

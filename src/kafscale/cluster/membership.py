@@ -88,6 +88,11 @@ class Cluster:
     def offsets_partition_count(self) -> int:
         return self.offsets_topic_partitions
 
+    def offsets_topic_seen(self, partitions: int) -> None:
+        """`__consumer_offsets` exists with this many partitions (it may predate a change
+        of --offsets-topic-num-partitions): groups map onto the real count, as in Kafka."""
+        self.offsets_topic_partitions = partitions
+
     def offsets_partition(self, group_id: str) -> int:
         """The group's partition of `__consumer_offsets` (Kafka's partitionFor)."""
         return offsets_partition_for(group_id, self.offsets_partition_count())
