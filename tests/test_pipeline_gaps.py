@@ -38,7 +38,7 @@ def _want(recs: list[Rec], partition: int = 0, lo: int = 0, hi: int = 1 << 62) -
 def store(tmp_path_factory):
     """topic gappy (partition 0: the gap layout; 1: ends in a gap) and topic txgaps (a
     committed transaction thinned by compaction, an aborted one emptied, its ABORT marker
-    kept, then a trailing gap and a last record)."""
+    kept, a committed one emptied with its marker gone, then a last record)."""
     root = tmp_path_factory.mktemp("pgaps")
     t = t0()
     segs, survivors = gappy_layout(t)
@@ -51,9 +51,11 @@ def store(tmp_path_factory):
         R.build_control_batch(True, 9, 0, 0, ts(t, 4), base_offset=4),
         gap_batch(5, 7, [], base_timestamp=ts(t, 5), producer_id=10, producer_epoch=0, base_sequence=0, attributes=R.TRANSACTIONAL_MASK),
         R.build_control_batch(False, 10, 0, 0, ts(t, 8), base_offset=8),
+        # producer 11's committed transaction emptied, its marker (at 11) gone past its horizon
+        gap_batch(9, 10, [], base_timestamp=ts(t, 9), producer_id=11, producer_epoch=0, base_sequence=0, attributes=R.TRANSACTIONAL_MASK),
     ]
     last = Rec(12, ts(t, 12), b"n", b"plain")
-    write_partition_sync(root, "txgaps", 0, [Seg(0, 10, txn), Seg(11, 12, [gap_batch(11, 12, [last])])])
+    write_partition_sync(root, "txgaps", 0, [Seg(0, 10, txn, aborted=((10, 5, 8),)), Seg(11, 12, [gap_batch(12, 12, [last])])])
     return f"file://{root}/objects", t, survivors, tail, committed + [last]
 
 
@@ -99,10 +101,20 @@ def test_timestamps_and_bounds_over_gaps(spark, store):
     assert (b[("gappy", 1)].start, b[("gappy", 1)].end) == (0, 10)  # to the segment's last offset
 
 
-def test_read_committed_over_compacted_transactions(spark, store):
+def test_read_committed_over_compacted_transactions(spark, store, tmp_path):
     url, _t, _s, _tail, committed = store
     assert _rows(_load(spark, url, topic="txgaps", **{"kafka.isolation.level": "read_committed"})) == _want(committed)
-    assert _rows(_load(spark, url, topic="txgaps")) == _want(committed)  # the emptied batch has no rows either
+    assert _rows(_load(spark, url, topic="txgaps")) == _want(committed)  # the emptied batches have no rows either
+    # streaming read_committed: an emptied batch whose marker is gone holds nothing back
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    q = (
+        spark.readStream.format("kafscale").option("storage", url).option("subscribe", "txgaps").option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed").load()
+        .writeStream.format("parquet").option("path", out).option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert _rows(spark.read.parquet(out)) == _want(committed)
 
 
 def test_stream_across_gaps_in_small_micro_batches(spark, store, tmp_path):

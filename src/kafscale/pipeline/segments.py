@@ -684,6 +684,10 @@ async def transaction_outcomes(
         for pos, h in records.iter_batches(data, segment.HEADER_SIZE, body_end):
             if h.last_offset < a or h.base_offset >= b or h.producer_id < 0 or not h.is_transactional:
                 continue
+            if not h.is_control and h.record_count == 0:
+                # emptied by compaction, which cleans only below the last stable offset: its
+                # transaction is decided, and its marker may be gone (past its horizon)
+                continue
             if not h.is_control:
                 open_first.setdefault(h.producer_id, h.base_offset)
                 continue
