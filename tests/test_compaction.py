@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from tests.support.broker import BrokerProcess
@@ -131,3 +132,47 @@ def test_switching_between_delete_and_compact_takes_effect_on_the_live_log(compa
     _rounds_pass(port)
     new = sorted((off, k, v) for off, (k, v) in model.records.items() if off > compacted[-1][0])
     assert read_all(b.bootstrap, topic_name) == compacted + new  # delete again: the new updates all stay
+
+
+def test_aborted_transactions_records_go_and_committed_ones_are_compacted(compacting, topic_name):
+    b, _port = compacting
+    create_topic(b.bootstrap, topic_name, **COMPACT)
+    committed, aborted = Model(), Model()
+    p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": f"tx-{topic_name}", "linger.ms": 0})
+    p.init_transactions(30)
+
+    def send(model: Model, tag: bytes, r: int) -> None:
+        p.begin_transaction()
+        for k in range(10):
+            p.produce(topic_name, key=b"key-%d" % k, value=tag + b"-%d-%d" % (r, k), on_delivery=lambda e, m, mm=model: mm.records.__setitem__(m.offset(), (m.key(), m.value())))
+        assert p.flush(15) == 0
+
+    for r in range(4):
+        send(committed, b"committed", r)
+        p.commit_transaction(30)
+        send(aborted, b"aborted", r)  # written, then aborted
+        p.abort_transaction(30)
+    produce(b.bootstrap, topic_name, SENTINEL, committed)
+    assert len(aborted.records) == 40
+    before = read_all(b.bootstrap, topic_name, isolation="read_uncommitted")
+    assert not set(committed.records) & set(aborted.records)
+    # compacted: a read_uncommitted consumer sees no aborted record any more, and each key's
+    # latest committed value at its offset
+    expected = committed.latest()
+    wait_until(lambda: read_all(b.bootstrap, topic_name, isolation="read_uncommitted") == expected, 60, "aborted records to be compacted away", interval=0.3)
+    assert read_all(b.bootstrap, topic_name) == expected  # read_committed: the same
+    assert len(before) > len(expected)
+
+
+def test_merger_and_compactor_together(broker_factory, topic_name):
+    """Many tiny flushes merged while the partition is compacted: the merger keeps cleaned
+    and dirty segments apart, and the log ends as the latest value per key."""
+    args, port = broker_args(merge_interval_ms=100)
+    b = broker_factory(extra_args=args)
+    create_topic(b.bootstrap, topic_name, **COMPACT)
+    model = Model()
+    for r in range(4):
+        produce(b.bootstrap, topic_name, updates(20, 5, size=20, tag=b"r%d" % r), model, flush_every=3)
+    produce(b.bootstrap, topic_name, SENTINEL, model)
+    wait_until(lambda: read_all(b.bootstrap, topic_name) == model.latest(), 60, "the latest value per key", interval=0.3)
+    assert metrics(port)["kafscale_compaction_runs_total"] >= 1

@@ -15,11 +15,12 @@ from tests.support.compaction import Model, broker_args, create_topic, metrics, 
 from tests.support.wait import wait_until
 
 TRIALS = 5
+OFF = ["--compaction-interval-ms", "0"]
 
 
 @pytest.fixture(params=["file", "s3"])
 async def storage(request, tmp_path):
-    """(extra broker args, env) for the object store."""
+    """Extra broker args and env for the object store."""
     if request.param == "file":
         return [], {}
     moto = request.getfixturevalue("moto_server")
@@ -27,7 +28,8 @@ async def storage(request, tmp_path):
     store = open_store(f"s3://{bucket}")
     await store.create_bucket()
     await store.close()
-    return ["--storage", f"s3://{bucket}/data"], moto.env
+    # every flush at once (on S3 a busy partition waits --min-flush-interval-ms between them)
+    return ["--storage", f"s3://{bucket}/data", "--min-flush-interval-ms", "0"], moto.env
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
@@ -35,27 +37,34 @@ def test_kill9_during_compaction_leaves_the_log_as_the_model_says(storage, trial
     store_args, env = storage
     args, port = broker_args()
     (tmp_path / "broker").mkdir()
-    b = BrokerProcess(data_dir=str(tmp_path / "broker"), extra_args=[*args, *store_args], env=env).start()
+    b = BrokerProcess(data_dir=str(tmp_path / "broker"), extra_args=[*args, *store_args, *OFF], env=env).start()
     try:
-        create_topic(b.bootstrap, topic_name, **{"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "segment.bytes": "4096", "delete.retention.ms": "50"})
+        # Many small segments first, with compaction off; the pass after the restart then
+        # rewrites some 70 groups of 2-3 segments, one replace and one swap each.
+        create_topic(b.bootstrap, topic_name, **{"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "segment.bytes": "2048", "delete.retention.ms": "50"})
         model = Model()
-        items = [(b"key-%02d" % k, b"v-%d-%d-" % (k, r) + b"y" * 40) for r in range(15) for k in range(30)]
-        items += [(b"key-%02d" % k, None) for k in range(0, 30, 3)]  # tombstones
-        items += [(b"key-%02d" % k, b"after-%d" % k) for k in range(0, 30, 9)]  # some keys come back
-        written = metrics(port).get("kafscale_compaction_segments_written_total", 0)
-        produce(b.bootstrap, topic_name, items, model, flush_every=15)
+        items = [(b"key-%02d" % k, b"v-%d-%d-" % (k, r) + b"y" * 30) for r in range(30) for k in range(60)]
+        items += [(b"key-%02d" % k, None) for k in range(0, 60, 3)]  # tombstones
+        items += [(b"key-%02d" % k, b"after-%d" % k) for k in range(0, 60, 9)]  # some keys come back
+        produce(b.bootstrap, topic_name, items, model, flush_every=10)
         produce(b.bootstrap, topic_name, [(b"sentinel", b"end")], model)
-        # kill once the pass has written a few of its segments (more each trial)
-        wait_until(lambda: metrics(port).get("kafscale_compaction_segments_written_total", 0) >= written + 1 + trial * 2, 60, "compaction under way", interval=0.01)
-        b.kill9()
-        # as it was left: compaction off
-        b.extra_args = [*args, *store_args, "--compaction-interval-ms", "0"]
+        b.stop()
+        b.extra_args = [*args, *store_args]
         b.start()
-        model.check_read(read_all(b.bootstrap, topic_name))
+        read_all(b.bootstrap, topic_name)  # loads the partition: compaction starts
+        # kill once the pass has written some of its segments (more each trial)
+        wait_until(lambda: metrics(port).get("kafscale_compaction_segments_written_total", 0) >= 1 + trial * 12, 60, "compaction under way", interval=0.005)
+        b.kill9()
+        # the log as the crash left it (compaction off)
+        b.extra_args = [*args, *store_args, *OFF]
+        b.start()
+        got = read_all(b.bootstrap, topic_name)
+        model.check_read(got)
         b.stop()
         # and compaction finishes the job after the crash
         b.extra_args = [*args, *store_args]
         b.start()
         wait_until(lambda: read_all(b.bootstrap, topic_name) == model.compacted(), 60, "compaction to finish after the restart", interval=0.3)
+        assert len(got) > len(model.compacted())  # the kill came before the end
     finally:
         b.stop()

@@ -98,3 +98,14 @@ def test_kill9_during_merges_loses_and_duplicates_nothing(broker_factory, topic_
     wait_until(lambda: len(_segments_on_disk(b.data_dir, topic_name)) <= 3, 20, "the merger to leave at most 3 segments", interval=0.2)
     assert len(_segments_on_disk(b.data_dir, topic_name)) <= 3
     assert _consume(b.bootstrap, topic_name, 800) == [(i, b"k-%04d" % i) for i in range(800)]
+
+
+def test_plan_runs_never_mixes_cleaned_and_dirty_segments():
+    """A compacted log's cleaned prefix (SegmentInfo.cleaned) stays apart from its dirty part."""
+    import dataclasses
+
+    segs = [_seg(0, 9, 100), _seg(10, 19, 100), _seg(20, 29, 100), _seg(30, 39, 100)]
+    segs[0] = dataclasses.replace(segs[0], cleaned=True)
+    segs[1] = dataclasses.replace(segs[1], cleaned=True)
+    runs = merger.plan_runs(segs, 1000)
+    assert [[(s.base_offset, s.cleaned) for s in r] for r in runs] == [[(0, True), (10, True)], [(20, False), (30, False)]]

@@ -97,9 +97,12 @@ def produce(bootstrap: str, topic: str, items: list[tuple[bytes, bytes | None]],
     assert p.flush(15) == 0
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 30.0, fetch_max_bytes: int | None = None) -> list[tuple[int, bytes, bytes | None]]:
-    """Every record from the log start to the high watermark, as (offset, key, value)."""
-    conf = {"bootstrap.servers": bootstrap, "group.id": "compaction-check", "enable.auto.commit": False, "fetch.wait.max.ms": 20}
+def read_all(
+    bootstrap: str, topic: str, timeout: float = 30.0, fetch_max_bytes: int | None = None, isolation: str = "read_committed"
+) -> list[tuple[int, bytes, bytes | None]]:
+    """Every record from the log start to the high watermark, as (offset, key, value); the
+    last record must sit just below the high watermark (tests end their topics with one)."""
+    conf = {"bootstrap.servers": bootstrap, "group.id": "compaction-check", "enable.auto.commit": False, "fetch.wait.max.ms": 20, "isolation.level": isolation}
     if fetch_max_bytes:
         conf.update({"fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": fetch_max_bytes, "message.max.bytes": min(fetch_max_bytes, 1000)})
     c = Consumer(conf)

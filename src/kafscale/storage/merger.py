@@ -119,7 +119,13 @@ class SegmentMerger:
         for lg in list(self.manager.logs.values()):
             if lg.closed:
                 continue
-            for run in plan_runs(lg.state.segments, lg.settings.segment_bytes):
+            segments = lg.state.segments
+            if lg.settings.cleanup_compact:
+                # The newest segment is a compacted log's active segment, never cleaned:
+                # merged with the ones before it, it would keep them from the compactor
+                # until the next flush.
+                segments = segments[:-1]
+            for run in plan_runs(segments, lg.settings.segment_bytes):
                 try:
                     if await self.merge(lg, run):
                         done += 1
