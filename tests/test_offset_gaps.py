@@ -232,19 +232,35 @@ def test_consumer_waiting_in_a_trailing_gap_gets_new_records(gappy):
         c.close()
 
 
-def test_restart_recovers_a_gappy_log(tmp_path):
+@pytest.fixture(params=["file", "s3"])
+async def backend(request, tmp_path, monkeypatch):
+    from tests.test_conditional_segments import _backend
+
+    return await _backend(request.param, request, tmp_path, monkeypatch)
+
+
+async def test_restart_recovers_a_gappy_log(tmp_path, backend):
     """Load after a restart over compacted segments: the end comes from the segments' last
     offsets, an adopted (uploaded, never committed) segment ending in a gap included;
     producer state comes back through an emptied batch and a thinned one."""
+    import asyncio
+
+    from tests.support.gaps import write_partition
+
     t = t0()
     segs, survivors = gappy_layout(t)
-    write_partition_sync(tmp_path, TOPIC, 0, segs)
+    await write_partition(tmp_path, TOPIC, 0, segs, storage=backend.url)
     # uploaded but not committed (a crash before the commit): batch 35-37 of the producer
     # (sequences 3-5) holding 35 and 37, then a gap to the segment's last offset 39
     adopted = [Rec(35, ts(t, 35), b"k35", b"v35"), Rec(37, ts(t, 37), b"k37", b"v37")]
     tail = gap_batch(35, 37, adopted, producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=3)
-    write_partition_sync(tmp_path, TOPIC, 0, [Seg(35, 39, [tail])], commit=False)
-    b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--merge-interval-ms", "0"]).start()
+    await write_partition(tmp_path, TOPIC, 0, [Seg(35, 39, [tail])], commit=False, storage=backend.url)
+    b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--merge-interval-ms", "0", "--storage", backend.url], env=backend.env)
+    await asyncio.to_thread(_restart_checks, b, t, survivors, adopted)
+
+
+def _restart_checks(b: BrokerProcess, t: int, survivors: list[Rec], adopted: list[Rec]) -> None:
+    b.start()
     try:
         for attempt in range(2):  # the first load, then a restart over what it committed
             with RawClient(b.bootstrap) as c:
@@ -280,20 +296,21 @@ def test_restart_recovers_a_gappy_log(tmp_path):
 # In process: large segments read by byte ranges over gaps, and producer state replay
 
 
-def _manager(data_dir):
+def _manager(data_dir, storage: str | None = None):
     from kafscale.broker.config import BrokerConfig
     from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
     from kafscale.metadata.kv import SqliteKV
     from kafscale.metadata.store import MetadataStore
     from kafscale.storage.logs import LogManager
-    from kafscale.storage.objectstore import LocalObjectStore
+    from kafscale.storage.objectstore import open_store
 
-    cfg = BrokerConfig(data_dir=str(data_dir), http="", merge_interval_ms=0)
+    storage = storage or f"file://{data_dir}/objects"
+    cfg = BrokerConfig(data_dir=str(data_dir), http="", merge_interval_ms=0, storage=storage)
     meta = MetadataStore(SqliteKV(data_dir / "metadata.sqlite"))
-    return LogManager(meta, LocalObjectStore(data_dir / "objects"), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
+    return LogManager(meta, open_store(storage), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
 
 
-async def test_ranged_reads_over_gaps(tmp_path, monkeypatch):
+async def test_ranged_reads_over_gaps(tmp_path, monkeypatch, backend):
     """A segment read by byte ranges whose sparse index is far apart: the range read first
     may end before the batch holding (or following) the offset; the reader reads on to it,
     and from a trailing gap on to the next segment."""
@@ -306,9 +323,9 @@ async def test_ranged_reads_over_gaps(tmp_path, monkeypatch):
         Seg(0, 99, [gap_batch(0, 0, [Rec(0, ts(t, 0), b"a", big)]), gap_batch(1, 5, [Rec(3, ts(t, 3), b"b", big)]), gap_batch(50, 50, [Rec(50, ts(t, 50), b"c", b"small")])]),
         Seg(100, 100, [gap_batch(100, 100, [Rec(100, ts(t, 100), b"d", b"next")])]),
     ]
-    await write_partition(tmp_path, "ranged", 0, segs, index_interval=1000)  # one index entry a segment
+    await write_partition(tmp_path, "ranged", 0, segs, index_interval=1000, storage=backend.url)  # one index entry a segment
     monkeypatch.setattr(reader_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # every segment is "large"
-    mgr = _manager(tmp_path)
+    mgr = _manager(tmp_path, backend.url)
     try:
         lg = await mgr.get_log("ranged", 0)
         mgr.cache.drop_prefix(("ranged",))
@@ -327,6 +344,8 @@ async def test_ranged_reads_over_gaps(tmp_path, monkeypatch):
         assert not mgr.cache.contains(("ranged", 0, 0))
     finally:
         await mgr.stop()
+        await mgr.metadata.close()
+        await mgr.store.close()
 
 
 def test_replay_of_an_emptied_transactional_batch_opens_no_transaction():
@@ -365,6 +384,8 @@ async def test_byte_budget_never_skips_a_batch_that_does_not_fit(tmp_path):
         assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [0, 12]
     finally:
         await mgr.stop()
+        await mgr.metadata.close()
+        await mgr.store.close()
 
 
 def test_read_committed_over_compacted_transactions(gappy):

@@ -33,7 +33,7 @@ import crc32c
 from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.storage import segment
-from kafscale.storage.objectstore import LocalObjectStore
+from kafscale.storage.objectstore import LocalObjectStore, open_store
 
 DELETE_HORIZON = 0x40  # KIP-534 attributes bit
 PRODUCER_ID = 7001
@@ -128,14 +128,15 @@ def gappy_layout(t: int) -> tuple[list[Seg], list[Rec]]:
     return segs, a1 + a2 + b2 + d
 
 
-async def write_partition(data_dir: str | Path, topic: str, partition: int, segs: list[Seg], *, partitions: int = 1, configs: dict | None = None, namespace: str = "default", commit: bool = True, index_interval: int = 1) -> None:
+async def write_partition(data_dir: str | Path, topic: str, partition: int, segs: list[Seg], *, partitions: int = 1, configs: dict | None = None, namespace: str = "default", commit: bool = True, index_interval: int = 1, storage: str | None = None) -> None:
     """Write `segs` as committed segments of a (new or existing) topic in a broker's data dir
     (embedded metadata store, file object store), the way a flush, merge or compaction
     leaves them: each object under its segment key with its index; with commit=False the
-    objects only (a crash between upload and commit, which recovery adopts)."""
+    objects only (a crash between upload and commit, which recovery adopts). `storage`: an
+    object store URL (the broker's --storage) instead of the data dir's file store."""
     data_dir = Path(data_dir)
     meta = MetadataStore(SqliteKV(data_dir / "metadata.sqlite"))
-    store = LocalObjectStore(data_dir / "objects")
+    store = open_store(storage) if storage else LocalObjectStore(data_dir / "objects")
     try:
         if await meta.get_topic(topic) is None:
             await meta.create_topic(TopicMeta(topic, partitions, configs=dict(configs or {})))
