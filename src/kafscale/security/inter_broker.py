@@ -17,6 +17,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
+from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make
 from kafscale.protocol.codec import decode_response, encode_request, schema
 from kafscale.security.scram import MECHANISMS as SCRAM_MECHANISMS, ScramClient, ScramError
@@ -85,7 +86,7 @@ class InterBrokerSecurity:
 
     async def _authenticate(self, reader, writer, client_id: str) -> None:
         hs = await _call(reader, writer, client_id, SASL_HANDSHAKE, 1, make(schema(SASL_HANDSHAKE, 1, "request"), mechanism=self.mechanism))
-        if hs.error_code != 0:
+        if hs.error_code != ErrorCode.none:
             raise InterBrokerAuthError(f"the peer does not offer SASL {self.mechanism} (it offers {', '.join(hs.mechanisms)})")
         if self.mechanism == "PLAIN":
             await self._step(reader, writer, client_id, f"\0{self.username}\0{self.password}".encode())
@@ -100,7 +101,7 @@ class InterBrokerSecurity:
 
     async def _step(self, reader, writer, client_id: str, token: bytes) -> bytes:
         resp = await _call(reader, writer, client_id, SASL_AUTHENTICATE, 2, make(schema(SASL_AUTHENTICATE, 2, "request"), auth_bytes=token))
-        if resp.error_code != 0:
+        if resp.error_code != ErrorCode.none:
             raise InterBrokerAuthError(f"the peer refused this broker's credentials ({resp.error_message or resp.error_code})")
         return resp.auth_bytes
 
