@@ -8,6 +8,7 @@ import logging
 from kafscale.broker import topics
 from kafscale.broker.auth import Authenticator
 from kafscale.broker.authz import BrokerAuthorizer
+from kafscale.broker.quota_manager import QuotaManager
 from kafscale.broker.config import BrokerConfig
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
@@ -61,6 +62,10 @@ class Broker:
                 self.router.unregister(key)
         self.auth = Authenticator(config, self.metadata)
         self.authorizer = BrokerAuthorizer(config, self.metadata)
+        self.quotas = QuotaManager(
+            self.metadata, refresh_s=max(0.05, config.quota_refresh_ms / 1000),
+            window_ms=max(1, config.quota_window_size_seconds) * 1000, samples=max(2, config.quota_window_num),
+        )
         self.server = KafkaServer(self, config)
         self.ops = None
         self.stopped = asyncio.Event()
@@ -75,6 +80,7 @@ class Broker:
         if self.transactions is not None:
             await self.transactions.start()
         await self.authorizer.start()
+        await self.quotas.start()
         await self.server.start()
         self.ops = await start_ops(self)
 
@@ -89,6 +95,7 @@ class Broker:
         await self.groups.stop()
         await self.server.close()
         await self.authorizer.stop()
+        await self.quotas.stop()
         await self.cluster.stop()
         await self.metadata.close()
         await self.store.close()

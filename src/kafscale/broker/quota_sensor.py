@@ -1,4 +1,4 @@
-"""Client quota decisions without I/O (the next step of #18: enforcement; not wired yet).
+"""Client quota decisions without I/O; `quota_manager.py` drives them.
 
 What Kafka's ClientQuotaManager decides, kept here as pure functions and one state object
 over an injected clock (milliseconds):
@@ -12,9 +12,9 @@ over an injected clock (milliseconds):
 - the throttle time once the rate is above the bound: `(rate - bound) / bound * window`,
   rounded, as Kafka's QuotaUtils.throttleTime, capped at the whole measured window.
 
-The driver (to be written) records the bytes of each Produce / Fetch (and the handler time
-for request_percentage), answers with throttle_time_ms and mutes the connection that long,
-as Kafka does (KIP-219).
+The driver (`quota_manager.QuotaManager`, called by the server per request) records the
+bytes of each Produce / Fetch and the handling time for request_percentage; the server
+answers with throttle_time_ms and mutes the connection that long, as Kafka does (KIP-219).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import dataclasses
+import datetime
 import logging
 import mmap
 import struct
@@ -43,7 +44,8 @@ READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffe
 MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the OS (memory.py)
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
 # Why a connection does not read (any of them pauses it).
-PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH = 1, 2, 4, 8
+PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH, PAUSE_THROTTLE, PAUSE_SERIAL = 1, 2, 4, 8, 16, 32
+PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL  # reasons that stop even buffered frames
 API_VERSIONS = 18
 PRODUCE = 0
 FETCH = 1
@@ -197,7 +199,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         into its own buffer. Each frame first reserves its size from the server's request
         memory budget; a frame that does not fit waits there, with reading paused."""
         buf = self._buf
-        while self._end - self._start >= 4 and not self.closing and not self._pause_reasons & PAUSE_AUTH:
+        while self._end - self._start >= 4 and not self.closing and not self._pause_reasons & PAUSE_FRAMES:
             (length,) = _LEN.unpack_from(buf, self._start)
             sasl = self.sasl
             if sasl is not None and not sasl.authenticated and length > self.server.config.sasl_server_max_receive_size:
@@ -250,6 +252,40 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._read_frames()
         self._update_reading()
 
+    def mute(self, throttle_ms: int) -> None:
+        """Read no further request for `throttle_ms` (a quota's throttle, KIP-219): requests
+        already read go on; the next ones wait in the socket. A client under a quota is
+        served one request at a time, as Kafka serves every connection, so one that ignores
+        throttle_time_ms and keeps its socket full gets one request per throttle period,
+        not a socket buffer's worth."""
+        if self.closing or throttle_ms <= 0:
+            return
+        self._pause(PAUSE_THROTTLE)
+        asyncio.get_running_loop().call_later(throttle_ms / 1000, self._unmute)
+
+    def _under_quota(self, frame: bytearray) -> bool:
+        """Whether a client quota applies to this request's client (user, client id)."""
+        quotas = self.broker.quotas
+        if not quotas.active or len(frame) < 10:
+            return False
+        n = int.from_bytes(frame[8:10], "big", signed=True)  # request header: client id
+        client_id = bytes(frame[10 : 10 + n]).decode("utf-8", "replace") if n >= 0 else None
+        return quotas.applies(principal_user(self.principal), client_id)
+
+    def _serial_step_done(self, _task) -> None:
+        if self.closing or not self._pause_reasons & PAUSE_SERIAL:
+            return
+        self._pause_reasons &= ~PAUSE_SERIAL
+        self._read_frames()
+        self._update_reading()
+
+    def _unmute(self) -> None:
+        if self.closing or not self._pause_reasons & PAUSE_THROTTLE:
+            return
+        self._pause_reasons &= ~PAUSE_THROTTLE
+        self._read_frames()
+        self._update_reading()
+
     def release_idle_buffer(self) -> None:
         """Give the read buffer back while the connection is quiet (made again on the
         next read)."""
@@ -296,6 +332,9 @@ class KafkaConnection(asyncio.BufferedProtocol):
         task = asyncio.get_running_loop().create_task(self.server.handle(self, frame))
         self._pending.append(task)
         task.add_done_callback(self._on_done)
+        if self._under_quota(frame):
+            self._pause(PAUSE_SERIAL)  # the next frame waits for this one's answer
+            task.add_done_callback(self._serial_step_done)
         sasl = self.sasl
         if sasl is not None and (sasl.in_exchange or (len(frame) >= 2 and int.from_bytes(frame[:2], "big") in (17, 36))):
             # A SASL exchange goes one request at a time: each step sees the state the
@@ -339,6 +378,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             return
         if self._pause_reasons & PAUSE_INFLIGHT and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2:
             self._unpause(PAUSE_INFLIGHT)
+
+
+def principal_user(principal: str | None) -> str | None:
+    """The user name quotas know a principal by ("User:alice" -> "alice")."""
+    if not principal:
+        return None
+    return principal.split(":", 1)[1] if ":" in principal else principal
 
 
 def _ssl_protocol_class(loop):
@@ -660,6 +706,9 @@ class KafkaServer:
             ctx.end_turn()
             for hook in self.request_hooks:
                 hook(api_key, wire_version, time.perf_counter() - started, error)
+        quotas = self.broker.quotas
+        if quotas.active:
+            response = self._apply_quotas(quotas, ctx, conn, api_key, len(frame), response, time.perf_counter() - started)
         if response is None:
             return None
         if adapter is not None:
@@ -684,6 +733,31 @@ class KafkaServer:
                 return codec.encode_response(api_key, version, correlation_id, fallback)
             except Exception as e2:  # noqa: BLE001
                 raise CloseConnection(f"no encodable response to api {api_key} v{version}: {e!r}, {e2!r}") from None
+
+    @staticmethod
+    def _apply_quotas(quotas, ctx: RequestContext, conn: KafkaConnection, api_key: int, request_bytes: int, response, handling_s: float):
+        """Record the request against the client's quotas; when it must wait, the response
+        says how long (throttle_time_ms) and the connection stays muted that long."""
+        user = principal_user(ctx.principal)
+        response_bytes = 0
+        if api_key == FETCH and response is not None:
+            response_bytes = sum(len(p.records) for t in getattr(response, "responses", ()) for p in getattr(t, "partitions", ()) if hasattr(p, "records") and p.records is not None)
+        throttle = quotas.throttle_ms(api_key, user, ctx.header.client_id, request_bytes, response_bytes, handling_s * 1000)
+        if throttle <= 0:
+            return response
+        conn.mute(throttle)
+        if response is None:
+            return None  # Produce acks=0: no answer, the mute alone slows the client (as Kafka)
+        if hasattr(response, "throttle_time_ms"):
+            response.throttle_time_ms = max(response.throttle_time_ms, throttle)
+            return response
+        if dataclasses.is_dataclass(response) and any(f.name == "throttle_time" for f in dataclasses.fields(response)):
+            current = response.throttle_time
+            current_ms = current.total_seconds() * 1000 if hasattr(current, "total_seconds") else (current or 0)
+            if throttle > current_ms:
+                value = datetime.timedelta(milliseconds=throttle) if hasattr(current, "total_seconds") else throttle
+                return dataclasses.replace(response, throttle_time=value)
+        return response
 
     def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception, code: int | None = None):
         """What Kafka's KafkaApis.handleError does: answer the request with the error code

@@ -6,7 +6,8 @@ An entity maps entity types (user, client-id, ip) to a name, None being the defa
 (`<default>`). user and client-id combine; ip stands alone. Keys: producer_byte_rate and
 consumer_byte_rate (integral, bytes/s), request_percentage and controller_mutation_rate
 (fractional) for user/client-id; connection_creation_rate (integral) for ip. Every value
-must be > 0. (Stored and described; enforcement through throttle_time_ms is not done yet.)
+must be > 0. Enforced by broker/quota_manager.py (producer_byte_rate, consumer_byte_rate,
+request_percentage); controller_mutation_rate and connection_creation_rate are stored only.
 """
 
 from __future__ import annotations

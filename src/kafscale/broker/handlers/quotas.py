@@ -60,6 +60,8 @@ async def alter_client_quotas(ctx, req):
         except _STORE_DOWN as err:
             code, msg = ErrorCode.request_timed_out, f"metadata store unavailable: {err}"
         out.append(make(entry_cls, error_code=code, error_message=msg, entity=tuple(make(entity_cls, entity_type=x.entity_type, entity_name=x.entity_name) for x in e.entity)))
+    if not req.validate_only and any(e.error_code == ErrorCode.none for e in out):
+        await ctx.broker.quotas.reload()  # enforced here at once; other brokers within --quota-refresh-ms
     return make(cls, throttle_time=0, entries=tuple(out))
 
 
