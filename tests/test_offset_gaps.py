@@ -465,3 +465,73 @@ def test_delete_records_to_an_offset_in_a_gap(gappy):
             c2.close()
     objects = sorted(p.name for p in (Path(b.data_dir) / "objects" / "default" / DEL_TOPIC / "0").glob("*.kfs"))
     assert objects == [f"segment-{20:020d}.kfs", f"segment-{30:020d}.kfs"]  # 0-9 and 10-19 lie wholly below 25
+
+
+def test_ownership_takeover_over_a_gappy_log(etcd_server, moto_server, tmp_path):
+    """Two brokers on etcd and S3; the owner of a compacted partition is killed (-9): the
+    broker that takes it over loads the log's end from the segments' last offsets and the
+    producer state through the emptied batch, and serves every survivor."""
+    import asyncio
+    import signal
+    import uuid
+
+    from kafscale.storage.objectstore import open_store
+    from tests.support.gaps import write_partition
+
+    tag = uuid.uuid4().hex[:10]
+    prefix, bucket = f"/gaps-{tag}", f"gaps-{tag}"
+    storage = f"s3://{bucket}/gaps"
+    t = t0()
+    segs, survivors = gappy_layout(t)
+
+    async def setup():
+        store = open_store(f"s3://{bucket}")
+        await store.create_bucket()
+        await store.close()
+        await write_partition(tmp_path, TOPIC, 0, segs, storage=storage, metadata=etcd_server.url, metadata_prefix=prefix)
+
+    asyncio.run(setup())
+    brokers = [
+        BrokerProcess(extra_args=["--broker-id", str(i), "--metadata", etcd_server.url, "--metadata-prefix", prefix, "--storage", storage,
+                                  "--lease-ttl-s", "2", "--merge-interval-ms", "0"], env=moto_server.env).start()
+        for i in range(2)
+    ]
+    try:
+        def leader() -> int:
+            with RawClient(brokers[0].bootstrap if brokers[0].proc else brokers[1].bootstrap) as c:
+                return c.metadata([TOPIC], allow_auto=False).topics[0].partitions[0].leader_id
+
+        def idem(base_seq: int, n: int) -> bytes:
+            return build_batch([(b"p", b"p%d" % (base_seq + i)) for i in range(n)], timestamp=ts(t, 40), producer_id=PRODUCER_ID, producer_epoch=0, base_sequence=base_seq)
+
+        wait_until(lambda: leader() in (0, 1), 20, "an owner of the partition")
+        first = leader()
+        with RawClient(brokers[first].bootstrap) as c:
+            r = c.produce(TOPIC, 0, idem(3, 1))  # after the emptied batch's sequences 0-2
+            assert (error_code(r.error_code), r.base_offset) == (0, HW)
+        brokers[first].stop(signal.SIGKILL)
+        other = 1 - first
+        wait_until(lambda: leader() == other, 30, "the other broker to take the partition over")
+
+        def latest() -> int:
+            with RawClient(brokers[other].bootstrap) as c:
+                return c.list_offsets(TOPIC, 0, LATEST).offset
+
+        wait_until(lambda: latest() >= 0, 30, "the new owner to answer ListOffsets")
+        with RawClient(brokers[other].bootstrap) as c:
+            assert c.list_offsets(TOPIC, 0, LATEST).offset == HW + 1
+            for seq, offset in [(0, 10), (3, HW)]:  # retries: answered from the rebuilt state
+                r = c.produce(TOPIC, 0, idem(seq, 3 if seq == 0 else 1))
+                assert (error_code(r.error_code), r.base_offset) == (0, offset)
+            r = c.produce(TOPIC, 0, idem(4, 1))
+            assert (error_code(r.error_code), r.base_offset) == (0, HW + 1)
+        c2 = Consumer({"bootstrap.servers": brokers[other].bootstrap, "group.id": "gaps-takeover", "enable.auto.commit": False,
+                       "fetch.wait.max.ms": 50, "enable.partition.eof": False})
+        try:
+            got = _confluent_read(c2, 0, 0, HW + 1)
+        finally:
+            c2.close()
+        assert got == _as_tuples(survivors) + [(HW, b"p", b"p3", ts(t, 40)), (HW + 1, b"p", b"p4", ts(t, 40))]
+    finally:
+        for b in brokers:
+            b.stop(signal.SIGKILL)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import crc32c
 
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.kv import SqliteKV, open_kv
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.storage import segment
 from kafscale.storage.objectstore import LocalObjectStore, open_store
@@ -128,14 +128,16 @@ def gappy_layout(t: int) -> tuple[list[Seg], list[Rec]]:
     return segs, a1 + a2 + b2 + d
 
 
-async def write_partition(data_dir: str | Path, topic: str, partition: int, segs: list[Seg], *, partitions: int = 1, configs: dict | None = None, namespace: str = "default", commit: bool = True, index_interval: int = 1, storage: str | None = None) -> None:
+async def write_partition(data_dir: str | Path, topic: str, partition: int, segs: list[Seg], *, partitions: int = 1, configs: dict | None = None, namespace: str = "default", commit: bool = True, index_interval: int = 1, storage: str | None = None,
+                          metadata: str | None = None, metadata_prefix: str = "/kafscale") -> None:
     """Write `segs` as committed segments of a (new or existing) topic in a broker's data dir
     (embedded metadata store, file object store), the way a flush, merge or compaction
     leaves them: each object under its segment key with its index; with commit=False the
     objects only (a crash between upload and commit, which recovery adopts). `storage`: an
-    object store URL (the broker's --storage) instead of the data dir's file store."""
+    object store URL (the broker's --storage) instead of the data dir's file store;
+    `metadata`, `metadata_prefix`: the broker's --metadata (etcd://...) and --metadata-prefix."""
     data_dir = Path(data_dir)
-    meta = MetadataStore(SqliteKV(data_dir / "metadata.sqlite"))
+    meta = MetadataStore(open_kv(metadata, data_dir, metadata_prefix) if metadata else SqliteKV(data_dir / "metadata.sqlite"))
     store = open_store(storage) if storage else LocalObjectStore(data_dir / "objects")
     try:
         if await meta.get_topic(topic) is None:
