@@ -211,7 +211,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("message.timestamp.type", "CreateTime", STRING, one_of("CreateTime", "LogAppendTime"),
                   "CreateTime keeps the producer's timestamps; LogAppendTime stamps each batch with the broker's clock when it is appended.",
                   ("log.message.timestamp.type",), ENFORCED),
-        ConfigDef("min.cleanable.dirty.ratio", "0.5", DOUBLE, between(0, 1), "A compacted partition is compacted when the bytes of its segments not yet compacted reach this share of its compactable bytes "
+        ConfigDef("min.cleanable.dirty.ratio", "0.5", DOUBLE, between(0, 1), "A compacted partition is compacted when the bytes of its segments not yet compacted exceed this share of its compactable bytes "
                   "(higher: fewer, larger rewrites of segment objects; lower: less superseded data kept).", ("log.cleaner.min.cleanable.ratio",), ENFORCED),
         ConfigDef("min.compaction.lag.ms", "0", LONG, at_least(0), "Shortest time a record of a compacted topic stays uncompacted: a segment holding records younger than this is not compacted yet "
                   "(nor anything after it). Must not exceed max.compaction.lag.ms.", ("log.cleaner.min.compaction.lag.ms",), ENFORCED),
