@@ -213,8 +213,23 @@ class LogManager:
         key = (topic, partition)
         view = self._readers.get(key)
         if view is None or view.stale():
-            view = self._readers[key] = FlushedPartition(self, await self._partition_state(topic, partition))
+            st = await self._partition_state(topic, partition)
+            if view is not None:
+                self.segments_seen(topic, partition, view.state.segments, st.segments)
+            else:
+                self.reader.drop(topic, partition)  # views cached under an older segment list
+            view = self._readers[key] = FlushedPartition(self, st)
         return view
+
+    def segments_seen(self, topic: str, partition: int, old: list[segment.SegmentInfo], new: list[segment.SegmentInfo]) -> None:
+        """A partition owned elsewhere has a new segment list: forget the cached views of
+        segments the owner merged or compacted since (a view cached for a run's first
+        segment must not stand for the merged one under its key: it would lack the run's
+        other batches, and the reader would pass over their offsets as a gap)."""
+        before = {s.base_offset: s for s in old}
+        for seg in new:
+            if before.get(seg.base_offset, seg) != seg:
+                self.cache.drop((topic, partition, seg.base_offset))
 
     async def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The owned log of a partition, loading and recovering it on first use.
@@ -255,6 +270,7 @@ class LogManager:
             # Recovery commits adopted segments: another owner's commit in between is a
             # ConflictError, answered as NOT_LEADER_OR_FOLLOWER like any store failure here.
             st = await self._partition_state(topic, partition)
+            self.reader.drop(topic, partition)  # views cached while another broker owned it
             producers = ProducerStateTable()
             await rebuild_producer_state(self.reader, topic, partition, st.segments, producers)
             st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers)

@@ -404,6 +404,7 @@ class FlushedPartition:
             except STORE_FAILURES as e:
                 raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
             if st is not None:
+                self.manager.segments_seen(self.topic, self.partition, self.state.segments, st.segments)
                 self.state, self.loaded = st, time.monotonic()
         return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one, upto)
 
