@@ -19,7 +19,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
@@ -472,3 +472,36 @@ def test_cluster_coordinator_is_the_partition_owner(cluster_factory):  # noqa: F
         return v is not None and v["offset"] == 500
 
     wait_until(rewritten, 30, f"the new commit of {group}, by broker 2")
+
+
+def test_the_compactor_keeps_the_latest_commit_per_key(broker_factory):
+    """The topic is compacted like any compacted topic: after many commits of one group and
+    partition, a reader from the beginning finds the latest commit (at its original offset)
+    and none of the superseded ones."""
+    from tests.support.compaction import FAST_COMPACTION
+
+    b = broker_factory(extra_args=[*FAST_COMPACTION, "--merge-interval-ms", "0", "--offsets-topic-num-partitions", "3"])
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, OFFSETS_TOPIC, incremental_configs=[
+        ConfigEntry("min.cleanable.dirty.ratio", "0.01", incremental_operation=AlterConfigOpType.SET)])
+    list(admin.incremental_alter_configs([res]).values())[0].result(15)
+    admin.create_topics([NewTopic("src", 1, 1)])["src"].result(15)
+    group = "compacted-group"
+    partition = kafka_partition_for(group, 3)
+    for offset in range(1, 21):
+        simple_commit(b.bootstrap, group, "src", offset)  # each commit flushes its own segment
+    # Another group in the same partition commits last: its segment is the newest (never cleaned).
+    other = next(g for g in (f"other-{i}" for i in range(100)) if kafka_partition_for(g, 3) == partition)
+    simple_commit(b.bootstrap, other, "src", 1)
+    # The partition's log, as appended: the first commit (offset 0), the new offsets-only
+    # group's record (1), the other 19 commits (2-20), then the other group's (21, 22). The
+    # compactor may already be at work (it checks every 100 ms).
+
+    def compacted():
+        got = [(off, decode_offset_value(v)["offset"]) for off, k, v in read_partition(b.bootstrap, partition)
+               if v is not None and decode_key(k) == ("offset", group, "src", 0)]
+        return got if len(got) == 1 else None
+
+    assert wait_until(compacted, 30, f"the compaction of {OFFSETS_TOPIC}-{partition}") == [(20, 20)]
+    survivors = [(off, decode_key(k)) for off, k, v in read_partition(b.bootstrap, partition)]
+    assert survivors[0] == (1, ("group", group)) and (20, ("offset", group, "src", 0)) in survivors
