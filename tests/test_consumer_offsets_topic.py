@@ -392,6 +392,13 @@ def find_coordinator(bootstrap: str, group: str) -> int:
     return r.node_id
 
 
+def txn_coordinator(bootstrap: str, tid: str) -> int:
+    with RawClient(bootstrap, timeout=5) as c:
+        r = c.request(10, 3, req(10, 3, key=tid, key_type=1))
+    assert error_code(r.error_code) == 0, r
+    return r.node_id
+
+
 def _groups_owned_by(owners: dict, tag: str) -> dict[int, str]:
     """A group id for each owner node: one whose __consumer_offsets partition it owns."""
     out: dict[int, str] = {}
@@ -472,6 +479,30 @@ def test_cluster_coordinator_is_the_partition_owner(cluster_factory):  # noqa: F
         return v is not None and v["offset"] == 500
 
     wait_until(rewritten, 30, f"the new commit of {group}, by broker 2")
+
+    # A transaction coordinated by another broker than the group's: its marker reaches the
+    # group's partition through WriteTxnMarkers to the partition's owner, which then writes
+    # the transaction's offsets there.
+    gtx = f"gtx-{cl.tag}"
+    one = cl.brokers[0].bootstrap
+    gnode = find_coordinator(one, gtx)
+    tid = next(t for t in (f"tx{i}-{cl.tag}" for i in range(200)) if txn_coordinator(one, t) != gnode)
+    c = Consumer({"bootstrap.servers": cl.bootstrap, "group.id": gtx})
+    p = Producer({"bootstrap.servers": cl.bootstrap, "transactional.id": tid})
+    try:
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, b"x", partition=0)
+        p.send_offsets_to_transaction([TopicPartition(topic, 0, 77)], c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+    finally:
+        c.close()
+
+    def txn_landed():
+        v = group_records(cl.bootstrap, gtx)[0].get((topic, 0))
+        return v is not None and v["offset"] == 77
+
+    wait_until(txn_landed, 30, f"the transactional commit of {gtx} (group coordinator {gnode}, transaction's elsewhere)")
 
 
 def test_the_compactor_keeps_the_latest_commit_per_key(broker_factory):
