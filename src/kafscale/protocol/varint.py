@@ -66,6 +66,12 @@ def read_uvarint(buf, pos: int) -> tuple[int, int]:
     return _read(_native_uvarint, buf, pos)
 
 
+# kio's own reader of a zigzag varlong: (value, size), read-only buffers only, kio's
+# BufferUnderflow on a truncated one. For loops over many records of an intact buffer (the
+# log compactor), which decode one-byte varints inline and call this for the rest.
+native_varlong = _native_varlong
+
+
 def read_varlong(buf, pos: int) -> tuple[int, int]:
     """(value, position after it) of the zigzag varint at buf[pos] (at most 10 bytes:
     record fields)."""

@@ -31,7 +31,7 @@ from typing import Iterable, Mapping
 from kafscale.metadata.segments import SegmentInfo
 from kafscale.metadata.topic_config import LogSettings
 from kafscale.protocol import records
-from kafscale.protocol.varint import read_varlong
+from kafscale.protocol.varint import native_varlong as _native_varlong
 
 LONG_MAX = (1 << 63) - 1
 
@@ -177,31 +177,56 @@ class _Rec:
     ts_end: int  # position after its timestamp delta (offset delta, key, value, headers follow)
     offset: int
     key: bytes | None
-    value: bytes | None
+    tombstone: bool  # a null value
 
 
-def _varbytes(buf, pos: int) -> tuple[bytes | None, int]:
-    n, pos = read_varlong(buf, pos)
-    if n < 0:
-        return None, pos
-    return bytes(buf[pos : pos + n]), pos + n
-
-
-def _parse(body, count: int, base_offset: int) -> list[_Rec]:
+def _parse(body: bytes, count: int, base_offset: int) -> list[_Rec]:
+    """The records of a batch (`body`: its records, decompressed, as bytes). Varints of one
+    byte, most of a record's fields, are decoded inline; longer ones by kio's reader."""
     out = []
     p = 0
+    varlong = _native_varlong
     for _ in range(count):
         start = p
-        length, p = read_varlong(body, p)
+        b = body[p]
+        if b < 0x80:
+            length, p = (b >> 1) ^ -(b & 1), p + 1
+        else:
+            length, n = varlong(body, p)
+            p += n
         end = p + length
         body_start = p
         p += 1  # attributes
-        ts_delta, p = read_varlong(body, p)
+        b = body[p]
+        if b < 0x80:
+            ts_delta, p = (b >> 1) ^ -(b & 1), p + 1
+        else:
+            ts_delta, n = varlong(body, p)
+            p += n
         ts_end = p
-        off_delta, p = read_varlong(body, p)
-        key, p = _varbytes(body, p)
-        value, p = _varbytes(body, p)
-        out.append(_Rec(start, end, body_start, ts_delta, ts_end, base_offset + off_delta, key, value))
+        b = body[p]
+        if b < 0x80:
+            off_delta, p = (b >> 1) ^ -(b & 1), p + 1
+        else:
+            off_delta, n = varlong(body, p)
+            p += n
+        b = body[p]
+        if b < 0x80:
+            klen, p = (b >> 1) ^ -(b & 1), p + 1
+        else:
+            klen, n = varlong(body, p)
+            p += n
+        if klen >= 0:
+            key = body[p : p + klen]
+            p += klen
+        else:
+            key = None
+        b = body[p]
+        if b < 0x80:
+            vlen = (b >> 1) ^ -(b & 1)
+        else:
+            vlen = varlong(body, p)[0]
+        out.append(_Rec(start, end, body_start, ts_delta, ts_end, base_offset + off_delta, key, vlen < 0))
         p = end
     return out
 
@@ -409,7 +434,7 @@ class BatchCleaner:
             latest = km.get(r.key)
             if latest is not None and latest > r.offset:
                 continue  # superseded
-            if r.value is None:
+            if r.tombstone:
                 if past_horizon:
                     continue
                 tombstones = True
