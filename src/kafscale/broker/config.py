@@ -15,8 +15,15 @@ class BrokerConfig:
     advertised_listeners: str = field(default="", metadata={"help": "NAME://HOST:PORT,... given to clients per listener (default: each listener as bound; with --listen: PLAINTEXT://<--advertise>)"})
     listener_security_protocol_map: str = field(default="", metadata={"help": "NAME:PROTOCOL,... for custom listener names (PROTOCOL: PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL); the standard names map to themselves"})
     ssl_cert: str = field(default="", metadata={"help": "PEM certificate chain of the TLS listeners (SSL, SASL_SSL)"})
-    ssl_key: str = field(default="", metadata={"help": "PEM private key of --ssl-cert (unencrypted)"})
+    ssl_key: str = field(default="", metadata={"help": "PEM private key of --ssl-cert (encrypted: give --ssl-key-password)"})
+    ssl_key_password: str = field(default="", metadata={"help": "password of an encrypted private key (Kafka's ssl.key.password); the variable KAFSCALE_SSL_KEY_PASSWORD keeps it out of the process list"})
+    ssl_keystore_location: str = field(default="", metadata={"help": "instead of --ssl-cert/--ssl-key: a PKCS#12 keystore, or a PEM file with the key and the certificate chain (Kafka's ssl.keystore.location)"})
+    ssl_keystore_password: str = field(default="", metadata={"help": "password of the PKCS#12 keystore (Kafka's ssl.keystore.password); better as KAFSCALE_SSL_KEYSTORE_PASSWORD"})
+    ssl_keystore_type: str = field(default="", metadata={"help": "PKCS12 or PEM (Kafka's ssl.keystore.type; default: from the file, PEM if it is text)"})
     ssl_ca: str = field(default="", metadata={"help": "PEM CA certificates that sign client certificates (for --ssl-client-auth)"})
+    ssl_truststore_location: str = field(default="", metadata={"help": "CA certificates that sign client certificates, PEM or PKCS#12 (Kafka's ssl.truststore.location; with or instead of --ssl-ca)"})
+    ssl_truststore_password: str = field(default="", metadata={"help": "password of a PKCS#12 truststore (Kafka's ssl.truststore.password); better as KAFSCALE_SSL_TRUSTSTORE_PASSWORD"})
+    ssl_truststore_type: str = field(default="", metadata={"help": "PKCS12 or PEM (Kafka's ssl.truststore.type; default: from the file)"})
     ssl_client_auth: str = field(default="none", metadata={"help": "none, requested or required: ask TLS clients for a certificate (Kafka's ssl.client.auth)"})
     ssl_cipher_suites: str = field(default="", metadata={"help": "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's; '' keeps Python's default)"})
     ssl_principal_mapping_rules: str = field(default="DEFAULT", metadata={"help": "client certificate subject to principal: DEFAULT and RULE:pattern/replacement/[LU], comma separated (Kafka's ssl.principal.mapping.rules)"})
@@ -129,7 +136,11 @@ class BrokerConfig:
     def tls_settings(self):
         from kafscale.security.tls import TlsSettings
 
-        return TlsSettings(self.ssl_cert, self.ssl_key, self.ssl_ca, self.ssl_client_auth, self.ssl_cipher_suites)
+        return TlsSettings(
+            self.ssl_cert, self.ssl_key, self.ssl_ca, self.ssl_client_auth, self.ssl_cipher_suites, self.ssl_key_password,
+            self.ssl_keystore_location, self.ssl_keystore_password, self.ssl_keystore_type,
+            self.ssl_truststore_location, self.ssl_truststore_password, self.ssl_truststore_type,
+        )
 
     def check_security(self) -> None:
         """Refuse settings that cannot work, before anything starts (ValueError subclasses)."""
@@ -139,8 +150,8 @@ class BrokerConfig:
         if any(l.tls for l in bound):
             self.tls_settings().check()
         parse_rules(self.ssl_principal_mapping_rules)
-        if self.http_tls and (not self.ssl_cert or not self.ssl_key):
-            raise ValueError("--http-tls needs --ssl-cert and --ssl-key")
+        if self.http_tls and not self.ssl_keystore_location and (not self.ssl_cert or not self.ssl_key):
+            raise ValueError("--http-tls needs --ssl-cert and --ssl-key (or --ssl-keystore-location)")
         if self.http_basic_auth and ":" not in self.http_basic_auth:
             raise ValueError("--http-basic-auth must be USER:PASSWORD")
         from kafscale.security.inter_broker import InterBrokerSecurity

@@ -281,9 +281,11 @@ async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_inte
         await handle._runner.setup()
         ssl_context = None
         if getattr(broker.config, "http_tls", False):
-            from kafscale.security.tls import TlsSettings, server_context
+            import dataclasses
 
-            ssl_context = server_context(TlsSettings(broker.config.ssl_cert, broker.config.ssl_key))
+            from kafscale.security.tls import server_context
+
+            ssl_context = server_context(dataclasses.replace(broker.config.tls_settings(), client_auth="none", ca="", truststore=""))
         await web.TCPSite(handle._runner, host, port, reuse_address=True, ssl_context=ssl_context).start()
     except OSError as e:
         await handle.stop()

@@ -4,8 +4,8 @@ and `sasl.mechanism.inter.broker.protocol`.
 
 Every broker of a cluster is assumed to have the same listener names and security protocols
 (Kafka assumes it too). TLS towards a peer checks its certificate and host name against
-`--inter-broker-ssl-ca` (default `--ssl-ca`, else the system's CAs) and presents this
-broker's `--ssl-cert` for listeners that ask for client certificates. SASL authenticates as
+`--inter-broker-ssl-ca` (default `--ssl-ca` / `--ssl-truststore-location`, else the system's CAs)
+and presents this broker's certificate (`--ssl-cert` or `--ssl-keystore-location`) for listeners that ask for client certificates. SASL authenticates as
 `--inter-broker-sasl-username` with PLAIN or SCRAM; that principal needs CLUSTER_ACTION on the
 cluster under `--authorizer acls` (or to be a super user), as Kafka's brokers do.
 """
@@ -21,6 +21,7 @@ from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make
 from kafscale.protocol.codec import decode_response, encode_request, schema
 from kafscale.security.scram import MECHANISMS as SCRAM_MECHANISMS, ScramClient, ScramError
+from kafscale.security.tls import load_identity, load_trust
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 PASSWORD_ENV = "KAFSCALE_INTER_BROKER_SASL_PASSWORD"
@@ -52,10 +53,16 @@ class InterBrokerSecurity:
             listener = next((l for l in bound if l.name == "PLAINTEXT"), bound[0])
         ctx = None
         if listener.tls:
-            ca = getattr(config, "inter_broker_ssl_ca", "") or getattr(config, "ssl_ca", "")
-            ctx = ssl.create_default_context(cafile=ca or None)
-            if getattr(config, "ssl_cert", "") and getattr(config, "ssl_key", ""):
-                ctx.load_cert_chain(config.ssl_cert, config.ssl_key)  # for listeners requiring client certificates
+            tls = config.tls_settings()
+            ca = getattr(config, "inter_broker_ssl_ca", "")
+            if ca or not (tls.ca or tls.truststore):
+                ctx = ssl.create_default_context(cafile=ca or None)
+            else:  # --ssl-ca / --ssl-truststore-location
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                load_trust(ctx, tls)
+            if (tls.cert and tls.key) or tls.keystore:
+                load_identity(ctx, tls)  # for listeners requiring client certificates
         mechanism = (getattr(config, "sasl_mechanism_inter_broker_protocol", "") or "PLAIN").upper()
         username = getattr(config, "inter_broker_sasl_username", "") or ""
         password = getattr(config, "inter_broker_sasl_password", "") or os.environ.get(PASSWORD_ENV, "")

@@ -49,6 +49,22 @@ _BROKER_DOCS: dict[str, tuple[int, str]] = {
 }
 
 
+# The TLS settings of the listeners by Kafka's name (BrokerConfig field, name, type, doc).
+# Passwords are PASSWORD configs: reported as sensitive with a null value, as Kafka does.
+_SSL_CONFIGS = (
+    ("ssl_keystore_location", "ssl.keystore.location", tc.STRING, "PKCS#12 or PEM keystore of the TLS listeners (--ssl-keystore-location)."),
+    ("ssl_keystore_type", "ssl.keystore.type", tc.STRING, "PKCS12 or PEM (--ssl-keystore-type; default: from the file)."),
+    ("ssl_keystore_password", "ssl.keystore.password", tc.PASSWORD, "Password of the keystore."),
+    ("ssl_key_password", "ssl.key.password", tc.PASSWORD, "Password of the private key."),
+    ("ssl_truststore_location", "ssl.truststore.location", tc.STRING, "CA certificates of client certificates, PEM or PKCS#12 (--ssl-truststore-location)."),
+    ("ssl_truststore_type", "ssl.truststore.type", tc.STRING, "PKCS12 or PEM (--ssl-truststore-type; default: from the file)."),
+    ("ssl_truststore_password", "ssl.truststore.password", tc.PASSWORD, "Password of the truststore."),
+    ("ssl_client_auth", "ssl.client.auth", tc.STRING, "none, requested or required (--ssl-client-auth)."),
+    ("ssl_cipher_suites", "ssl.cipher.suites", tc.LIST, "OpenSSL cipher list for TLS 1.2 (--ssl-cipher-suites)."),
+    ("ssl_principal_mapping_rules", "ssl.principal.mapping.rules", tc.STRING, "Client certificate subject to principal (--ssl-principal-mapping-rules)."),
+)
+
+
 def _broker_entries(broker) -> list[tuple]:
     """(name, value, source, synonyms, type, documentation) of every broker config reported."""
     c = broker.config
@@ -79,6 +95,9 @@ def _broker_entries(broker) -> list[tuple]:
     add("log.dirs", c.storage, tc.STRING, "Where partition data lives: the object store (--storage). DescribeLogDirs reports it as the broker's one log dir.",
         bool({"storage", "data_dir"} & given))
     add("default.replication.factor", "1", tc.INT, "Replication factor of auto-created topics; every partition has one replica here (the object store keeps the copies).", False)
+    for fname, kname, kind, doc in _SSL_CONFIGS:
+        value = getattr(c, fname, "")
+        add(kname, None if kind == tc.PASSWORD else (value or None), kind, doc, fname in given)
     for name in sorted(tc.BROKER_TOPIC_DEFAULTS):
         r = tc.resolve_broker(name, static)
         topic = next(d for d in tc.TOPIC_CONFIGS.values() if name in d.synonyms)
@@ -119,7 +138,7 @@ async def describe_configs(ctx, req):
             value=value,
             read_only=read_only,
             config_source=source,
-            is_sensitive=False,
+            is_sensitive=kind == tc.PASSWORD,  # its value (and its synonyms') is None
             synonyms=tuple(make(syn_cls, name=s.name, value=s.value, source=s.source) for s in synonyms) if with_synonyms else (),
             config_type=kind,
             documentation=doc if with_docs else None,
