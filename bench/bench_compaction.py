@@ -272,7 +272,7 @@ async def store_pass(args, budget: int) -> dict:
     moto = None
     data_dir = tempfile.mkdtemp(prefix="kafscale-bench-compaction-")
     settings = {"listen": f"127.0.0.1:{free_port()}", "data_dir": data_dir, "group_initial_rebalance_delay_ms": 0,
-                "merge_interval_ms": 0, "compaction_interval_ms": 0, "compaction_key_map_bytes": budget}
+                "merge_interval_ms": 0, "compaction_interval_ms": 0, "compaction_key_map_bytes": budget, "http": "127.0.0.1:0"}
     if args.store == "s3":
         from tests.support.servers import start_moto
 
