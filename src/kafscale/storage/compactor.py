@@ -49,6 +49,9 @@ class Compactor:
         self.manager = manager
         self.key_map_bytes = key_map_bytes
         self.schedule_delete = schedule_delete  # the merger's: deleted after its grace period
+        # Awaited after each group written (the merger's delete_expired): a long pass runs
+        # in the merger's loop, and the objects merged or compacted away must still go.
+        self.between_groups = None
         # Shared with the LogManager's stats, so /metrics exports them.
         self.stats = manager.stats
         for k in ("compaction_rounds", "compaction_runs", "compaction_bytes_read", "compaction_bytes_written", "compaction_records_removed",
@@ -104,6 +107,8 @@ class Compactor:
         for group in cleaner.group_segments(plan.segments[:end], lg.settings.segment_bytes):
             if not await self._clean_group(lg, group, c):
                 return False  # the rest waits for the next pass
+            if self.between_groups is not None:
+                await self.between_groups()
         self.stats["compaction_records_removed"] += (c.records_in - c.records_out) - removed_before
         self.stats["compaction_recompressions"] += c.recompressions
         self.stats["compaction_runs"] += 1

@@ -75,6 +75,7 @@ class LogManager:
         self.cache = self.reader.cache
         self.retention = Retention(self, config.retention_check_interval_ms / 1000)
         self.compactor = Compactor(self, config.compaction_key_map_bytes, self.merger.schedule_delete)
+        self.compactor.between_groups = self.merger.delete_expired
         if config.compaction_interval_ms > 0:
             self.merger.compactor = self.compactor
             self.merger.compaction_interval_s = config.compaction_interval_ms / 1000
