@@ -25,6 +25,7 @@ class BrokerConfig:
     ssl_truststore_password: str = field(default="", metadata={"help": "password of a PKCS#12 truststore (Kafka's ssl.truststore.password); better as KAFSCALE_SSL_TRUSTSTORE_PASSWORD"})
     ssl_truststore_type: str = field(default="", metadata={"help": "PKCS12 or PEM (Kafka's ssl.truststore.type; default: from the file)"})
     ssl_client_auth: str = field(default="none", metadata={"help": "none, requested or required: ask TLS clients for a certificate (Kafka's ssl.client.auth)"})
+    listener_ssl: str = field(default="", metadata={"append": ";", "help": "TLS settings of one listener, Kafka's listener.name.<name>.ssl.*: NAME:key=value,... (keys cert, key, key-password, keystore-location, keystore-password, keystore-type, ca, truststore-location, truststore-password, truststore-type, client-auth, cipher-suites); repeat the flag or separate listeners with ';'; what a listener does not set comes from --ssl-*; passwords better as KAFSCALE_LISTENER_<NAME>_SSL_KEY_PASSWORD (_KEYSTORE_PASSWORD, _TRUSTSTORE_PASSWORD)"})
     ssl_cipher_suites: str = field(default="", metadata={"help": "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's; '' keeps Python's default)"})
     ssl_principal_mapping_rules: str = field(default="DEFAULT", metadata={"help": "client certificate subject to principal: DEFAULT and RULE:pattern/replacement/[LU], comma separated (Kafka's ssl.principal.mapping.rules)"})
     ssl_reload_interval_ms: int = field(default=5000, metadata={"help": "how often the TLS files are checked for changes (a change is loaded without restart; 0: never)"})
@@ -142,13 +143,31 @@ class BrokerConfig:
             self.ssl_truststore_location, self.ssl_truststore_password, self.ssl_truststore_type,
         )
 
+    def listener_tls_settings(self, listeners=None) -> dict:
+        """TLS settings by TLS listener name: --listener-ssl over the --ssl-* settings.
+        Raises ValueError for a --listener-ssl entry that names no TLS listener."""
+        from kafscale.security.tls import listener_settings, parse_listener_ssl
+
+        if listeners is None:
+            listeners = self.resolved_listeners()[0]
+        base = self.tls_settings()
+        overrides = parse_listener_ssl(self.listener_ssl)
+        tls_names = {l.name for l in listeners if l.tls}
+        for name in overrides:
+            if name not in tls_names:
+                raise ValueError(f"--listener-ssl names {name}, which is not a TLS listener (TLS listeners: {', '.join(sorted(tls_names)) or 'none'})")
+        return {name: listener_settings(base, overrides[name], name, os.environ) if name in overrides else base for name in sorted(tls_names)}
+
     def check_security(self) -> None:
         """Refuse settings that cannot work, before anything starts (ValueError subclasses)."""
         from kafscale.security.principal import parse_rules
 
         bound, _adv = self.resolved_listeners()
-        if any(l.tls for l in bound):
-            self.tls_settings().check()
+        checked = set()
+        for settings in self.listener_tls_settings(bound).values():
+            if settings not in checked:
+                settings.check()
+                checked.add(settings)
         parse_rules(self.ssl_principal_mapping_rules)
         if self.http_tls and not self.ssl_keystore_location and (not self.ssl_cert or not self.ssl_key):
             raise ValueError("--http-tls needs --ssl-cert and --ssl-key (or --ssl-keystore-location)")
@@ -192,11 +211,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kind = _parse_bool if f.type in (bool, "bool") else int if f.type in (int, "int") else str
         default = os.environ.get(env)
         help_text = f"{f.metadata.get('help', '')} (env {env})"
+        if f.metadata.get("append"):  # a flag that may be repeated; the values are joined
+            parser.add_argument(flag, dest=f.name, action="append", default=[default] if default is not None else None, help=help_text)
+            continue
         parser.add_argument(flag, dest=f.name, type=kind, default=kind(default) if default is not None else None, help=help_text)
 
 
 def from_args(ns: argparse.Namespace) -> BrokerConfig:
     given = {f.name: getattr(ns, f.name) for f in fields(BrokerConfig) if getattr(ns, f.name, None) is not None}
+    for f in fields(BrokerConfig):
+        if f.metadata.get("append") and isinstance(given.get(f.name), list):
+            given[f.name] = f.metadata["append"].join(given[f.name])
     config = BrokerConfig(**given)
     config._given = frozenset(given)
     return config

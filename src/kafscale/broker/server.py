@@ -417,7 +417,7 @@ class TlsAcceptor(asyncio.BufferedProtocol):
         waiter = loop.create_future()
         waiter.add_done_callback(self._handshake_done)
         self.tls = _ssl_protocol_class(loop)(
-            loop, KafkaConnection(server, listener), server.tls.base, waiter, server_side=True,
+            loop, KafkaConnection(server, listener), server.tls_contexts[listener.name].base, waiter, server_side=True,
             ssl_handshake_timeout=server.config.ssl_handshake_timeout_ms / 1000,
         )
         self.get_buffer = self.tls.get_buffer
@@ -461,7 +461,7 @@ class KafkaServer:
         # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
         self.response_hooks: dict[int, list] = {}
         self.tls_handshake_failures = 0
-        self.tls: ReloadingContext | None = None
+        self.tls_contexts: dict[str, ReloadingContext] = {}  # TLS listener name -> its context (listeners with equal settings share one)
         self.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
         self._tls_reloader: asyncio.Task | None = None
 
@@ -469,7 +469,11 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         listeners = getattr(self.broker, "listeners", None) or self.config.resolved_listeners()[0]
         if any(listener.tls for listener in listeners):
-            self.tls = ReloadingContext(self.config.tls_settings())
+            shared: dict = {}
+            for name, settings in self.config.listener_tls_settings(listeners).items():
+                if settings not in shared:
+                    shared[settings] = ReloadingContext(settings)
+                self.tls_contexts[name] = shared[settings]
             if self.config.ssl_reload_interval_ms > 0:
                 self._tls_reloader = loop.create_task(self._reload_tls(), name="tls-reload")
         try:
@@ -576,7 +580,8 @@ class KafkaServer:
         while True:
             await asyncio.sleep(self.config.ssl_reload_interval_ms / 1000)
             try:
-                self.tls.check()
+                for tls in set(self.tls_contexts.values()):
+                    tls.check()
             except Exception:  # noqa: BLE001 - keep checking; the old context stays in use
                 log.exception("checking the TLS files failed")
 

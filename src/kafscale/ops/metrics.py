@@ -315,11 +315,11 @@ class _LiveCollector(Collector):
             for op, n in sorted(authz.denials_by_operation.items()):
                 denials.add_metric([op], n)
             yield denials
-        tls = b.server.tls
-        if tls is not None:
+        contexts = set(b.server.tls_contexts.values())
+        if contexts:
             yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=b.server.tls_handshake_failures)
-            yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=tls.reloads)
-            yield CounterMetricFamily("kafscale_tls_reload_failures", "Times changed TLS files could not be loaded (the previous certificate stayed)", value=tls.reload_failures)
+            yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=sum(t.reloads for t in contexts))
+            yield CounterMetricFamily("kafscale_tls_reload_failures", "Times changed TLS files could not be loaded (the previous certificate stayed)", value=sum(t.reload_failures for t in contexts))
 
         cluster = b.cluster
         try:

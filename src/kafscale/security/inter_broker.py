@@ -53,7 +53,8 @@ class InterBrokerSecurity:
             listener = next((l for l in bound if l.name == "PLAINTEXT"), bound[0])
         ctx = None
         if listener.tls:
-            tls = config.tls_settings()
+            per_listener = getattr(config, "listener_tls_settings", None)
+            tls = per_listener(bound)[listener.name] if per_listener else config.tls_settings()  # its --listener-ssl, else --ssl-*
             ca = getattr(config, "inter_broker_ssl_ca", "")
             if ca or not (tls.ca or tls.truststore):
                 ctx = ssl.create_default_context(cafile=ca or None)

@@ -11,6 +11,7 @@ the previous context and is logged; the next check tries again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import ssl
@@ -50,7 +51,7 @@ class TlsSettings:
     truststore: str = ""
     truststore_password: str = field(default="", repr=False)
     truststore_type: str = ""
-    flag: str = "--ssl"  # how messages name the settings: --ssl or --listener-ssl NAME:
+    flag: str = field(default="--ssl", compare=False)  # how messages name the settings: --ssl or --listener-ssl NAME:
 
     def _name(self, key: str) -> str:
         return f"{self.flag}-{key}" if self.flag == "--ssl" else f"{self.flag}{key}"
@@ -276,3 +277,67 @@ class ReloadingContext:
         self.reloads += 1
         log.info("TLS certificate, key and CA reloaded from %s", ", ".join(self.settings.files))
         return True
+
+
+# -- per-listener settings (Kafka's listener.name.<name>.ssl.*) ------------------------------
+
+# --listener-ssl keys -> TlsSettings fields, in three groups: a listener that sets any key of
+# a group takes none of that group from the --ssl-* settings (a listener's certificate never
+# pairs with the global key); the groups it does not touch are inherited.
+_IDENTITY = {"cert": "cert", "key": "key", "key-password": "key_password", "keystore-location": "keystore",
+             "keystore-password": "keystore_password", "keystore-type": "keystore_type"}
+_TRUST = {"ca": "ca", "truststore-location": "truststore", "truststore-password": "truststore_password", "truststore-type": "truststore_type"}
+_OTHER = {"client-auth": "client_auth", "cipher-suites": "ciphers"}
+LISTENER_KEYS = {**_IDENTITY, **_TRUST, **_OTHER}
+_PASSWORDS = ("key-password", "keystore-password", "truststore-password")
+
+
+def password_env(listener: str, key: str) -> str:
+    """The variable a listener's password may come from: KAFSCALE_LISTENER_<NAME>_SSL_KEY_PASSWORD, ..."""
+    name = "".join(c if c.isalnum() else "_" for c in listener.upper())
+    return f"KAFSCALE_LISTENER_{name}_SSL_{key.upper().replace('-', '_')}"
+
+
+def parse_listener_ssl(text: str) -> dict[str, dict[str, str]]:
+    """`NAME:key=value,key=value;NAME2:...` -> {NAME: {key: value}}. Keys are LISTENER_KEYS,
+    also in Kafka's spelling (`ssl.client.auth`, `ssl.keystore.location`). A listener named
+    twice has its entries merged (the flag may be repeated)."""
+    out: dict[str, dict[str, str]] = {}
+    for entry in (e.strip() for e in (text or "").replace("\n", ";").split(";")):
+        if not entry:
+            continue
+        name, sep, rest = entry.partition(":")
+        name = name.strip().upper()
+        if not sep or not name or not rest.strip():
+            raise TlsConfigError(f"--listener-ssl entry {entry!r} is not NAME:key=value,...")
+        settings = out.setdefault(name, {})
+        for item in (i.strip() for i in rest.split(",")):
+            if not item:
+                continue
+            key, eq, value = item.partition("=")
+            key = key.strip().lower().removeprefix("ssl.").replace(".", "-")
+            key = {"cipher-suite": "cipher-suites", "keystore": "keystore-location", "truststore": "truststore-location"}.get(key, key)
+            if not eq or key not in LISTENER_KEYS:
+                raise TlsConfigError(f"--listener-ssl {name}: {item.partition('=')[0]!r} is not one of {', '.join(LISTENER_KEYS)}")
+            settings[key] = value.strip()
+    return out
+
+
+def listener_settings(base: TlsSettings, overrides: dict[str, str], listener: str, environ: dict[str, str]) -> TlsSettings:
+    """The TLS settings of one listener: its --listener-ssl keys (passwords also from
+    password_env()), the groups it does not set taken from `base` (the --ssl-* settings)."""
+    given = dict(overrides)
+    for key in _PASSWORDS:
+        if key not in given and environ.get(password_env(listener, key)):
+            given[key] = environ[password_env(listener, key)]
+    changes: dict[str, str] = {}
+    for group in (_IDENTITY, _TRUST, _OTHER):
+        if group is _OTHER:
+            changes.update({group[k]: v for k, v in given.items() if k in group})
+        elif any(k in given for k in group if k not in _PASSWORDS):
+            changes.update({field_name: given.get(k, "") for k, field_name in group.items()})
+        else:  # only a password of the group given: it goes with the inherited files
+            changes.update({group[k]: given[k] for k in _PASSWORDS if k in given and k in group})
+    if "client_auth" in changes:
+        changes["client_auth"] = changes["client_auth"].lower()
+    return dataclasses.replace(base, flag=f"--listener-ssl {listener}:", **changes)
