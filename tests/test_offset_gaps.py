@@ -373,7 +373,8 @@ async def test_byte_budget_never_skips_a_batch_that_does_not_fit(tmp_path):
     t = t0()
     small = [gap_batch(0, 1, [Rec(1, ts(t, 1), b"a", b"s")]), gap_batch(20, 20, [Rec(20, ts(t, 20), b"c", b"s")])]
     large = gap_batch(12, 12, [Rec(12, ts(t, 12), b"b", b"L" * 500)])
-    await write_partition(tmp_path, "budget", 0, [Seg(0, 9, [small[0]]), Seg(10, 19, [large]), Seg(20, 29, [small[1]])])
+    last = gap_batch(40, 40, [Rec(40, ts(t, 40), b"d", b"s")])
+    await write_partition(tmp_path, "budget", 0, [Seg(0, 9, [small[0]]), Seg(10, 19, [large]), Seg(20, 29, [small[1]]), Seg(30, 39, []), Seg(40, 40, [last])])
     mgr = _manager(tmp_path)
     try:
         lg = await mgr.get_log("budget", 0)
@@ -382,6 +383,11 @@ async def test_byte_budget_never_skips_a_batch_that_does_not_fit(tmp_path):
             assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [0], budget
         chunks = await lg.read(0, len(small[0]) + len(large), True)
         assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [0, 12]
+        # a segment without batches is passed over without a GET
+        mgr.cache.drop_prefix(("budget",))
+        gets = mgr.stats["gets"]
+        chunks = await lg.read(30, 1 << 20, True)
+        assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [40] and mgr.stats["gets"] == gets + 1
     finally:
         await mgr.stop()
         await mgr.metadata.close()

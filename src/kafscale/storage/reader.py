@@ -60,6 +60,11 @@ class SegmentReader:
             if seg.last_offset < offset:
                 i += 1
                 continue
+            if seg.size <= segment.HEADER_SIZE + segment.FOOTER_SIZE:
+                # no batch at all (compaction removed every one): nothing to load
+                offset = seg.last_offset + 1
+                i += 1
+                continue
             cached = self.cache.contains((topic, partition, seg.base_offset))
             view = await self.segment_view(topic, partition, seg, offset, remaining)
             if not cached and i + 1 < len(segments):
@@ -94,8 +99,8 @@ class SegmentReader:
             return None
         seg = segments[i]
         key = (topic, partition, seg.base_offset)
-        if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key):
-            return None
+        if seg.size > WHOLE_SEGMENT_READ_BYTES or seg.size <= segment.HEADER_SIZE + segment.FOOTER_SIZE or self.cache.contains(key):
+            return None  # (a segment without batches is never loaded: read passes over it)
         if key not in self._segment_loads and i + 1 < len(segments):
             self._read_ahead(topic, partition, segments[i + 1])  # a consumer catching up
         return self._whole_segment_load(topic, partition, seg)
