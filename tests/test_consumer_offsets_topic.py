@@ -352,6 +352,39 @@ def test_auto_creation_never_makes_a_plain_topic(broker):
         assert [x.name for x in c.metadata(None).topics].count(OFFSETS_TOPIC) == 1
 
 
+def test_auto_creation_of_a_missing_topic_makes_the_internal_one(tmp_path):
+    """The broker's start could not create the topic (a store outage): a Metadata request
+    with auto-creation then makes the internal topic with its configs, not a plain one."""
+    import asyncio
+
+    from kafscale.broker.app import Broker
+    from kafscale.broker.config import BrokerConfig
+
+    async def go():
+        broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", merge_interval_ms=0,
+                                     offsets_topic_num_partitions=5, default_partitions=1))  # fmt: skip
+        await broker.start()
+        try:
+            await broker.metadata.delete_topic(OFFSETS_TOPIC)  # as if it had never been made
+            await broker.logs.stop_topic(OFFSETS_TOPIC)
+            host, port = broker.listen_address
+
+            def ask():
+                with RawClient(f"{host}:{port}") as c:
+                    assert error_code(c.metadata([OFFSETS_TOPIC], allow_auto=False).topics[0].error_code) == ErrorCode.unknown_topic_or_partition
+                    c.metadata([OFFSETS_TOPIC], allow_auto=True)
+                    return c.metadata([OFFSETS_TOPIC], allow_auto=False).topics[0]
+
+            t = await asyncio.to_thread(ask)
+            assert error_code(t.error_code) == 0 and t.is_internal is True and len(t.partitions) == 5
+            meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
+            assert meta.partitions == 5 and meta.configs["cleanup.policy"] == "compact" and meta.configs["segment.bytes"] == "104857600"
+        finally:
+            await broker.stop()
+
+    asyncio.run(go())
+
+
 def test_producers_cannot_write_it(broker):
     batch = records.build_batch([(b"k", b"v")])
     with RawClient(broker.bootstrap) as c:
@@ -521,7 +554,9 @@ def test_the_compactor_keeps_the_latest_commit_per_key(broker_factory):
     partition = kafka_partition_for(group, 3)
     for offset in range(1, 21):
         simple_commit(b.bootstrap, group, "src", offset)  # each commit flushes its own segment
-    # Another group in the same partition commits last: its segment is the newest (never cleaned).
+    # Another group in the same partition commits last, once the last commit is durable (or
+    # both may share one flush): its segment is the newest, which is never cleaned.
+    wait_until(lambda: any(off == 20 for off, _k, _v in read_partition(b.bootstrap, partition)), 15, "the last commit")
     other = next(g for g in (f"other-{i}" for i in range(100)) if kafka_partition_for(g, 3) == partition)
     simple_commit(b.bootstrap, other, "src", 1)
     # The partition's log, as appended: the first commit (offset 0), the new offsets-only
@@ -533,6 +568,10 @@ def test_the_compactor_keeps_the_latest_commit_per_key(broker_factory):
                if v is not None and decode_key(k) == ("offset", group, "src", 0)]
         return got if len(got) == 1 else None
 
-    assert wait_until(compacted, 30, f"the compaction of {OFFSETS_TOPIC}-{partition}") == [(20, 20)]
+    try:
+        assert wait_until(compacted, 30, f"the compaction of {OFFSETS_TOPIC}-{partition}") == [(20, 20)]
+    except AssertionError:
+        log = [ln for ln in b.log_text().splitlines() if "compact" in ln or "WARNING" in ln or "ERROR" in ln]
+        raise AssertionError(f"{[(o, decode_key(k)) for o, k, _v in read_partition(b.bootstrap, partition)]}\n" + "\n".join(log[-30:]))
     survivors = [(off, decode_key(k)) for off, k, v in read_partition(b.bootstrap, partition)]
     assert survivors[0] == (1, ("group", group)) and (20, ("offset", group, "src", 0)) in survivors

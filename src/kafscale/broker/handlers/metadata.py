@@ -112,7 +112,7 @@ async def metadata(ctx, req):
                     results.append(_topic_entry(ctx, cls, meta, include_ops))
                 continue
             if not _may(ctx, Op.DESCRIBE, name):
-                results.append(make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, partitions=()))
+                results.append(make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, is_internal=is_internal(name), partitions=()))
                 continue
             try:
                 meta = await broker.logs.topics.get(name)
