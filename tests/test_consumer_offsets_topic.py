@@ -575,3 +575,56 @@ def test_the_compactor_keeps_the_latest_commit_per_key(broker_factory):
         raise AssertionError(f"{[(o, decode_key(k)) for o, k, _v in read_partition(b.bootstrap, partition)]}\n" + "\n".join(log[-30:]))
     survivors = [(off, decode_key(k)) for off, k, v in read_partition(b.bootstrap, partition)]
     assert survivors[0] == (1, ("group", group)) and (20, ("offset", group, "src", 0)) in survivors
+
+
+@pytest.mark.skipif(not os.path.exists(ETCD_BIN), reason="etcd binary not installed (make system-deps)")
+@pytest.mark.timeout(60)
+async def test_groups_let_go_when_their_partition_moves(backends):  # noqa: F811
+    """In-process: two EtcdClusters; when the second takes its share of __consumer_offsets
+    (no change of coordinator by membership alone would tell), the first one's group
+    coordinator is told and lets go of the groups whose partitions moved, and keeps the others."""
+    import uuid
+    from types import SimpleNamespace
+
+    from kafscale.cluster.etcd_cluster import EtcdCluster
+    from kafscale.cluster.membership import BrokerNode
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata.etcd import EtcdKV
+    from kafscale.metadata.store import MetadataStore, TopicMeta
+    from tests.support.wait import wait_until_async
+
+    etcd, _moto = backends
+    prefix = f"/moves-{uuid.uuid4().hex[:8]}"
+    kvs = [EtcdKV.from_url(etcd.url, prefix=prefix) for _ in range(2)]
+    stores = [MetadataStore(kv) for kv in kvs]
+    await stores[0].create_topic(TopicMeta(OFFSETS_TOPIC, 8))
+    first = EtcdCluster(BrokerNode(0, "127.0.0.1", 1), kvs[0], stores[0], 5, offsets_topic_partitions=8)
+    second = EtcdCluster(BrokerNode(1, "127.0.0.1", 2), kvs[1], stores[1], 5, offsets_topic_partitions=8)
+    calls = []
+    first.group_listeners.append(lambda c: calls.append(c))
+    groups = GroupCoordinator(stores[0], SimpleNamespace(), first)
+    await first.start()
+    try:
+        names = [f"g{i}" for i in range(40)]
+        assert all(first.is_group_coordinator(g) for g in names)  # alone, it coordinates all
+        for g in names:  # each becomes a loaded (offsets-only) group on the first broker
+            assert await groups.commit_offsets(g, member_id="", group_instance_id=None, generation_id=-1,
+                                               offsets={("t", 0): CommittedOffset(1)}, api_version=8) == ErrorCode.none
+        assert set(groups.groups) == set(names)
+        await second.start()
+        def seconds():
+            return {p for p in range(8) if first.owner_of(OFFSETS_TOPIC, p) == 1 and second.owns(OFFSETS_TOPIC, p)}
+
+        await wait_until_async(lambda: len(seconds()) == 4, 20, "the second broker to own its half of the topic, as the first sees it")
+        moved = {g for g in names if kafka_partition_for(g, 8) in seconds()}
+        assert moved and moved != set(names)
+        assert calls, "the group listeners were not told of the ownership change"
+        await wait_until_async(lambda: set(groups.groups) == set(names) - moved, 10, "the moved groups to be let go")
+        assert all(second.is_group_coordinator(g) == (g in moved) for g in names)
+        assert all(first.is_group_coordinator(g) == (g not in moved) for g in names)
+    finally:
+        await groups.stop()
+        await second.stop()
+        await first.stop()
+        for s in stores:
+            await s.close()

@@ -152,6 +152,10 @@ class GroupCoordinator:
             if group is not None:
                 self._cancel_timer(group_id)
                 self._resolve(group.unload(ErrorCode.not_coordinator))
+            for pid in [p for p, gs in self._txn_groups.items() if group_id in gs]:
+                self._txn_groups[pid].discard(group_id)
+                if not self._txn_groups[pid]:
+                    del self._txn_groups[pid]
 
     # -- membership -------------------------------------------------------------------------
 
