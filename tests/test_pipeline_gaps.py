@@ -162,3 +162,30 @@ def test_planned_byte_ranges_of_a_rewritten_object_are_replanned(tmp_path):
     got = [(sl.start_offset, int(o)) for sl in slices for chunk in seg.read_slice(opts, sl) for o in chunk.offsets]
     assert got == [(sl.start_offset, o) for sl in slices for o in range(36, 40) if sl.start_offset <= o < sl.end_offset]
     assert [o for _s, o in got] == [36, 37, 38, 39]
+
+
+def test_a_truncated_object_under_planned_ranges_is_reported_when_skipped(tmp_path):
+    """A ranged slice whose object was cut short (damage, not a rewrite) re-plans, finds the
+    segment unreadable: with failOnCorruption=false its offsets are skipped and reported;
+    with true the read fails naming the object."""
+    t = t0()
+    recs = [Rec(o, ts(t, o), b"k", b"v%d" % o) for o in range(20)]
+    batches = [gap_batch(b, b + 3, recs[b : b + 4]) for b in range(0, 20, 4)]
+    write_partition_sync(tmp_path, "cut", 0, [Seg(0, 19, batches)])
+    url = f"file://{tmp_path}/objects"
+
+    async def plan(s):
+        listing = await seg.list_topics(s, NS, topics=["cut"])
+        return await seg.plan_slices(s, listing, {("cut", 0): seg.PartitionRange(0, 20)}, max_partition_bytes=len(batches[0]) * 2)
+
+    slices = seg.run_with_store(url, plan)
+    assert len(slices) > 1 and slices[-1].byte_range
+    path = tmp_path / "objects" / NS / "cut" / "0" / f"segment-{0:020d}.kfs"
+    path.write_bytes(path.read_bytes()[: slices[-1].byte_range[0] + 30])  # cut inside the last range
+    log_dir = str(tmp_path / "skipped")
+    got = [int(o) for chunk in seg.read_slice(seg.ReadOptions(url, NS, fail_on_corruption=False, corruption_log=log_dir), slices[-1]) for o in chunk.offsets]
+    assert got == []
+    report = seg.read_skip_log(log_dir)
+    assert report["offsets_skipped"] == slices[-1].end_offset - slices[-1].start_offset
+    with pytest.raises(seg.CorruptSegmentError, match="segment-00000000000000000000.kfs"):
+        list(seg.read_slice(seg.ReadOptions(url, NS), slices[-1]))

@@ -1337,7 +1337,15 @@ def read_slice(opts: ReadOptions, s: SegmentSlice, prefetched: bytes | None = No
             # other positions; re-list the partition and read whatever covers what is still
             # missing (whole objects).
             replanned = True
-            pending = [(sl.key, sl.byte_range, sl.range_bounds) for sl in _replan(opts, s, st.next_expected)]
+            slices = _replan(opts, s, st.next_expected)
+            pending = [(sl.key, sl.byte_range, sl.range_bounds) for sl in slices]
+            # Offsets the new plan leaves out lie in segments found damaged (and skipped:
+            # failOnCorruption=false; any other gap fails the re-plan): report them.
+            pos = st.next_expected
+            for lo, hi in [(sl.start_offset, sl.end_offset) for sl in slices] + [(s.end_offset, s.end_offset)]:
+                if lo > pos:
+                    st.skipped.add(CorruptSegmentError(key, "unreadable segment found when re-planning", offset=pos), lo - pos)
+                pos = max(pos, hi)
             continue
         deferred = None
         if byte_range is None:
