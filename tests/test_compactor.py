@@ -13,6 +13,7 @@ from kafscale.metadata.kv import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import cleaner, segment
+from kafscale.storage.cache import SegmentView
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import LocalObjectStore
 
@@ -139,4 +140,19 @@ async def test_nothing_at_or_after_an_open_transaction_is_cleaned(tmp_path):
     assert all(c for b, c in cleaned if b < txn_first) and not any(c for b, c in cleaned if b >= txn_first), cleaned
     got = await _read(mgr, "t")
     assert (txn_first, b"k0", b"in-txn") in got and (txn_first + 1, b"k0", b"later") in got
+    await _close(mgr)
+
+
+async def test_a_stale_cached_view_is_never_a_rewrites_input(tmp_path):
+    """The cache may hold, under a segment's key, a view of an older object (a load that
+    ended after a merge's swap): a pass reads such a segment from the store instead."""
+    mgr = _manager(tmp_path)
+    written = await _setup(mgr, "t", 4, 10, 10)
+    lg = await mgr.get_log("t", 0)
+    seg = lg.state.segments[3]  # the latest values, read by _read (not the group's first)
+    older = records.build_batch([written[seg.base_offset + i] for i in range(3)], base_offset=seg.base_offset)  # an older, shorter object
+    mgr.cache.put(("t", 0, seg.base_offset), SegmentView(seg.base_offset, older))
+    assert await mgr.compactor.compact(lg)
+    mgr.reader.drop("t")
+    assert await _read(mgr, "t") == _latest(written)
     await _close(mgr)

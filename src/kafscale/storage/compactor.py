@@ -36,12 +36,37 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.storage import cleaner, segment
+from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager, PartitionLog
 
 log = logging.getLogger("kafscale.compactor")
+
+
+async def read_segment_batches(manager: "LogManager", topic: str, partition: int, seg: segment.SegmentInfo) -> memoryview:
+    """The batches of the committed segment `seg`, for a rewrite (compaction, merge): from the
+    segment cache only when the cached view is exactly the committed object's batches (its
+    size says so), else from the store, checked to be that segment or a superset of it (a
+    merge or compaction replaced it and crashed before its swap); either way bounded by the
+    segment's offsets. Whatever a rewrite reads it writes back as the only copy, so a view
+    the cache holds for an older object under the key (a load that ended after a swap) must
+    never be its input."""
+    view = manager.cache.get((topic, partition, seg.base_offset))
+    if view is not None and len(view.data) + segment.HEADER_SIZE + segment.FOOTER_SIZE == seg.size:
+        return segment.batches_through(view.data, seg.last_offset)
+    key = segment.segment_key(manager.namespace, topic, partition, seg.base_offset)
+    try:
+        data = await manager.store.get(key)
+    except ObjectNotFound as e:
+        raise StorageError(f"segment {key} is gone (retention, DeleteRecords?)") from e
+    decoded = segment.decode(data, name=key)
+    got = decoded.info
+    if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
+        raise StorageError(f"{key} is not the committed segment (offsets {got.base_offset}-{got.last_offset}, created {got.created_ms})")
+    manager.stats["gets"] += 1
+    return segment.batches_through(decoded.batches, seg.last_offset)
 
 
 class Compactor:
@@ -120,10 +145,7 @@ class Compactor:
         return True
 
     async def _read(self, lg: "PartitionLog", seg: segment.SegmentInfo) -> memoryview:
-        """The batches of a committed segment, bounded by its offsets (the object may hold
-        more: a merge or compaction replaced it and crashed before its swap)."""
-        view = await self.manager.reader.segment_view(lg.topic, lg.partition, seg)
-        return segment.batches_through(view.data, seg.last_offset)
+        return await read_segment_batches(self.manager, lg.topic, lg.partition, seg)
 
     async def _clean_group(self, lg: "PartitionLog", group: list[segment.SegmentInfo], c: cleaner.BatchCleaner) -> bool:
         mgr = self.manager

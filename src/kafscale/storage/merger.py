@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.storage import segment
+from kafscale.storage.compactor import read_segment_batches
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
 if TYPE_CHECKING:
@@ -156,10 +157,9 @@ class SegmentMerger:
             return False
         bodies = [segment.batches_through(decoded.batches, run[0].last_offset)]
         for seg in run[1:]:
-            view = await mgr.reader.segment_view(lg.topic, lg.partition, seg)
-            # A view may hold more than the segment (its key was replaced by an earlier
-            # merge that never committed): keep exactly this segment's offsets.
-            bodies.append(segment.batches_through(view.data, seg.last_offset))
+            # Exactly this segment's batches (never a stale cached view; an object holding
+            # more, from an earlier merge that never committed, is bounded by its offsets).
+            bodies.append(await read_segment_batches(mgr, lg.topic, lg.partition, seg))
         body = b"".join(bodies)
         # The aborted-transaction entries of the run, in offset order (each segment's are).
         enc = segment.encode(
