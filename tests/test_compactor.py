@@ -156,3 +156,23 @@ async def test_a_stale_cached_view_is_never_a_rewrites_input(tmp_path):
     mgr.reader.drop("t")
     assert await _read(mgr, "t") == _latest(written)
     await _close(mgr)
+
+
+async def test_segment_metadata_keeps_the_compaction_fields_and_reads_old_entries(tmp_path):
+    """SegmentInfo.cleaned / delete_horizon_ms round-trip through the metadata store; an
+    entry written before compaction (without them) reads as dirty, with no horizon."""
+    from kafscale.metadata import keys
+    from kafscale.metadata.kv import Txn
+
+    meta = MetadataStore(SqliteKV(tmp_path / "metadata.sqlite"))
+    await meta.create_topic(TopicMeta("t", 1))
+    st = await meta.get_partition("t", 0)
+    st = await meta.commit_segment(st, segment.SegmentInfo(0, 9, 100, 10, 5, 5, cleaned=True, delete_horizon_ms=1234))
+    st = await meta.commit_segment(st, segment.SegmentInfo(10, 19, 100, 10, 5, 5))
+    old = b'{"base_offset":20,"last_offset":29,"size":100,"record_count":10,"max_timestamp":5,"created_ms":5}'
+    assert await meta.kv.commit(Txn(puts=[(keys.segment("t", 0, 20), old)]))
+    got = (await meta.get_partition("t", 0)).segments
+    assert [(s.cleaned, s.delete_horizon_ms) for s in got] == [(True, 1234), (False, -1), (False, -1)]
+    raw = await meta.kv.get(keys.segment("t", 0, 10))
+    assert b"cleaned" not in raw.value and b"delete_horizon_ms" not in raw.value  # defaults stay out
+    await meta.close()
