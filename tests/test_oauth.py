@@ -98,6 +98,8 @@ def test_bad_tokens_fail_with_authentication_error(oauth_broker, make_token):
     errors = []
     p = Producer({**_conf(sasl, make_token), "error_cb": errors.append})
     wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "an authentication error")
+    # librdkafka answers the error challenge with %x01 and reports the broker's final message
+    assert any('{"status":"invalid_token"}' in e.str() for e in errors if e.code() == KafkaError._AUTHENTICATION), [e.str() for e in errors]
 
 
 def test_kafka_python_oauthbearer(oauth_broker):
@@ -139,3 +141,85 @@ def test_aiokafka_oauthbearer(oauth_broker):
 
     asyncio.run(run())
     assert "authenticated User:ak-user with SASL OAUTHBEARER" in _b.log_text()
+
+
+# -- RFC 7628's error challenge ---------------------------------------------------------------
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+
+
+def _raw_exchange(sasl: int, first: bytes, second: bytes | None = b"\x01"):
+    from tests.support import raw
+
+    with raw.RawClient(f"127.0.0.1:{sasl}") as c:
+        assert c.request(SASL_HANDSHAKE, 1, raw.req(SASL_HANDSHAKE, 1, mechanism="OAUTHBEARER")).error_code == 0
+        r1 = c.request(SASL_AUTHENTICATE, 2, raw.req(SASL_AUTHENTICATE, 2, auth_bytes=first))
+        r2 = c.request(SASL_AUTHENTICATE, 2, raw.req(SASL_AUTHENTICATE, 2, auth_bytes=second)) if second is not None and r1.error_code == 0 else None
+        return r1, r2, c.wait_closed(5)
+
+
+def test_bad_token_gets_the_json_error_challenge_then_fails(oauth_broker):
+    """Kafka's OAuthBearerSaslServer: a refused token is answered with {"status":"invalid_token"}
+    as a challenge (no error); the client's %x01 then gets SASL_AUTHENTICATION_FAILED with that
+    JSON as the message, and the connection closes. The reason is only in the broker's log."""
+    from kafscale.errors import ErrorCode
+
+    b, sasl = oauth_broker
+    before = b.log_text().count("SASL OAUTHBEARER authentication from")
+    first, second, closed = _raw_exchange(sasl, f"n,,\x01auth=Bearer {token(exp_in=-3600)}\x01\x01".encode())
+    assert (first.error_code, bytes(first.auth_bytes), first.session_lifetime.total_seconds()) == (ErrorCode.none, b"{\"status\":\"invalid_token\"}", 0)
+    assert (second.error_code, second.error_message) == (ErrorCode.sasl_authentication_failed, '{"status":"invalid_token"}')
+    assert closed
+    wait_until(lambda: b.log_text().count("SASL OAUTHBEARER authentication from") == before + 1, 10, "one log line")
+    assert "failed: Authentication failed: the token expired" in b.log_text()
+    # something else than %x01 after the challenge ends the exchange the same way, with a line saying so
+    _first, second, closed = _raw_exchange(sasl, f"n,,\x01auth=Bearer {token(key=OTHER)}\x01\x01".encode(), b"n,,\x01auth=Bearer again\x01\x01")
+    assert second.error_code == ErrorCode.sasl_authentication_failed and closed
+    wait_until(lambda: "expected %x01 after the error challenge" in b.log_text(), 10, "the line about the client's answer")
+    # a malformed client message is no token to refuse: it fails at once, as Kafka's
+    first, second, closed = _raw_exchange(sasl, b"garbage")
+    assert first.error_code == ErrorCode.sasl_authentication_failed and second is None and closed
+    # a valid token on a new connection is unaffected
+    first, _second, _closed = _raw_exchange(sasl, f"n,,\x01auth=Bearer {token()}\x01\x01".encode(), None)
+    assert (first.error_code, bytes(first.auth_bytes)) == (ErrorCode.none, b"")
+
+
+def test_kafka_python_and_aiokafka_with_a_bad_token(oauth_broker, caplog):
+    """kafka-python answers the challenge with %x01 and gets SaslAuthenticationFailedError
+    with the JSON; aiokafka (0.12) takes the challenge for success and sends its next
+    request, which closes the connection (as Kafka's broker does): a connection error."""
+    import asyncio
+    import logging
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.abc import AbstractTokenProvider as AioProvider
+    from aiokafka.errors import KafkaConnectionError
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KPError
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    class Expired(AbstractTokenProvider):
+        def token(self):
+            return token(exp_in=-3600)
+
+    b, sasl = oauth_broker
+    with caplog.at_level(logging.WARNING, logger="kafka"), pytest.raises(KPError):
+        KafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl}", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                      sasl_oauth_token_provider=Expired(), bootstrap_timeout_ms=2000)
+    assert any("SaslAuthenticationFailedError" in r.getMessage() and '{"status":"invalid_token"}' in r.getMessage() for r in caplog.records)
+
+    class AioExpired(AioProvider):
+        async def token(self):
+            return token(exp_in=-3600)
+
+    async def run():
+        p = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl}", security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                             sasl_oauth_token_provider=AioExpired())
+        try:
+            with pytest.raises(KafkaConnectionError):
+                await p.start()
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
+    wait_until(lambda: "before SASL authentication on listener SASL_PLAINTEXT" in b.log_text(), 10, "the broker closing aiokafka's connection")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.security import scram
-from kafscale.security.oauth import JwtSettings, JwtValidator, parse_client_message
+from kafscale.security.oauth import CLIENT_ERROR_ACK, INVALID_TOKEN_CHALLENGE, ErrorChallengeSent, InvalidToken, JwtSettings, JwtValidator, parse_client_message
 from kafscale.security.principal import user as user_principal
 from kafscale.security.sasl import FailureLimiter, SaslError, SaslSession, load_users_file, parse_mechanisms, parse_plain
 
@@ -73,7 +73,21 @@ class Authenticator:
             if mechanism == "PLAIN":
                 reply, user = b"", await self._plain(token)
             elif mechanism == "OAUTHBEARER":
-                reply, user = b"", await self._oauth(session, token)
+                if isinstance(session.exchange, ErrorChallengeSent):
+                    # the client's %x01 after our error challenge (anything else ends it too):
+                    # the failure was logged and counted when the token was refused
+                    if bytes(token) != CLIENT_ERROR_ACK:
+                        log.warning("SASL OAUTHBEARER from %s: expected %%x01 after the error challenge", peer, extra={"peer": peer})
+                    session.failed = True
+                    message, session.exchange = session.exchange.message, None
+                    return b"", message
+                try:
+                    reply, user = b"", await self._oauth(session, token)
+                except InvalidToken as e:
+                    # RFC 7628 / Kafka: the error as a challenge; the exchange fails after the client's %x01
+                    self._failed(mechanism, peer, address, e)
+                    session.exchange = ErrorChallengeSent()
+                    return INVALID_TOKEN_CHALLENGE.encode(), None
             else:
                 reply, user = await self._scram(session, token)
             if user is None:
@@ -88,11 +102,8 @@ class Authenticator:
             message = str(e) if isinstance(e, SaslError) else (
                 f"Authentication failed during authentication due to invalid credentials with SASL mechanism {mechanism}"
                 if str(e) == "invalid credentials" else f"Authentication failed: {e}")
-            self.limiter.failed(address, time.monotonic())
             session.failed = True
-            log.warning("SASL %s authentication from %s failed: %s", mechanism, peer, e, extra={"peer": peer})
-            for hook in self.hooks:
-                hook(mechanism, False)
+            self._failed(mechanism, peer, address, e)
             return b"", message
         except MetadataUnavailable as e:
             session.failed = True
@@ -105,6 +116,13 @@ class Authenticator:
                  " (re-authentication)" if session.reauthentications else "", extra={"peer": peer})
         session.reauthentications += 1
         return reply, None
+
+    def _failed(self, mechanism: str, peer: str, address: str, reason: Exception) -> None:
+        """One failed authentication: slower next attempts from the address, one log line, counted."""
+        self.limiter.failed(address, time.monotonic())
+        log.warning("SASL %s authentication from %s failed: %s", mechanism, peer, reason, extra={"peer": peer})
+        for hook in self.hooks:
+            hook(mechanism, False)
 
     async def _plain(self, token: bytes) -> str:
         _authzid, name, password = parse_plain(token)

@@ -44,8 +44,12 @@ READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffe
 MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the OS (memory.py)
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
 # Why a connection does not read (any of them pauses it).
-PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH, PAUSE_THROTTLE, PAUSE_SERIAL = 1, 2, 4, 8, 16, 32
-PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL  # reasons that stop even buffered frames
+PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH, PAUSE_THROTTLE, PAUSE_SERIAL, PAUSE_FAILED = 1, 2, 4, 8, 16, 32, 64
+PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL | PAUSE_FAILED  # reasons that stop even buffered frames
+# After a failed authentication is answered, the connection closes this much later: a client
+# that reads the answer and the end of the connection in one go (kafka-python 3) would
+# otherwise drop the answer and report a lost connection instead of the failure.
+SASL_FAILURE_CLOSE_DELAY_S = 0.1
 API_VERSIONS = 18
 PRODUCE = 0
 FETCH = 1
@@ -372,9 +376,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if ready and not self.closing:
             self.last_active = time.monotonic()
             self.transport.writelines(ready)
-        if self.sasl is not None and self.sasl.failed and not self._pending:
+        if self.sasl is not None and self.sasl.failed and not self._pending and not self._pause_reasons & PAUSE_FAILED:
             # Kafka closes the connection once the failure is answered (logged already).
-            self._close("SASL authentication failed", logging.DEBUG)
+            self._pause(PAUSE_FAILED)
+            asyncio.get_running_loop().call_later(SASL_FAILURE_CLOSE_DELAY_S, self._close, "SASL authentication failed", logging.DEBUG)
             return
         if self._pause_reasons & PAUSE_INFLIGHT and len(self._pending) < MAX_INFLIGHT_PER_CONNECTION // 2:
             self._unpause(PAUSE_INFLIGHT)

@@ -45,6 +45,25 @@ def parse_client_message(data: bytes) -> tuple[str, dict[str, str]]:
     return token.strip(), pairs
 
 
+class InvalidToken(SaslError):
+    """The token is refused (signature, expiry, issuer, audience, claims): answered with
+    RFC 7628's error challenge, not at once."""
+
+
+# RFC 7628 section 3.2.2 and Kafka's OAuthBearerSaslServer: a refused token gets this JSON
+# as a server challenge (error code NONE); the client answers with a lone %x01, and only
+# then does the exchange fail, with this JSON as SaslAuthenticate's error message.
+INVALID_TOKEN_CHALLENGE = '{"status":"invalid_token"}'
+CLIENT_ERROR_ACK = b"\x01"
+
+
+@dataclass(frozen=True)
+class ErrorChallengeSent:
+    """The session's exchange state after the error challenge: the next client message ends it."""
+
+    message: str = INVALID_TOKEN_CHALLENGE
+
+
 def _b64json(part: str) -> dict:
     padded = part + "=" * (-len(part) % 4)
     return json.loads(base64.urlsafe_b64decode(padded.encode()))
@@ -88,22 +107,23 @@ class JwtValidator:
         return self._keys
 
     def validate(self, token: str, now: float | None = None) -> tuple[str, float]:
-        """(principal name, expiry as a UNIX time) of a valid token; raises SaslError."""
+        """(principal name, expiry as a UNIX time) of a valid token; raises InvalidToken (the
+        token is refused) or SaslError (the server cannot check it: the JWKS is unreadable)."""
         now = time.time() if now is None else now
         parts = token.split(".")
         if len(parts) != 3:
-            raise SaslError("Authentication failed: the token is not a JWS compact serialization")
+            raise InvalidToken("Authentication failed: the token is not a JWS compact serialization")
         try:
             header = _b64json(parts[0])
         except Exception:  # noqa: BLE001
-            raise SaslError("Authentication failed: unreadable token header") from None
+            raise InvalidToken("Authentication failed: unreadable token header") from None
         if str(header.get("alg", "")).lower() == "none":
             if not self.settings.allow_unsecured:
-                raise SaslError("Authentication failed: unsecured tokens (alg none) are not accepted")
+                raise InvalidToken("Authentication failed: unsecured tokens (alg none) are not accepted")
             try:
                 claims = _b64json(parts[1])
             except Exception:  # noqa: BLE001
-                raise SaslError("Authentication failed: unreadable token claims") from None
+                raise InvalidToken("Authentication failed: unreadable token claims") from None
         else:
             from joserfc import jwt
             from joserfc.errors import JoseError
@@ -111,7 +131,7 @@ class JwtValidator:
             try:
                 claims = jwt.decode(token, self._keyset(), algorithms=SIGNED_ALGORITHMS).claims
             except JoseError as e:
-                raise SaslError(f"Authentication failed: invalid token ({e.error or type(e).__name__})") from None
+                raise InvalidToken(f"Authentication failed: invalid token ({e.error or type(e).__name__})") from None
             except (OSError, ValueError) as e:
                 raise SaslError(f"Authentication failed: cannot read the JWKS ({e})") from None
         return self._check_claims(claims, now)
@@ -120,20 +140,20 @@ class JwtValidator:
         s = self.settings
         exp = claims.get("exp")
         if not isinstance(exp, (int, float)):
-            raise SaslError("Authentication failed: the token has no expiry (exp)")
+            raise InvalidToken("Authentication failed: the token has no expiry (exp)")
         if exp + s.clock_skew_s < now:
-            raise SaslError("Authentication failed: the token expired")
+            raise InvalidToken("Authentication failed: the token expired")
         nbf = claims.get("nbf")
         if isinstance(nbf, (int, float)) and nbf - s.clock_skew_s > now:
-            raise SaslError("Authentication failed: the token is not valid yet")
+            raise InvalidToken("Authentication failed: the token is not valid yet")
         if s.issuer and claims.get("iss") != s.issuer:
-            raise SaslError("Authentication failed: wrong token issuer")
+            raise InvalidToken("Authentication failed: wrong token issuer")
         if s.audience:
             aud = claims.get("aud")
             auds = aud if isinstance(aud, list) else [aud]
             if s.audience not in auds:
-                raise SaslError("Authentication failed: wrong token audience")
+                raise InvalidToken("Authentication failed: wrong token audience")
         name = claims.get(s.principal_claim)
         if not isinstance(name, str) or not name:
-            raise SaslError(f"Authentication failed: the token has no {s.principal_claim} claim")
+            raise InvalidToken(f"Authentication failed: the token has no {s.principal_claim} claim")
         return name, float(exp)
