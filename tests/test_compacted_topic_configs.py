@@ -369,3 +369,26 @@ def test_null_key_refused_in_an_old_message_format(broker, admin, topic_name, ap
         assert p.send(topic_name, key=b"j", value=None, partition=0).get(15).offset == 1
     finally:
         p.close()
+
+
+def test_key_check_decompressions_have_their_own_metric(broker_factory, topic_name):
+    """/metrics: a compressed batch sent to a compacted topic moves
+    kafscale_key_check_decompressions_total, never kafscale_decompressions_total (whose 0
+    under produce/fetch load is the hot path's promise); uncompressed batches move neither."""
+    import urllib.request
+
+    from tests.support.broker import free_port
+
+    http = free_port()
+    b = broker_factory(extra_args=["--http", f"127.0.0.1:{http}", "--merge-interval-ms", "0"])
+
+    def metric(name: str) -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10).read().decode()
+        return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    create(AdminClient({"bootstrap.servers": b.bootstrap}), topic_name, {"cleanup.policy": "compact"})
+    before = (metric("kafscale_key_check_decompressions_total"), metric("kafscale_decompressions_total"))
+    for codec, code in ((records.COMPRESSION_NONE, 0), (records.COMPRESSION_LZ4, 0), (records.COMPRESSION_ZSTD, INVALID_RECORD)):
+        recs = [(b"k", b"v"), (b"j", b"w")] if code == 0 else [(b"k", b"v"), (None, b"w")]
+        assert error_code(produce_raw(b.bootstrap, topic_name, records.build_batch(recs, codec=codec)).error_code) == code
+    assert (metric("kafscale_key_check_decompressions_total"), metric("kafscale_decompressions_total")) == (before[0] + 2, before[1])
