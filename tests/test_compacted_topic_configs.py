@@ -302,15 +302,16 @@ def test_null_key_refused_raw_produce(broker, admin, topic_name, codec):
     create(admin, topic_name, {"cleanup.policy": "compact,delete"})
     batch = records.build_batch([(b"a", b"1"), (None, b"2"), (b"c", b"3"), (None, None)], codec=CODECS[codec], timestamp=0)
     with RawClient(broker.bootstrap) as c:
-        r = c.produce(topic_name, 0, batch)
-        assert error_code(r.error_code) == INVALID_RECORD and r.base_offset == -1
+        r = c.produce(topic_name, 0, batch, timeout_ms=30000)
+        assert (error_code(r.error_code), r.base_offset) == (INVALID_RECORD, -1), r
         assert [(e.batch_index, e.batch_index_error_message) for e in r.record_errors] == [
             (1, f"{NO_KEY} {topic_name}-0"), (3, f"{NO_KEY} {topic_name}-0")]
         assert r.error_message.startswith("One or more records have been rejected due to 2 record errors in total")
         # the connection is kept: a keyed batch on it is appended
-        ok = c.produce(topic_name, 0, records.build_batch([(b"a", b"1"), (b"b", None)], codec=CODECS[codec]))
-        assert (error_code(ok.error_code), ok.base_offset, ok.record_errors) == (0, 0, ())
-        fetched = c.fetch(topic_name, 0, 0)
+        ok = c.produce(topic_name, 0, records.build_batch([(b"a", b"1"), (b"b", None)], codec=CODECS[codec]), timeout_ms=30000)
+        assert (error_code(ok.error_code), ok.base_offset, ok.record_errors) == (0, 0, ()), ok
+        fetched = c.fetch(topic_name, 0, 0, max_wait_ms=1000)
+    assert error_code(fetched.error_code) == 0, fetched
     got = [(rec.offset, rec.key, rec.value) for pos, h in records.iter_batches(fetched.records or b"") for rec in records.decode_records(fetched.records, pos, h)]
     assert got == [(0, b"a", b"1"), (1, b"b", None)]
 
