@@ -20,6 +20,10 @@ SIGTERM 502 ms (keys) / 496 ms (Metadata), join 521 / 694 ms; with the etcd watc
 (#14.5), SIGTERM 63 / 52 ms, join 61 / 82 ms. With 60 partitions (3 rounds): poll 516 /
 492 ms and 570 / 637 ms; watches 207 / 144 ms and 154 / 170 ms (the rest is one etcd
 transaction per partition moved).
+Since every cluster also has `__consumer_offsets` (50 partitions, #16), 3 rounds with the
+12-partition topic: one release or takeover at a time, SIGTERM 233 / 137 ms and join 152 /
+179 ms; releases and takeovers of one reconcile (and of a shutdown) run together: SIGTERM
+86 / 67 ms, join 78 / 106 ms.
 """
 
 from __future__ import annotations

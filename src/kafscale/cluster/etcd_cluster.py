@@ -254,8 +254,11 @@ class EtcdCluster(Cluster):
             t.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=1.0)  # watch streams closed before the channels
-        for key in list(self._owned):
-            await self._release(*key, flush=True)
+        # All at once: each release is a flush and an etcd delete of its own, and a broker
+        # owns its share of __consumer_offsets' 50 partitions besides the users' topics.
+        results = await asyncio.gather(*(self._release(*key, flush=True) for key in list(self._owned)), return_exceptions=True)
+        for error in (r for r in results if isinstance(r, Exception)):
+            log.warning("releasing a partition on shutdown failed (its lease runs out): %s", error)
         self._keeper_stop.set()
         if self._keeper is not None:
             await asyncio.to_thread(self._keeper.join, self.ttl)
@@ -439,6 +442,7 @@ class EtcdCluster(Cluster):
         for (t, p), (node, _epoch) in self._owners.items():
             current.setdefault(t, {})[p] = node
         self._desired = {m.name: assign_topic(m.name, m.partitions, live_ids, current.get(m.name)) for m in topics}
+        moves = []  # releases and takeovers, each its own flush / etcd transaction: run together
         for meta in topics:
             for p in range(meta.partitions):
                 key = (meta.name, p)
@@ -451,11 +455,14 @@ class EtcdCluster(Cluster):
                         if self.on_release is not None:
                             await self.on_release(*key, False)
                     elif desired != me:
-                        await self._release(*key, flush=True)
+                        moves.append(self._release(*key, flush=True))
                 elif desired == me and (current is None or current[0] == me):
                     # Free, or ours from before (etcd outage, or this id restarted): take it
                     # with a new epoch, so anything written under the old one is fenced.
-                    await self._acquire(*key)
+                    moves.append(self._acquire(*key))
+        failures = [r for r in await asyncio.gather(*moves, return_exceptions=True) if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]  # the reconcile loop logs it and tries again soon
         # Ownership of topics that were deleted (by another broker, if our logs still run).
         names = set(self._partition_counts)
         for key in [k for k in self._owned if k[0] not in names]:
