@@ -628,3 +628,49 @@ async def test_groups_let_go_when_their_partition_moves(backends):  # noqa: F811
         await first.stop()
         for s in stores:
             await s.close()
+
+
+async def test_expiry_and_offset_delete_write_tombstones(tmp_path):
+    """The coordinator's records for removals (in-process, the append captured): an offset
+    expired by offsets.retention.minutes and then its empty offsets-only group go as
+    tombstones, offset by offset and then the group; OffsetDelete's too."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata.kv import SqliteKV
+    from kafscale.metadata.store import MetadataStore
+
+    store = MetadataStore(SqliteKV(tmp_path / "m.sqlite"))
+    clock = SimpleNamespace(now=1_000_000.0)
+    appended = []
+
+    async def append(topic, partition, recs):
+        appended.append((topic, partition, [(decode_key(k), v is None) for k, v in recs]))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    groups = GroupCoordinator(store, SimpleNamespace(offsets_retention_minutes=1), clock=lambda: clock.now, append_records=append)
+    try:
+        commit = dict(member_id="", group_instance_id=None, generation_id=-1, api_version=8)
+        for g in ("gexp", "gdel"):
+            assert await groups.commit_offsets(g, offsets={("t", 0): CommittedOffset(5), ("t", 1): CommittedOffset(6)}, **commit) == ErrorCode.none
+        assert appended[0] == (OFFSETS_TOPIC, kafka_partition_for("gexp"), [(("offset", "gexp", "t", 0), False), (("offset", "gexp", "t", 1), False)])
+        appended.clear()
+        error, per_partition = await groups.delete_offsets("gdel", [("t", 1)])
+        assert error == ErrorCode.none and per_partition == {("t", 1): ErrorCode.none}
+        assert appended == [(OFFSETS_TOPIC, kafka_partition_for("gdel"), [(("offset", "gdel", "t", 1), True)])]
+        appended.clear()
+        clock.now += 30_000
+        await groups.commit_offsets("gdel", offsets={("t", 0): CommittedOffset(9)}, **commit)  # a fresh commit: not expired
+        appended.clear()
+        clock.now += 30_000
+        assert await groups.expire_offsets() == 2  # gexp's two offsets; gdel's t-0 is younger
+        assert appended == [
+            (OFFSETS_TOPIC, kafka_partition_for("gexp"), [(("offset", "gexp", "t", 0), True), (("offset", "gexp", "t", 1), True)]),
+            (OFFSETS_TOPIC, kafka_partition_for("gexp"), [(("group", "gexp"), True)]),
+        ]
+    finally:
+        await groups.stop()
+        await store.close()
