@@ -5,12 +5,16 @@
 Columns follow Spark's Kafka sink: `value` (binary or string, required), and optionally `key`
 (binary or string), `headers` (array<struct<key: string, value: binary>>), `topic` (used
 when no `topic` option is given) and `partition` (int). Options starting with `kafka.` are
-passed to librdkafka (e.g. `kafka.linger.ms`). Delivery is at least once: a retried Spark
-task produces its rows again.
+passed to librdkafka (e.g. `kafka.linger.ms`), the client security settings too, as with
+Spark's Kafka sink: `kafka.security.protocol`, `kafka.ssl.ca.location`, `kafka.sasl.mechanism`,
+`kafka.sasl.username`, `kafka.sasl.password`, ... (docs/security.md). A failed authentication
+fails the task at once with the client's message. Delivery is at least once: a retried
+Spark task produces its rows again.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -91,9 +95,21 @@ class _Producer:
             from confluent_kafka import Producer as producer_factory  # type: ignore[no-redef]
         conf = {"bootstrap.servers": cfg.bootstrap, "linger.ms": 5, **dict(cfg.producer_config)}
         self.cfg = cfg
+        conf.setdefault("error_cb", self._client_error)
         self.producer = producer_factory(conf)
         self.errors: list[str] = []
+        self.fatal: str | None = None  # authentication refused, or a fatal client error
         self.sent = 0
+
+    def _client_error(self, err) -> None:
+        from confluent_kafka import KafkaError
+
+        if err.code() == KafkaError._AUTHENTICATION or err.fatal():
+            self.fatal = self.fatal or err.str()
+
+    def _check(self) -> None:
+        if self.fatal:
+            raise RuntimeError(f"kafscale sink: cannot write through {self.cfg.bootstrap}: {self.fatal}")
 
     def _delivered(self, err, msg) -> None:
         if err is not None:
@@ -115,11 +131,18 @@ class _Producer:
                 break
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self.producer.poll(0.1)
+                self._check()
         self.sent += 1
         self.producer.poll(0)
+        self._check()
 
     def finish(self) -> int:
-        left = self.producer.flush(FLUSH_TIMEOUT_S)
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:  # flushed in steps, so that a refused authentication ends it at once
+            left = self.producer.flush(min(0.5, max(0.0, deadline - time.monotonic())))
+            self._check()
+            if not left or time.monotonic() >= deadline:
+                break
         if left:
             self.errors.append(f"{left} messages still undelivered after {FLUSH_TIMEOUT_S}s")
         if self.errors:
