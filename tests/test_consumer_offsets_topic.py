@@ -674,3 +674,20 @@ async def test_expiry_and_offset_delete_write_tombstones(tmp_path):
     finally:
         await groups.stop()
         await store.close()
+
+
+async def test_pipeline_patterns_leave_the_internal_topic_out(tmp_path):
+    """The Spark source's subscribePattern matches no internal topic (a Kafka consumer's
+    pattern subscription leaves them out); subscribe names it explicitly."""
+    from kafscale.pipeline.segments import list_topics
+    from kafscale.storage import segment
+    from kafscale.storage.objectstore import open_store
+
+    store = open_store(f"file://{tmp_path}/objects")
+    try:
+        for topic in ("orders", OFFSETS_TOPIC):
+            await store.put(segment.segment_key("default", topic, 0, 0), [b"x"])
+        assert (await list_topics(store, "default", pattern=".*")).topics() == ["orders"]
+        assert (await list_topics(store, "default", topics=[OFFSETS_TOPIC])).topics() == [OFFSETS_TOPIC]
+    finally:
+        await store.close()

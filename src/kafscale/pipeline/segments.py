@@ -36,6 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, TypeVar
 
+from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, open_store
@@ -212,8 +213,8 @@ async def list_topics(
         topic, part, base = parsed
         if topics is not None and topic not in topics:
             continue
-        if regex is not None and not regex.fullmatch(topic):
-            continue
+        if regex is not None and (is_internal(topic) or not regex.fullmatch(topic)):
+            continue  # a pattern leaves internal topics out, as a Kafka consumer's subscribe(Pattern)
         if assigned is not None and part not in assigned[topic]:
             continue
         found.setdefault((topic, part), []).append((base, key))
