@@ -6,6 +6,8 @@ by another key, or an unsecured one; the client message parser and validator wit
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -223,3 +225,87 @@ def test_kafka_python_and_aiokafka_with_a_bad_token(oauth_broker, caplog):
 
     asyncio.run(run())
     wait_until(lambda: "before SASL authentication on listener SASL_PLAINTEXT" in b.log_text(), 10, "the broker closing aiokafka's connection")
+
+
+# -- tokens from an OAuth token endpoint (librdkafka's sasl.oauthbearer.method=oidc) ---------
+
+
+@pytest.fixture(scope="module")
+def token_endpoint():
+    """A client-credentials token endpoint: POST with HTTP basic auth (client id and secret)
+    -> {"access_token": a JWT signed by KEY for sub=<client id>}; client "forged" gets one
+    signed by another key."""
+    import base64
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    issued = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            client, _, secret = base64.b64decode(self.headers.get("Authorization", "Basic ").split(" ", 1)[1]).decode().partition(":")
+            if secret != f"{client}-secret":
+                self.send_response(401)
+                self.end_headers()
+                return
+            issued.append(client)
+            body = json.dumps({"access_token": token(sub=client, key=OTHER if client == "forged" else KEY),
+                               "token_type": "bearer", "expires_in": 300}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/token", issued
+    server.shutdown()
+
+
+def _kcat_unsecured(sasl: int, principal: str) -> list[str]:
+    # Debian's kcat (librdkafka 2.0.2) is built without OIDC: librdkafka's own unsecured JWT
+    return ["-b", f"127.0.0.1:{sasl}", "-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=OAUTHBEARER",
+            "-X", "enable.sasl.oauthbearer.unsecure.jwt=true", "-X", f"sasl.oauthbearer.config=principal={principal}"]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make test installs it)")
+def test_kcat_oauthbearer(oauth_broker, jwks):
+    b, sasl = oauth_broker
+    # the broker refuses unsecured tokens: kcat answers the error challenge and reports the broker's answer
+    bad = subprocess.run(["kcat", "-L", *_kcat_unsecured(sasl, "kcat-user"), "-m", "5"], capture_output=True, timeout=30)
+    assert bad.returncode != 0 and b'{"status":"invalid_token"}' in bad.stderr, bad.stderr[-500:]
+    wait_until(lambda: "unsecured tokens (alg none) are not accepted" in b.log_text(), 10, "the refusal logged")
+    # a broker that allows them (tests only): produce and consume
+    plain, port = free_port(), free_port()
+    dev = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{port}", "--sasl-mechanisms", "OAUTHBEARER",
+        "--oauth-jwks", jwks, "--oauth-allow-unsecured", "true"]).start()
+    try:
+        subprocess.run(["kcat", "-P", *_kcat_unsecured(port, "kcat-user"), "-t", "oauth-kcat"], input=b"one\ntwo\n", check=True, timeout=30)
+        out = subprocess.run(["kcat", "-C", *_kcat_unsecured(port, "kcat-user"), "-t", "oauth-kcat", "-e", "-f", "%s\n"],
+                             capture_output=True, check=True, timeout=30)
+        assert out.stdout.split() == [b"one", b"two"]
+        assert "authenticated User:kcat-user with SASL OAUTHBEARER" in dev.log_text()
+    finally:
+        dev.stop()
+
+
+def test_confluent_kafka_with_tokens_from_a_token_endpoint(oauth_broker, token_endpoint):
+    b, sasl = oauth_broker
+    url, issued = token_endpoint
+    conf = {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER",
+            "sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": "ck-svc", "sasl.oauthbearer.client.secret": "ck-svc-secret",
+            "sasl.oauthbearer.token.endpoint.url": url}
+    p = Producer(conf)
+    p.produce("oauth-oidc", value=b"v")
+    assert p.flush(20) == 0
+    assert "ck-svc" in issued and "authenticated User:ck-svc with SASL OAUTHBEARER" in b.log_text()
+    # a token the broker's keys did not sign: the error challenge, then librdkafka's authentication error
+    errors = []
+    p2 = Producer({**conf, "sasl.oauthbearer.client.id": "forged", "sasl.oauthbearer.client.secret": "forged-secret", "error_cb": errors.append})
+    wait_until(lambda: p2.poll(0.2) is not None and any('{"status":"invalid_token"}' in e.str() for e in errors), 15, "the invalid_token error")
