@@ -541,3 +541,40 @@ def test_ownership_takeover_over_a_gappy_log(etcd_server, moto_server, tmp_path)
     finally:
         for b in brokers:
             b.stop(signal.SIGKILL)
+
+
+async def test_a_view_cached_before_a_compaction_elsewhere_is_not_served(tmp_path):
+    """A broker caches a partition's segments; another broker (the owner) compacts them into
+    one segment under the first key. With the new segment list, the cached view of the old
+    first segment (same key, fewer offsets) must not stand for the new one: the reader
+    loads the new object and serves its survivors, the one from the second segment too."""
+    from kafscale.protocol import records as R
+    from kafscale.storage import segment as S
+    from tests.support.gaps import write_partition
+
+    t = t0()
+    recs = [Rec(o, ts(t, o), b"k%d" % (o % 10), b"v%d" % o) for o in range(20)]
+    await write_partition(tmp_path, "stale", 0, [Seg(0, 9, [gap_batch(0, 9, recs[:10])]), Seg(10, 19, [gap_batch(10, 19, recs[10:])])])
+    mgr = _manager(tmp_path)
+    try:
+        st = await mgr.metadata.get_partition("stale", 0)
+
+        async def offsets(state) -> list[int]:
+            chunks = await mgr.reader.read("stale", 0, state.segments, 0, state.high_watermark, 1 << 20, True)
+            return [r.offset for c in chunks for pos, h in iter_batches(c) for r in R.decode_records(c, pos, h)]
+
+        assert await offsets(st) == list(range(20))  # both segments cached now
+        assert mgr.cache.contains(("stale", 0, 0)) and mgr.cache.contains(("stale", 0, 10))
+        # the owner elsewhere: keys 0-9 updated in 10-19, so only 10-19 survive, and it
+        # wrote them with a trailing gap: 10-12 and 15 kept of the second batch
+        kept = [recs[10], recs[11], recs[12], recs[15]]
+        enc = S.encode([gap_batch(10, 15, kept)], 0, last_offset=19, created_ms=st.segments[0].created_ms)
+        await mgr.store.put(S.segment_key("default", "stale", 0, 0), enc.parts)
+        st2 = await mgr.metadata.update_partition(st, remove_segments=[0, 10], add_segments=[enc.info])
+        st2 = await mgr.metadata.get_partition("stale", 0)
+        assert [(s.base_offset, s.last_offset) for s in st2.segments] == [(0, 19)]
+        assert await offsets(st2) == [10, 11, 12, 15]
+    finally:
+        await mgr.stop()
+        await mgr.metadata.close()
+        await mgr.store.close()

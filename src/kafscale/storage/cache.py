@@ -24,7 +24,7 @@ BATCH_TABLE_BYTES = 4 * 8
 
 
 class SegmentView:
-    __slots__ = ("base_offset", "last_offset", "data", "batch_offsets", "batch_last_offsets", "positions", "max_timestamps", "to_end", "start")
+    __slots__ = ("base_offset", "last_offset", "data", "batch_offsets", "batch_last_offsets", "positions", "max_timestamps", "to_end", "start", "stands_for")
 
     def __init__(self, base_offset: int, data: bytes | memoryview, to_end: bool = True, start: int = 0):
         """`to_end`: the view reaches the end of its segment (a whole segment, or a byte
@@ -34,6 +34,10 @@ class SegmentView:
         self.base_offset = base_offset
         self.to_end = to_end
         self.start = start
+        # (size, last offset) of the committed segment this view was made for: a merge or a
+        # compaction (by this broker or another) commits another segment under the same
+        # base offset, and a view of the one before must not stand for it (reader.py).
+        self.stands_for: tuple[int, int] | None = None
         self.data = memoryview(data)
         self.batch_offsets = array("q")
         self.batch_last_offsets = array("q")

@@ -207,7 +207,7 @@ class Compactor:
         mgr.metrics_uploaded(len(objects))
         if not await lg.swap_segments(group, enc.info):
             return False  # retention or DeleteRecords changed the group meanwhile, or the log stopped
-        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in group], base, body)
+        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in group], base, body, enc.info.last_offset)
         keys = []
         for seg in group[1:]:
             keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]

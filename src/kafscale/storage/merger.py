@@ -188,7 +188,7 @@ class SegmentMerger:
         mgr.metrics_uploaded(len(objects))
         if not await lg.swap_segments(run, enc.info):
             return False  # retention or DeleteRecords changed the run meanwhile, or the log stopped
-        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body)
+        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body, enc.info.last_offset)
         keys = []
         for seg in run[1:]:
             keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]

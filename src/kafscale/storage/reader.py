@@ -139,7 +139,12 @@ class SegmentReader:
         key = (topic, partition, seg.base_offset)
         view = self.cache.get(key)
         if view is not None:
-            return view
+            if view.stands_for == (seg.size, seg.last_offset):
+                return view
+            # Cached for the segment committed under this base before a merge or compaction
+            # replaced it (here or on another broker): it lacks the offsets the new segment
+            # took over from the ones after it. Read the object again.
+            self.cache.drop(key)
         if seg.size > WHOLE_SEGMENT_READ_BYTES:
             return await self._ranged_view(topic, partition, seg, offset, max_bytes)
         return await asyncio.shield(self._whole_segment_load(topic, partition, seg))
@@ -165,6 +170,7 @@ class SegmentReader:
             log.error("corrupt segment: %s", e, extra={"topic": topic, "partition": partition})
             raise StorageError(str(e)) from e
         view = SegmentView(seg.base_offset, decoded.batches)
+        view.stands_for = (seg.size, seg.last_offset)
         self.cache.put((topic, partition, seg.base_offset), view)
         return view
 
@@ -252,15 +258,24 @@ class SegmentReader:
 
     # -- the cache, as writers change segments --------------------------------------------
 
-    def cache_segment(self, topic: str, partition: int, base_offset: int, body) -> None:
-        """A segment just made durable (a flush): its batches are cached for the readers."""
-        self.cache.put((topic, partition, base_offset), SegmentView(base_offset, body))
+    @staticmethod
+    def _written_view(base_offset: int, body, last_offset: int | None) -> SegmentView:
+        """The view of a segment this broker just wrote: `body` its batches, `last_offset`
+        the committed last offset (default: the last batch's)."""
+        view = SegmentView(base_offset, body)
+        view.stands_for = (segment.HEADER_SIZE + len(view.data) + segment.FOOTER_SIZE, view.last_offset if last_offset is None else last_offset)
+        return view
 
-    def replace_cached(self, topic: str, partition: int, old_bases: list[int], base_offset: int, body) -> None:
-        """A merge swapped the segments at `old_bases` for the one at `base_offset`."""
+    def cache_segment(self, topic: str, partition: int, base_offset: int, body, last_offset: int | None = None) -> None:
+        """A segment just made durable (a flush): its batches are cached for the readers."""
+        self.cache.put((topic, partition, base_offset), self._written_view(base_offset, body, last_offset))
+
+    def replace_cached(self, topic: str, partition: int, old_bases: list[int], base_offset: int, body, last_offset: int | None = None) -> None:
+        """A merge or compaction swapped the segments at `old_bases` for the one at
+        `base_offset` (`last_offset`: its committed last offset, when past its last batch)."""
         for base in old_bases:
             self.cache.drop((topic, partition, base))
-        self.cache.put((topic, partition, base_offset), SegmentView(base_offset, body))
+        self.cache.put((topic, partition, base_offset), self._written_view(base_offset, body, last_offset))
 
     def drop(self, topic: str, partition: int | None = None) -> None:
         """Forget the cached segments of a topic, or of one of its partitions."""
