@@ -193,3 +193,18 @@ def test_one_listeners_certificate_reloads_alone(two_listeners):
                 f.write(data)
             os.replace(p[k] + ".tmp", p[k])
         wait_until(lambda: handshake(internal, p["int_ca"], client), 10, "the internal certificate back")
+
+
+def test_describe_configs_shows_listener_settings_as_kafka_names_them(two_listeners):
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    b, _internal, _external, p = two_listeners
+    res = ConfigResource(ResourceType.BROKER, "0")
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})  # must outlive the future
+    got = admin.describe_configs([res])[res].result(15)
+    assert got["listener.name.internal.ssl.client.auth"].value == "required"
+    assert got["listener.name.internal.ssl.truststore.location"].value == p["int_ca"]
+    key_pw = got["listener.name.internal.ssl.key.password"]  # from KAFSCALE_LISTENER_INTERNAL_SSL_KEY_PASSWORD
+    assert key_pw.is_sensitive and key_pw.value is None
+    assert not any(n.startswith("listener.name.external.") for n in got)  # EXTERNAL takes the --ssl-* settings
+    assert got["ssl.client.auth"].value == "none"

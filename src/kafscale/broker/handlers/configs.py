@@ -65,6 +65,41 @@ _SSL_CONFIGS = (
 )
 
 
+# --listener-ssl keys by Kafka's name (the PEM file paths cert/key/ca have none: Kafka's PEM
+# settings hold the certificates themselves, not paths).
+_LISTENER_SSL_NAMES = {
+    "keystore-location": ("ssl.keystore.location", tc.STRING), "keystore-type": ("ssl.keystore.type", tc.STRING),
+    "keystore-password": ("ssl.keystore.password", tc.PASSWORD), "key-password": ("ssl.key.password", tc.PASSWORD),
+    "truststore-location": ("ssl.truststore.location", tc.STRING), "truststore-type": ("ssl.truststore.type", tc.STRING),
+    "truststore-password": ("ssl.truststore.password", tc.PASSWORD), "client-auth": ("ssl.client.auth", tc.STRING),
+    "cipher-suites": ("ssl.cipher.suites", tc.LIST),
+}
+
+
+def _listener_ssl_entries(c) -> list[tuple]:
+    """Kafka's listener.name.<name>.ssl.* for what --listener-ssl (and the listeners' password
+    variables) set: (name, value, type); passwords with no value."""
+    import os
+
+    from kafscale.security.tls import parse_listener_ssl, password_env
+
+    try:
+        overrides = parse_listener_ssl(getattr(c, "listener_ssl", ""))
+    except ValueError:
+        return []
+    out = []
+    for listener, keys in sorted(overrides.items()):
+        keys = dict(keys)
+        for key in ("key-password", "keystore-password", "truststore-password"):
+            if key not in keys and os.environ.get(password_env(listener, key)):
+                keys[key] = "<set>"
+        for key, value in sorted(keys.items()):
+            if key in _LISTENER_SSL_NAMES:
+                name, kind = _LISTENER_SSL_NAMES[key]
+                out.append((f"listener.name.{listener.lower()}.{name}", None if kind == tc.PASSWORD else value, kind))
+    return out
+
+
 def _broker_entries(broker) -> list[tuple]:
     """(name, value, source, synonyms, type, documentation) of every broker config reported."""
     c = broker.config
@@ -98,6 +133,8 @@ def _broker_entries(broker) -> list[tuple]:
     for fname, kname, kind, doc in _SSL_CONFIGS:
         value = getattr(c, fname, "")
         add(kname, None if kind == tc.PASSWORD else (value or None), kind, doc, fname in given)
+    for kname, value, kind in _listener_ssl_entries(c):
+        add(kname, value, kind, f"This listener's {kname.split('.ssl.', 1)[1]} (--listener-ssl).", True)
     for name in sorted(tc.BROKER_TOPIC_DEFAULTS):
         r = tc.resolve_broker(name, static)
         topic = next(d for d in tc.TOPIC_CONFIGS.values() if name in d.synonyms)
