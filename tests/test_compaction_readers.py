@@ -83,8 +83,8 @@ async def test_a_non_owner_never_serves_a_stale_cached_view_of_a_rewritten_segme
 
 async def test_the_owner_never_caches_a_load_of_the_old_object_that_ends_after_a_swap(tmp_path):
     """A whole-segment load of a run's first segment has read the old object when the owner
-    merges the run: the merge waits for that load (compactor.settle_cache) before it
-    replaces the object, so the load's view cannot land in the cache after the swap."""
+    merges the run, and its view lands in the cache after the swap: it stands for the old
+    segment, not the merged one under its key, so reads load the object again."""
     owner = _manager(tmp_path, SingleNodeCluster)
     await owner.metadata.create_topic(TopicMeta("t", 1))
     lg = await owner.get_log("t", 0)
@@ -110,7 +110,7 @@ async def test_the_owner_never_caches_a_load_of_the_old_object_that_ends_after_a
     await asyncio.wait_for(read_old.wait(), 10)
     run = merger.plan_runs(lg.state.segments[:3], lg.settings.segment_bytes)[0]
     merge = asyncio.ensure_future(owner.merger.merge(lg, run))  # [0-4, 5-9, 10-14] -> [0-14]
-    await asyncio.wait([merge], timeout=1)  # without the wait it swaps while the load is held
+    await asyncio.wait([merge], timeout=1)  # the merge swaps while the load is held
     release.set()
     await load
     assert await merge

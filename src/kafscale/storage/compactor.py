@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING
 from kafscale.storage import cleaner, segment
 from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
-from kafscale.storage.reader import WHOLE_SEGMENT_READ_BYTES
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager, PartitionLog
@@ -69,19 +68,6 @@ async def read_segment_batches(manager: "LogManager", topic: str, partition: int
         raise StorageError(f"{key} is not the committed segment (offsets {got.base_offset}-{got.last_offset}, created {got.created_ms})")
     manager.stats["gets"] += 1
     return segment.batches_through(decoded.batches, seg.last_offset)
-
-
-async def settle_cache(manager: "LogManager", topic: str, partition: int, seg: segment.SegmentInfo) -> None:
-    """Before a rewrite replaces `seg`'s object: wait for a whole-segment load of it already
-    under way (or load it), so that no load of the object being replaced lands in the cache
-    after the swap, where it would stand for the longer segment now under its key. Once it
-    is cached, fetches take it from the cache until the swap replaces the view."""
-    if seg.size > WHOLE_SEGMENT_READ_BYTES:
-        return  # read by ranges: never cached
-    try:
-        await manager.reader.segment_view(topic, partition, seg)
-    except StorageError:
-        pass  # the rewrite's own checks decide
 
 
 class Compactor:
@@ -211,9 +197,6 @@ class Compactor:
             # The replaced object may have an index the new one will not: never leave an
             # index that does not match its segment (readers then read the segment whole).
             await mgr.store.delete([index_key])
-        await settle_cache(mgr, lg.topic, lg.partition, group[0])
-        if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
-            return False
         try:
             await mgr.store.replace(*objects[0], version)
         except ObjectChangedError as e:

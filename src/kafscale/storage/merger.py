@@ -24,7 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from kafscale.storage import segment
-from kafscale.storage.compactor import read_segment_batches, settle_cache
+from kafscale.storage.compactor import read_segment_batches
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 
 if TYPE_CHECKING:
@@ -176,7 +176,6 @@ class SegmentMerger:
         # offset. Only an owner merges, and only over the version it read: an old owner's
         # late merge would replace the new owner's longer merged object with a shorter one
         # (readers then refuse it as not the committed segment, see SegmentReader._load_segment).
-        await settle_cache(mgr, lg.topic, lg.partition, run[0])
         if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
             return False
         try:
