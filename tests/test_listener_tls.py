@@ -33,7 +33,10 @@ def test_parse_listener_ssl_both_spellings_and_repeats():
     got = parse_listener_ssl("internal:cert=/a.pem,key=/a.key;INTERNAL:ssl.client.auth=required,ssl.truststore.location=/ca.p12; EXTERNAL:cipher-suites=ECDHE-RSA-AES128-GCM-SHA256")
     assert got == {"INTERNAL": {"cert": "/a.pem", "key": "/a.key", "client-auth": "required", "truststore-location": "/ca.p12"},
                    "EXTERNAL": {"cipher-suites": "ECDHE-RSA-AES128-GCM-SHA256"}}
-    for bad in ("INTERNAL", "INTERNAL:", "INTERNAL:colour=blue", ":cert=x", "INTERNAL:cert"):
+    # the principal mapping rules, a comma-separated list themselves, come last
+    got = parse_listener_ssl("INTERNAL:client-auth=required,principal-mapping-rules=RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/L,DEFAULT")
+    assert got == {"INTERNAL": {"client-auth": "required", "principal-mapping-rules": "RULE:^CN=(.*?),OU=ServiceUsers.*$/$1/L,DEFAULT"}}
+    for bad in ("INTERNAL", "INTERNAL:", "INTERNAL:colour=blue", ":cert=x", "INTERNAL:cert", "INTERNAL:DEFAULT"):
         with pytest.raises(TlsConfigError):
             parse_listener_ssl(bad)
 
@@ -208,3 +211,38 @@ def test_describe_configs_shows_listener_settings_as_kafka_names_them(two_listen
     assert key_pw.is_sensitive and key_pw.value is None
     assert not any(n.startswith("listener.name.external.") for n in got)  # EXTERNAL takes the --ssl-* settings
     assert got["ssl.client.auth"].value == "none"
+
+
+def test_principal_mapping_rules_per_listener(tmp_path):
+    """Two mTLS listeners with the same certificates: on MAPPED the rule makes CN=svc the
+    principal User:svc, whom an ACL lets write; on PLAIN_DN (the --ssl-* DEFAULT rule) the
+    same client is User:CN=svc and is refused."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic, ResourcePatternType, ResourceType
+
+    paths = certs.write_self_signed(str(tmp_path), clients=("svc",))
+    plain, mapped, dn = free_port(), free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},MAPPED://127.0.0.1:{mapped},PLAIN_DN://127.0.0.1:{dn}",
+        "--listener-security-protocol-map", "MAPPED:SSL,PLAIN_DN:SSL",
+        "--ssl-cert", paths["cert"], "--ssl-key", paths["key"], "--ssl-ca", paths["ca"], "--ssl-client-auth", "required",
+        "--listener-ssl", "MAPPED:principal-mapping-rules=RULE:^CN=([a-z]+)$/$1/L,DEFAULT",
+        "--authorizer", "acls", "--super-users", "User:ANONYMOUS"]).start()  # fmt: skip
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        binding = AclBinding(ResourceType.TOPIC, "lt-mapped", ResourcePatternType.LITERAL, "User:svc", "*", AclOperation.WRITE, AclPermissionType.ALLOW)
+        list(admin.create_acls([binding]).values())[0].result(10)
+        admin.create_topics([NewTopic("lt-mapped", 1)])["lt-mapped"].result(10)
+
+        def produce(port: int):
+            out = []
+            p = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL", "ssl.ca.location": paths["ca"],
+                          "ssl.certificate.location": paths["svc_cert"], "ssl.key.location": paths["svc_key"], "message.timeout.ms": 10000})
+            p.produce("lt-mapped", value=b"x", on_delivery=lambda err, msg: out.append(err))
+            p.flush(15)
+            return out[0] if out else "no delivery report"
+
+        assert produce(mapped) is None
+        assert produce(dn).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        wait_until(lambda: "denied: User:CN=svc from 127.0.0.1" in b.log_text(), 5, "the denial of User:CN=svc")
+    finally:
+        b.stop()

@@ -25,7 +25,7 @@ class BrokerConfig:
     ssl_truststore_password: str = field(default="", metadata={"help": "password of a PKCS#12 truststore (Kafka's ssl.truststore.password); better as KAFSCALE_SSL_TRUSTSTORE_PASSWORD"})
     ssl_truststore_type: str = field(default="", metadata={"help": "PKCS12 or PEM (Kafka's ssl.truststore.type; default: from the file)"})
     ssl_client_auth: str = field(default="none", metadata={"help": "none, requested or required: ask TLS clients for a certificate (Kafka's ssl.client.auth)"})
-    listener_ssl: str = field(default="", metadata={"append": ";", "help": "TLS settings of one listener, Kafka's listener.name.<name>.ssl.*: NAME:key=value,... (keys cert, key, key-password, keystore-location, keystore-password, keystore-type, ca, truststore-location, truststore-password, truststore-type, client-auth, cipher-suites); repeat the flag or separate listeners with ';'; what a listener does not set comes from --ssl-*; passwords better as KAFSCALE_LISTENER_<NAME>_SSL_KEY_PASSWORD (_KEYSTORE_PASSWORD, _TRUSTSTORE_PASSWORD)"})
+    listener_ssl: str = field(default="", metadata={"append": ";", "help": "TLS settings of one listener, Kafka's listener.name.<name>.ssl.*: NAME:key=value,... (keys cert, key, key-password, keystore-location, keystore-password, keystore-type, ca, truststore-location, truststore-password, truststore-type, client-auth, cipher-suites, and last principal-mapping-rules); repeat the flag or separate listeners with ';'; what a listener does not set comes from --ssl-*; passwords better as KAFSCALE_LISTENER_<NAME>_SSL_KEY_PASSWORD (_KEYSTORE_PASSWORD, _TRUSTSTORE_PASSWORD)"})
     ssl_cipher_suites: str = field(default="", metadata={"help": "OpenSSL cipher list for TLS 1.2 (TLS 1.3 suites are OpenSSL's; '' keeps Python's default)"})
     ssl_principal_mapping_rules: str = field(default="DEFAULT", metadata={"help": "client certificate subject to principal: DEFAULT and RULE:pattern/replacement/[LU], comma separated (Kafka's ssl.principal.mapping.rules)"})
     ssl_reload_interval_ms: int = field(default=5000, metadata={"help": "how often the TLS files are checked for changes (a change is loaded without restart; 0: never)"})
@@ -158,6 +158,12 @@ class BrokerConfig:
                 raise ValueError(f"--listener-ssl names {name}, which is not a TLS listener (TLS listeners: {', '.join(sorted(tls_names)) or 'none'})")
         return {name: listener_settings(base, overrides[name], name, os.environ) if name in overrides else base for name in sorted(tls_names)}
 
+    def listener_principal_rules(self) -> dict[str, str]:
+        """Principal mapping rules by listener name, for listeners whose --listener-ssl sets them."""
+        from kafscale.security.tls import PRINCIPAL_RULES, parse_listener_ssl
+
+        return {name: keys[PRINCIPAL_RULES] for name, keys in parse_listener_ssl(self.listener_ssl).items() if PRINCIPAL_RULES in keys}
+
     def check_security(self) -> None:
         """Refuse settings that cannot work, before anything starts (ValueError subclasses)."""
         from kafscale.security.principal import parse_rules
@@ -169,6 +175,8 @@ class BrokerConfig:
                 settings.check()
                 checked.add(settings)
         parse_rules(self.ssl_principal_mapping_rules)
+        for rules in self.listener_principal_rules().values():
+            parse_rules(rules)
         if self.http_tls and not self.ssl_keystore_location and (not self.ssl_cert or not self.ssl_key):
             raise ValueError("--http-tls needs --ssl-cert and --ssl-key (or --ssl-keystore-location)")
         if self.http_basic_auth and ":" not in self.http_basic_auth:

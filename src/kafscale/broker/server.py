@@ -136,7 +136,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:  # a TLS listener, handshake done: who is the client?
             try:
-                self.principal = from_certificate(ssl_object.getpeercert(binary_form=True), self.server.principal_rules)
+                rules = self.server.listener_principal_rules.get(self.listener.name, self.server.principal_rules) if self.listener else self.server.principal_rules
+                self.principal = from_certificate(ssl_object.getpeercert(binary_form=True), rules)
             except Exception as e:  # noqa: BLE001 - a certificate no mapping rule applies to
                 self.closing = True
                 log.warning("refusing TLS connection from %s: %s", self.peer, e, extra={"peer": self.peer})
@@ -468,6 +469,7 @@ class KafkaServer:
         self.tls_handshake_failures = 0
         self.tls_contexts: dict[str, ReloadingContext] = {}  # TLS listener name -> its context (listeners with equal settings share one)
         self.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
+        self.listener_principal_rules = {name: parse_rules(rules) for name, rules in config.listener_principal_rules().items()}
         self._tls_reloader: asyncio.Task | None = None
 
     async def start(self) -> None:

@@ -290,6 +290,10 @@ _TRUST = {"ca": "ca", "truststore-location": "truststore", "truststore-password"
 _OTHER = {"client-auth": "client_auth", "cipher-suites": "ciphers"}
 LISTENER_KEYS = {**_IDENTITY, **_TRUST, **_OTHER}
 _PASSWORDS = ("key-password", "keystore-password", "truststore-password")
+# Not a TLS context setting: how this listener's client certificates become principals
+# (Kafka's listener.name.<name>.ssl.principal.mapping.rules); written last in an entry,
+# since its value is a comma-separated list.
+PRINCIPAL_RULES = "principal-mapping-rules"
 
 
 def password_env(listener: str, key: str) -> str:
@@ -311,22 +315,27 @@ def parse_listener_ssl(text: str) -> dict[str, dict[str, str]]:
         if not sep or not name or not rest.strip():
             raise TlsConfigError(f"--listener-ssl entry {entry!r} is not NAME:key=value,...")
         settings = out.setdefault(name, {})
+        last = None
         for item in (i.strip() for i in rest.split(",")):
             if not item:
                 continue
             key, eq, value = item.partition("=")
             key = key.strip().lower().removeprefix("ssl.").replace(".", "-")
             key = {"cipher-suite": "cipher-suites", "keystore": "keystore-location", "truststore": "truststore-location"}.get(key, key)
-            if not eq or key not in LISTENER_KEYS:
-                raise TlsConfigError(f"--listener-ssl {name}: {item.partition('=')[0]!r} is not one of {', '.join(LISTENER_KEYS)}")
-            settings[key] = value.strip()
+            if eq and (key in LISTENER_KEYS or key == PRINCIPAL_RULES):
+                settings[key] = value.strip()
+                last = key
+            elif last == PRINCIPAL_RULES:  # the rules are a comma-separated list themselves
+                settings[last] += "," + item
+            else:
+                raise TlsConfigError(f"--listener-ssl {name}: {item.partition('=')[0]!r} is not one of {', '.join([*LISTENER_KEYS, PRINCIPAL_RULES])}")
     return out
 
 
 def listener_settings(base: TlsSettings, overrides: dict[str, str], listener: str, environ: dict[str, str]) -> TlsSettings:
     """The TLS settings of one listener: its --listener-ssl keys (passwords also from
     password_env()), the groups it does not set taken from `base` (the --ssl-* settings)."""
-    given = dict(overrides)
+    given = {k: v for k, v in overrides.items() if k != PRINCIPAL_RULES}
     for key in _PASSWORDS:
         if key not in given and environ.get(password_env(listener, key)):
             given[key] = environ[password_env(listener, key)]

@@ -72,7 +72,7 @@ _LISTENER_SSL_NAMES = {
     "keystore-password": ("ssl.keystore.password", tc.PASSWORD), "key-password": ("ssl.key.password", tc.PASSWORD),
     "truststore-location": ("ssl.truststore.location", tc.STRING), "truststore-type": ("ssl.truststore.type", tc.STRING),
     "truststore-password": ("ssl.truststore.password", tc.PASSWORD), "client-auth": ("ssl.client.auth", tc.STRING),
-    "cipher-suites": ("ssl.cipher.suites", tc.LIST),
+    "cipher-suites": ("ssl.cipher.suites", tc.LIST), "principal-mapping-rules": ("ssl.principal.mapping.rules", tc.STRING),
 }
 
 
