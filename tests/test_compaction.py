@@ -192,3 +192,17 @@ def test_compact_delete_compacts_and_applies_retention(compacting, topic_name):
         wait_until(expired, 30, "retention.ms to delete every segment", interval=0.2)
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_are_recompressed_for_clients(compacting, topic_name, codec):
+    """Batches the producer compressed are rewritten compressed with their codec, and a
+    client decompresses them (librdkafka's reader, not only cramjam's)."""
+    b, port = compacting
+    create_topic(b.bootstrap, topic_name, **COMPACT)
+    model = Model()
+    before = metrics(port)["kafscale_compaction_recompressions_total"]
+    produce(b.bootstrap, topic_name, updates(20, 4, size=60), model, flush_every=40, **{"compression.type": codec, "linger.ms": 50})
+    produce(b.bootstrap, topic_name, SENTINEL, model)
+    wait_until(lambda: read_all(b.bootstrap, topic_name) == model.latest(), 60, f"the {codec} log compacted", interval=0.3)
+    assert metrics(port)["kafscale_compaction_recompressions_total"] > before
