@@ -315,8 +315,8 @@ def test_admin_cli_with_client_security_settings(env, tmp_path):
     base = [sys.executable, "-m", "kafscale", "topics", "create", "sasl-cli-topic", "--partitions", "2", "--bootstrap", f"127.0.0.1:{env['sasl_ssl']}",
             "--command-config", str(cfg)]
     # a generous --timeout: on a busy machine a SASL_SSL handshake plus the creation took >10 s once
-    ok = subprocess.run([*base, "-X", "sasl.password=carol-secret", "--timeout", "60"], capture_output=True, text=True, timeout=90)
-    assert ok.returncode == 0, ok.stderr
+    ok = subprocess.run([*base, "-X", "sasl.password=carol-secret", "--timeout", "60", "-v"], capture_output=True, text=True, timeout=90)
+    assert ok.returncode == 0, ok.stderr[-4000:] + "\nbroker log:\n" + env["broker"].log_text()[-4000:]
     needle = "SASL SCRAM-SHA-512 authentication from 127.0.0.1"
     refused_before = env["broker"].log_text().count(needle)
     bad = subprocess.run([*base[:5], "sasl-cli-topic-2", *base[6:], "-X", "sasl.password=wrong", "--timeout", "5"], capture_output=True, text=True, timeout=60)

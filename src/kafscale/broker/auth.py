@@ -65,9 +65,12 @@ class Authenticator:
     async def step(self, session: SaslSession, token: bytes, peer: str, address: str) -> tuple[bytes, str | None]:
         """One client token -> (reply token, None) or (b"", failure message). The session
         records success (principal, lifetime); the caller closes the connection on failure."""
-        wait = self.limiter.slot(address, time.monotonic())
-        if wait > 0:
-            await asyncio.sleep(wait)
+        if session.exchange is None:
+            # An address that failed lately waits for its turn once per authentication (at
+            # its first token), not at every step of a multi-step exchange such as SCRAM's.
+            wait = self.limiter.slot(address, time.monotonic())
+            if wait > 0:
+                await asyncio.sleep(wait)
         mechanism = session.mechanism or "?"
         try:
             if mechanism == "PLAIN":
