@@ -36,38 +36,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kafscale.storage import cleaner, segment
-from kafscale.storage.failures import StorageError
-from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
+from kafscale.storage import cleaner, rewrite, segment
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager, PartitionLog
 
 log = logging.getLogger("kafscale.compactor")
-
-
-async def read_segment_batches(manager: "LogManager", topic: str, partition: int, seg: segment.SegmentInfo) -> memoryview:
-    """The batches of the committed segment `seg`, for a rewrite (compaction, merge): from the
-    segment cache only when the cached view is exactly the committed object's batches (its
-    size says so), else from the store, checked to be that segment or a superset of it (a
-    merge or compaction replaced it and crashed before its swap); either way bounded by the
-    segment's offsets. Whatever a rewrite reads it writes back as the only copy, so a view
-    the cache holds for an older object under the key (a load that ended after a swap) must
-    never be its input."""
-    view = manager.cache.get((topic, partition, seg.base_offset))
-    if view is not None and len(view.data) + segment.HEADER_SIZE + segment.FOOTER_SIZE == seg.size:
-        return segment.batches_through(view.data, seg.last_offset)
-    key = segment.segment_key(manager.namespace, topic, partition, seg.base_offset)
-    try:
-        data = await manager.store.get(key)
-    except ObjectNotFound as e:
-        raise StorageError(f"segment {key} is gone (retention, DeleteRecords?)") from e
-    decoded = segment.decode(data, name=key)
-    got = decoded.info
-    if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
-        raise StorageError(f"{key} is not the committed segment (offsets {got.base_offset}-{got.last_offset}, created {got.created_ms})")
-    manager.stats["gets"] += 1
-    return segment.batches_through(decoded.batches, seg.last_offset)
 
 
 class Compactor:
@@ -146,26 +120,13 @@ class Compactor:
         return True
 
     async def _read(self, lg: "PartitionLog", seg: segment.SegmentInfo) -> memoryview:
-        return await read_segment_batches(self.manager, lg.topic, lg.partition, seg)
+        return await rewrite.read_segment_batches(self.manager, lg.topic, lg.partition, seg)
 
     async def _clean_group(self, lg: "PartitionLog", group: list[segment.SegmentInfo], c: cleaner.BatchCleaner) -> bool:
-        mgr = self.manager
-        ns = mgr.namespace
-        base = group[0].base_offset
-        first_key = segment.segment_key(ns, lg.topic, lg.partition, base)
-        where = f"{lg.topic}-{lg.partition} at {base}"
-        try:
-            stored, version = await mgr.store.get_with_version(first_key)
-        except ObjectNotFound:
-            return False  # retention or DeleteRecords took it meanwhile
-        decoded = segment.decode(stored, name=first_key)
-        first = decoded.info
-        if first.base_offset != base or first.created_ms != group[0].created_ms or not group[0].last_offset <= first.last_offset <= group[-1].last_offset:
-            log.info("compaction of %s skipped: the object there (offsets %d-%d) is not one this pass may replace", where, first.base_offset, first.last_offset)
+        read = await rewrite.read_run(self.manager, lg, group, "compaction")
+        if read is None:
             return False
-        bodies = [segment.batches_through(decoded.batches, group[0].last_offset)]
-        for seg in group[1:]:
-            bodies.append(await self._read(lg, seg))
+        bodies = read.bodies
         results = await asyncio.to_thread(lambda: [c.clean(b) for b in bodies])
         self.stats["compaction_bytes_read"] += sum(len(b) for b in bodies)
         horizons = [r.delete_horizon_ms for r in results if r.delete_horizon_ms >= 0]
@@ -181,7 +142,7 @@ class Compactor:
         removed_markers = {o for r in results for o in r.removed_markers}
         enc = segment.encode(
             [body],
-            base,
+            group[0].base_offset,
             created_ms=group[0].created_ms,
             aborted=tuple(a for seg in group for a in seg.aborted if a[2] not in removed_markers),
             open_txns=group[-1].open_txns,
@@ -189,30 +150,10 @@ class Compactor:
             cleaned=True,
             delete_horizon_ms=min(horizons, default=-1),
         )
-        objects = mgr.segment_objects(lg.topic, lg.partition, enc)
-        if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
+        if not await rewrite.commit_run(self.manager, lg, group, enc, body, read, self.schedule_delete, "compaction"):
             return False
-        index_key = segment.index_key(ns, lg.topic, lg.partition, base)
-        if len(objects) == 1 and first.size >= mgr.config.index_min_bytes:
-            # The replaced object may have an index the new one will not: never leave an
-            # index that does not match its segment (readers then read the segment whole).
-            await mgr.store.delete([index_key])
-        try:
-            await mgr.store.replace(*objects[0], version)
-        except ObjectChangedError as e:
-            log.warning("compaction of %s dropped: %s (another writer, a newer owner?, replaced it first)", where, e)
-            return False
-        if len(objects) > 1:
-            await mgr.store.put_many(objects[1:])
-        mgr.metrics_uploaded(len(objects))
-        if not await lg.swap_segments(group, enc.info):
-            return False  # retention or DeleteRecords changed the group meanwhile, or the log stopped
-        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in group], base, body, enc.info.last_offset)
-        keys = []
-        for seg in group[1:]:
-            keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]
-        self.schedule_delete(keys)
         self.stats["compaction_bytes_written"] += enc.info.size
         self.stats["compaction_segments_written"] += 1
-        log.debug("compaction of %s: %d segments (%d bytes) -> offsets %d-%d (%d bytes)", where, len(group), sum(s.size for s in group), base, enc.info.last_offset, enc.info.size)
+        log.debug("compaction of %s-%s: %d segments (%d bytes) -> offsets %d-%d (%d bytes)", lg.topic, lg.partition, len(group),
+                  sum(s.size for s in group), group[0].base_offset, enc.info.last_offset, enc.info.size)
         return True

@@ -23,9 +23,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kafscale.storage import segment
-from kafscale.storage.compactor import read_segment_batches
-from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
+from kafscale.storage import rewrite, segment
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager, PartitionLog
@@ -138,29 +136,15 @@ class SegmentMerger:
 
     async def merge(self, lg: "PartitionLog", run: list[segment.SegmentInfo]) -> bool:
         mgr = self.manager
-        ns = mgr.namespace
         base = run[0].base_offset
-        first_key = segment.segment_key(ns, lg.topic, lg.partition, base)
-        where = f"{lg.topic}-{lg.partition} at {base}"
-        # The object the merged one will replace, read with its version: the replace
-        # happens only if the key still holds exactly this object.
-        try:
-            stored, version = await mgr.store.get_with_version(first_key)
-        except ObjectNotFound:
-            return False  # retention or DeleteRecords took the run meanwhile
-        decoded = segment.decode(stored, name=first_key)
-        first = decoded.info
-        if first.base_offset != base or first.created_ms != run[0].created_ms or not run[0].last_offset <= first.last_offset <= run[-1].last_offset:
-            # Not this segment, nor a superset of it that this merge covers (an earlier
-            # uncommitted merge of ours): a newer owner's longer merge, which must stand.
-            log.info("merge of %s skipped: the object there (offsets %d-%d) is not one this merge may replace", where, first.base_offset, first.last_offset)
+        # The object the merged one replaces, read with its version (the replace happens only
+        # if the key still holds exactly this object), and exactly the others' committed
+        # batches (never a stale cached view; an object holding more, from an earlier merge
+        # that never committed, is bounded by its offsets).
+        read = await rewrite.read_run(mgr, lg, run, "merge")
+        if read is None:
             return False
-        bodies = [segment.batches_through(decoded.batches, run[0].last_offset)]
-        for seg in run[1:]:
-            # Exactly this segment's batches (never a stale cached view; an object holding
-            # more, from an earlier merge that never committed, is bounded by its offsets).
-            bodies.append(await read_segment_batches(mgr, lg.topic, lg.partition, seg))
-        body = b"".join(bodies)
+        body = b"".join(read.bodies)
         # The aborted-transaction entries of the run, in offset order (each segment's are).
         enc = segment.encode(
             [body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns,
@@ -169,30 +153,13 @@ class SegmentMerger:
         )
         if enc.info.last_offset != run[-1].last_offset:
             raise RuntimeError(f"merged segment ends at {enc.info.last_offset}, run ends at {run[-1].last_offset}")
-        objects = mgr.segment_objects(lg.topic, lg.partition, enc)
         # The spec keys a segment by its base offset, so the merged segment can only live
         # under run[0]'s key: it replaces run[0]'s object with byte-identical committed
         # batches at the same offsets plus the run's later ones, which readers bound by
-        # offset. Only an owner merges, and only over the version it read: an old owner's
-        # late merge would replace the new owner's longer merged object with a shorter one
-        # (readers then refuse it as not the committed segment, see SegmentReader._load_segment).
-        if lg.closed or not mgr.cluster.owns(lg.topic, lg.partition):
+        # offset (readers refuse an object that is not the committed segment, see
+        # SegmentReader._load_segment).
+        if not await rewrite.commit_run(mgr, lg, run, enc, body, read, self.schedule_delete, "merge"):
             return False
-        try:
-            await mgr.store.replace(*objects[0], version)
-        except ObjectChangedError as e:
-            log.warning("merge of %s dropped: %s (another writer, a newer owner's merge?, replaced it first)", where, e)
-            return False
-        if len(objects) > 1:
-            await mgr.store.put_many(objects[1:])  # the index, only once the segment is ours
-        mgr.metrics_uploaded(len(objects))
-        if not await lg.swap_segments(run, enc.info):
-            return False  # retention or DeleteRecords changed the run meanwhile, or the log stopped
-        mgr.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body, enc.info.last_offset)
-        keys = []
-        for seg in run[1:]:
-            keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]
-        self.schedule_delete(keys)
         self.merges += 1
         self.merged_segments += len(run)
         log.debug("merged %d segments of %s-%s into offsets %d-%d", len(run), lg.topic, lg.partition, base, enc.info.last_offset)
