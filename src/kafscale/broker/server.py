@@ -244,16 +244,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def memory_available(self) -> None:
         """Request memory was given back: retry the frame that waited for it."""
-        if self.closing or not self._pause_reasons & PAUSE_MEMORY:
-            return
-        self._pause_reasons &= ~PAUSE_MEMORY
-        self._read_frames()
-        self._update_reading()
+        self._resume_frames(PAUSE_MEMORY)
 
-    def _auth_step_done(self, _task) -> None:
-        if self.closing or not self._pause_reasons & PAUSE_AUTH:
+    def _resume_frames(self, reason: int) -> None:
+        """`reason` to pause is over: read the frames waiting in the buffer, then the socket."""
+        if self.closing or not self._pause_reasons & reason:
             return
-        self._pause_reasons &= ~PAUSE_AUTH
+        self._pause_reasons &= ~reason
         self._read_frames()
         self._update_reading()
 
@@ -266,7 +263,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
         if self.closing or throttle_ms <= 0:
             return
         self._pause(PAUSE_THROTTLE)
-        asyncio.get_running_loop().call_later(throttle_ms / 1000, self._unmute)
+        asyncio.get_running_loop().call_later(throttle_ms / 1000, self._resume_frames, PAUSE_THROTTLE)
 
     def _under_quota(self, frame: bytearray) -> bool:
         """Whether a client quota applies to this request's client (user, client id)."""
@@ -276,20 +273,6 @@ class KafkaConnection(asyncio.BufferedProtocol):
         n = int.from_bytes(frame[8:10], "big", signed=True)  # request header: client id
         client_id = bytes(frame[10 : 10 + n]).decode("utf-8", "replace") if n >= 0 else None
         return quotas.applies(principal_user(self.principal), client_id)
-
-    def _serial_step_done(self, _task) -> None:
-        if self.closing or not self._pause_reasons & PAUSE_SERIAL:
-            return
-        self._pause_reasons &= ~PAUSE_SERIAL
-        self._read_frames()
-        self._update_reading()
-
-    def _unmute(self) -> None:
-        if self.closing or not self._pause_reasons & PAUSE_THROTTLE:
-            return
-        self._pause_reasons &= ~PAUSE_THROTTLE
-        self._read_frames()
-        self._update_reading()
 
     def release_idle_buffer(self) -> None:
         """Give the read buffer back while the connection is quiet (made again on the
@@ -339,13 +322,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
         task.add_done_callback(self._on_done)
         if self._under_quota(frame):
             self._pause(PAUSE_SERIAL)  # the next frame waits for this one's answer
-            task.add_done_callback(self._serial_step_done)
+            task.add_done_callback(lambda _task: self._resume_frames(PAUSE_SERIAL))
         sasl = self.sasl
         if sasl is not None and (sasl.in_exchange or (len(frame) >= 2 and int.from_bytes(frame[:2], "big") in (17, 36))):
             # A SASL exchange goes one request at a time: each step sees the state the
             # previous one left (and a pipelining client gets no parallel guesses).
             self._pause(PAUSE_AUTH)
-            task.add_done_callback(self._auth_step_done)
+            task.add_done_callback(lambda _task: self._resume_frames(PAUSE_AUTH))
         if reserved > 0:
             task.add_done_callback(lambda _task: self.server.release_request_memory(self, reserved))
         if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
