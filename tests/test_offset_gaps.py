@@ -102,6 +102,18 @@ def test_confluent_reads_survivors_from_every_offset(gappy):
             c.close()
 
 
+def _kafka_python_read(c, tp, start: int) -> list[tuple]:
+    """(offset, key, value, timestamp) of what a kafka-python consumer reads from `start`
+    up to the last offset, 34 (15 s at most)."""
+    c.seek(tp, start)
+    got: list[tuple] = []
+    deadline = time.monotonic() + 15
+    while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
+        for msgs in c.poll(timeout_ms=200).values():
+            got += [(m.offset, m.key, m.value, m.timestamp) for m in msgs]
+    return got
+
+
 def test_kafka_python_reads_survivors_from_every_offset(gappy):
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
@@ -112,12 +124,7 @@ def test_kafka_python_reads_survivors_from_every_offset(gappy):
     c.assign([tp])
     try:
         for start in START_OFFSETS:
-            c.seek(tp, start)
-            got: list[tuple] = []
-            deadline = time.monotonic() + 15
-            while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
-                for msgs in c.poll(timeout_ms=200).values():
-                    got += [(m.offset, m.key, m.value, m.timestamp) for m in msgs]
+            got = _kafka_python_read(c, tp, start)
             assert got == [r for r in _as_tuples(survivors) if r[0] >= start], f"from offset {start}"
             assert c.position(tp) == 35
     finally:
@@ -141,12 +148,7 @@ def test_old_fetch_versions_read_survivors_from_every_offset(gappy, api_version)
         c.assign([tp])
         try:
             for start in START_OFFSETS:
-                c.seek(tp, start)
-                got: list[tuple] = []
-                deadline = time.monotonic() + 15
-                while (not got or got[-1][0] < 34) and time.monotonic() < deadline:
-                    for msgs in c.poll(timeout_ms=200).values():
-                        got += [(m.offset, m.key, m.value) for m in msgs]
+                got = [r[:3] for r in _kafka_python_read(c, tp, start)]
                 assert got == [r[:3] for r in _as_tuples(survivors) if r[0] >= start], f"from offset {start}, {fetch_bytes} bytes a fetch"
         finally:
             c.close()
