@@ -8,6 +8,8 @@ from kafscale.transactions.state import (
     MAX_EPOCH,
     TransactionMetadata,
     TxnState,
+    produce_error,
+    txn_offset_commit_error,
     valid_timeout,
 )
 
@@ -190,3 +192,71 @@ def test_transactions_v2_epoch_overflow_moves_to_next_producer_id():
     assert (step.producer_id, step.producer_epoch) == (60, 0)
     done = step.new.complete(T0 + 1).new
     assert done.producer_id == 60 and done.producer_epoch == 0 and done.previous_producer_id == 7
+
+
+def test_transactions_v2_implicit_add_starts_a_transaction_after_the_last():
+    done = ongoing(initialized()).end_txn(T0 + 1, 7, 0, commit=True, tv2=True).new.complete(T0 + 2).new
+    assert done.state is TxnState.COMPLETE_COMMIT and done.producer_epoch == 1
+    # Produce v12 from a partition leader, under the bumped epoch: a new transaction.
+    step = done.add_partitions(T0 + 3, 7, 1, {("t", 2)}, tv2=True)
+    assert step.error is ErrorCode.none and step.new.state is TxnState.ONGOING and step.new.tv2
+    assert step.new.partitions == {("t", 2)} and step.new.start_ms == T0 + 3
+    assert done.add_partitions(T0 + 3, 7, 0, {("t", 2)}, tv2=True).error is ErrorCode.producer_fenced
+    # A group (TxnOffsetCommit v5) joins the same way; nothing new: no write.
+    more = step.new.add_partitions(T0 + 4, 7, 1, groups={"g"}, tv2=True).new
+    assert more.groups == {"g"} and more.start_ms == T0 + 3
+    assert more.add_partitions(T0 + 5, 7, 1, {("t", 2)}, {"g"}, tv2=True).new is None
+    step = more.end_txn(T0 + 6, 7, 1, commit=True, tv2=True)
+    assert step.markers.tv2 and step.markers.partitions == {("t", 2)} and step.markers.groups == {"g"}
+
+
+def test_transactions_v2_end_after_complete():
+    """Kafka 4.0's EndTxn v5 rules once a transaction is complete: a retry (the epoch before
+    the bump) of the same end is answered done, of the other end INVALID_TXN_STATE; with the
+    current epoch a commit has nothing to commit and an abort still ends (and bumps)."""
+    aborted = ongoing(initialized()).end_txn(T0, 7, 0, commit=False, tv2=True).new.complete(T0 + 1).new
+    assert (aborted.state, aborted.producer_epoch) == (TxnState.COMPLETE_ABORT, 1)
+    retry = aborted.end_txn(T0 + 2, 7, 0, commit=False, tv2=True)
+    assert retry.error is ErrorCode.none and retry.new is None and (retry.producer_id, retry.producer_epoch) == (7, 1)
+    assert aborted.end_txn(T0 + 2, 7, 0, commit=True, tv2=True).error is ErrorCode.invalid_txn_state
+    assert aborted.end_txn(T0 + 2, 7, 1, commit=True, tv2=True).error is ErrorCode.invalid_txn_state
+    assert aborted.end_txn(T0 + 2, 7, 2, commit=False, tv2=True).error is ErrorCode.producer_fenced
+    step = aborted.end_txn(T0 + 2, 7, 1, commit=False, tv2=True)
+    assert step.new.state is TxnState.PREPARE_ABORT and (step.producer_id, step.producer_epoch) == (7, 2)
+    assert step.markers.partitions == frozenset() and step.markers.groups == frozenset()
+    # While its (no) markers are written, that epoch's next end waits; the one before is a retry.
+    assert step.new.end_txn(T0 + 3, 7, 2, commit=False, tv2=True).error is ErrorCode.concurrent_transactions
+    assert step.new.end_txn(T0 + 3, 7, 1, commit=True, tv2=True).error is ErrorCode.invalid_txn_state
+    committed = ongoing(initialized()).end_txn(T0, 7, 0, commit=True, tv2=True).new.complete(T0 + 1).new
+    assert committed.end_txn(T0 + 2, 7, 0, commit=False, tv2=True).error is ErrorCode.invalid_txn_state
+
+
+def test_transactions_v2_end_from_empty():
+    meta = initialized()
+    assert meta.end_txn(T0, 7, 0, commit=True, tv2=True).error is ErrorCode.invalid_txn_state
+    step = meta.end_txn(T0, 7, 0, commit=False, tv2=True)
+    assert step.new.state is TxnState.PREPARE_ABORT and step.producer_epoch == 1 and step.new.start_ms == T0
+    # transactions v1 keeps its rule: nothing to end
+    assert meta.end_txn(T0, 7, 0, commit=False).error is ErrorCode.invalid_txn_state
+
+
+def test_transactions_v2_overflow_retry_with_the_old_producer_id():
+    meta = initialized()
+    meta.producer_epoch = MAX_EPOCH - 1
+    done = ongoing(meta).end_txn(T0, 7, MAX_EPOCH - 1, commit=True, tv2=True, new_producer_id=60).new.complete(T0 + 1).new
+    retry = done.end_txn(T0 + 2, 7, MAX_EPOCH - 1, commit=True, tv2=True)
+    assert retry.error is ErrorCode.none and (retry.producer_id, retry.producer_epoch) == (60, 0)
+    assert done.end_txn(T0 + 2, 7, 3, commit=True, tv2=True).error is ErrorCode.invalid_producer_id_mapping
+
+
+def test_produce_and_txn_offset_commit_errors_by_version():
+    assert produce_error(ErrorCode.none, 12) is None
+    assert produce_error(ErrorCode.producer_fenced, 12) is ErrorCode.invalid_producer_epoch
+    assert produce_error(ErrorCode.transaction_abortable, 11) is ErrorCode.transaction_abortable
+    assert produce_error(ErrorCode.transaction_abortable, 10) is ErrorCode.invalid_txn_state
+    for busy in (ErrorCode.concurrent_transactions, ErrorCode.not_coordinator, ErrorCode.network_exception):
+        assert produce_error(busy, 12) is ErrorCode.not_enough_replicas
+        assert txn_offset_commit_error(busy) is ErrorCode.coordinator_not_available
+    assert produce_error(ErrorCode.invalid_producer_id_mapping, 12) is ErrorCode.invalid_producer_id_mapping
+    assert txn_offset_commit_error(ErrorCode.producer_fenced) is ErrorCode.invalid_producer_epoch
+    assert txn_offset_commit_error(ErrorCode.none) is ErrorCode.none

@@ -102,13 +102,17 @@ class Broker:
         self.stopped.set()
 
     async def txn_produce_check(self, transactional_id: str, producer_id: int, producer_epoch: int,
-                                topic: str, partition: int):
+                                topic: str, partition: int, produce_version: int = 0):
         """The produce path's hook (handlers/produce.py): the first transactional batch of a
         producer's transaction on a partition is accepted only if the transaction coordinator
-        has the partition in that transaction (KIP-890). Later batches of the same open
+        has the partition in that transaction (KIP-890), or, for a Produce v12+ with
+        transactions v2, once the coordinator has added it. Later batches of the same open
         transaction go through without asking."""
-        if self.transactions is None or not self.config.transaction_partition_verification_enable:
+        if self.transactions is None:
             return None
+        adds = self.transactions.adds_implicitly("produce", produce_version)
+        if not adds and not self.config.transaction_partition_verification_enable:
+            return None  # (the add of transactions v2 is not optional: it is how the partition joins)
         try:
             lg = await self.logs.get_log(topic, partition)
         except Exception:
@@ -116,7 +120,8 @@ class Broker:
         entry = lg.producers.producers.get(producer_id)
         if entry is not None and entry.txn_first_offset >= 0 and entry.epoch == producer_epoch:
             return None  # verified when the transaction opened here
-        return await self.transactions.verify_produce(transactional_id, producer_id, producer_epoch, topic, partition)
+        return await self.transactions.verify_produce(transactional_id, producer_id, producer_epoch, topic, partition,
+                                                      produce_version)
 
     async def _release_log(self, topic: str, partition: int, flush: bool) -> None:
         await self.logs.release(topic, partition, flush=flush)

@@ -93,6 +93,7 @@ class BrokerConfig:
     producer_id_expiration_ms: int = field(default=86_400_000, metadata={"help": "forget an idempotent producer's state after this long without writes"})
     transactions: bool = field(default=True, metadata={"help": "serve the transaction APIs (false: transactional ids are refused and the APIs not advertised)"})
     transaction_partition_verification_enable: bool = field(default=True, metadata={"help": "a partition accepts the first transactional batch of a transaction only if the coordinator has the partition in it (KIP-890; Kafka's setting of this name)"})
+    transaction_version: int = field(default=2, metadata={"help": "the transaction.version feature level the broker finalizes in ApiVersions (Kafka's feature, set there with kafka-features or kafka-storage format --feature transaction.version=N): 2, as a new Kafka 4.0 cluster, lets clients use transactions v2 (KIP-890: a produce or offset commit adds its partition or group to the transaction itself, every commit or abort bumps the epoch); 0 or 1 keeps them on AddPartitionsToTxn/AddOffsetsToTxn. Give every broker of a cluster the same level"})
     transaction_max_timeout_ms: int = field(default=900_000, metadata={"help": "greatest transaction.timeout.ms a transactional producer may ask for (Kafka's transaction.max.timeout.ms)"})
     transactional_id_expiration_ms: int = field(default=7 * 24 * 3600 * 1000, metadata={"help": "forget a transactional id after this long without a transaction (Kafka's transactional.id.expiration.ms)"})
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = field(default=10_000, metadata={"help": "how often transactions past their timeout are aborted and prepared ones this broker coordinates are finished (Kafka's setting of this name)"})
@@ -184,6 +185,8 @@ class BrokerConfig:
         from kafscale.security.inter_broker import InterBrokerSecurity
 
         InterBrokerSecurity.from_config(self)
+        if not 0 <= self.transaction_version <= 2:
+            raise ValueError(f"--transaction-version must be 0, 1 or 2 (the transaction.version levels), not {self.transaction_version}")
         if self.authorizer not in ("none", "acls"):
             raise ValueError(f"--authorizer must be none or acls, not {self.authorizer!r}")
         if any(l.sasl for l in bound):

@@ -18,6 +18,12 @@ allocation, the marker writes and the periodic sweep.
   answers NONE or UNKNOWN_TOPIC_OR_PARTITION (a deleted partition needs no marker). Then
   CompleteCommit/CompleteAbort is persisted together with the move of the transaction's
   pending TxnOffsetCommit offsets into the committed offsets (or their removal on abort).
+- Transactions v2 (KIP-890 part 2) with the transaction.version feature finalized at 2
+  (`--transaction-version`): a Produce v12+ adds its partition (`verify_produce`: directly
+  here, else AddPartitionsToTxn v5 not verify-only from the partition's broker) and a
+  TxnOffsetCommit v5+ its group (`add_group`: AddOffsetsToTxn from the group's
+  coordinator), instead of the client's AddPartitionsToTxn / AddOffsetsToTxn. Markers of a
+  v2 transaction go out as WriteTxnMarkers v2 with transaction_version 2.
 - Recovery: a transaction loaded in PrepareCommit/PrepareAbort (after a restart or a
   coordinator move) gets its markers written again (harmless twice) and is completed.
 - The sweep (every transaction_abort_timed_out_transaction_cleanup_interval_ms) aborts
@@ -42,17 +48,21 @@ from kafscale.security.inter_broker import InterBrokerSecurity
 from kafscale.transactions.state import (
     DEFAULT_ID_EXPIRATION_MS,
     DEFAULT_MAX_TIMEOUT_MS,
+    PRODUCE_ADDS_PARTITION_SINCE,
+    TXN_OFFSET_COMMIT_ADDS_GROUP_SINCE,
     Markers,
     Step,
     TransactionMetadata,
     TxnState,
+    produce_error,
+    txn_offset_commit_error,
     valid_timeout,
 )
 
 log = logging.getLogger("kafscale.transactions")
 
 WRITE_TXN_MARKERS = 27
-WRITE_TXN_MARKERS_VERSION = 1
+WRITE_TXN_MARKERS_VERSION = 2  # v2 carries the transaction version (2: the epoch was bumped at the end)
 MARKER_DONE = frozenset({ErrorCode.none, ErrorCode.unknown_topic_or_partition})
 # A partition that has seen a newer epoch of this producer (or a newer coordinator) refuses
 # the marker: this coordinator's copy is stale. Kafka's coordinator stops sending then.
@@ -72,16 +82,10 @@ def _inter_broker_security(config) -> InterBrokerSecurity:
         return InterBrokerSecurity(INTER_BROKER_LISTENER)  # a bare config (unit tests of the coordinator)
     return InterBrokerSecurity.from_config(config)
 ADD_PARTITIONS_TO_TXN = 24
-# What a failed produce verification answers (Kafka's ReplicaManager): a partition not in
-# the transaction is INVALID_TXN_STATE for these clients, a stale epoch INVALID_PRODUCER_EPOCH,
-# an unreachable or moving coordinator a retriable NOT_ENOUGH_REPLICAS.
-PRODUCE_ERRORS = {
-    ErrorCode.transaction_abortable: ErrorCode.invalid_txn_state,
-    ErrorCode.producer_fenced: ErrorCode.invalid_producer_epoch,
-    ErrorCode.not_coordinator: ErrorCode.not_enough_replicas,
-    ErrorCode.coordinator_not_available: ErrorCode.not_enough_replicas,
-    ErrorCode.coordinator_load_in_progress: ErrorCode.not_enough_replicas,
-}
+ADD_PARTITIONS_TO_TXN_VERSION = 5  # broker to broker: batched, verify-only or (transactions v2) adding
+ADD_OFFSETS_TO_TXN = 25
+ADD_OFFSETS_TO_TXN_VERSION = 4
+TRANSACTION_VERSION = 2  # the transaction.version feature level finalized by default (a Kafka 4.0 cluster)
 
 
 class TransactionCoordinator:
@@ -101,6 +105,9 @@ class TransactionCoordinator:
         self.max_timeout_ms = int(getattr(config, "transaction_max_timeout_ms", DEFAULT_MAX_TIMEOUT_MS))
         self.id_expiration_ms = int(getattr(config, "transactional_id_expiration_ms", DEFAULT_ID_EXPIRATION_MS))
         self.sweep_interval_ms = int(getattr(config, "transaction_abort_timed_out_transaction_cleanup_interval_ms", 10_000))
+        # The finalized transaction.version feature level (ApiVersions): from 2, Produce v12+
+        # and TxnOffsetCommit v5+ add their partition / group to the transaction themselves.
+        self.transaction_version = int(getattr(config, "transaction_version", TRANSACTION_VERSION))
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.txns: dict[str, TransactionMetadata] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -181,13 +188,14 @@ class TransactionCoordinator:
             return await self._apply(meta, step)
 
     async def add_partitions(self, tid: str, producer_id: int, producer_epoch: int,
-                             partitions: Iterable[tuple[str, int]] = (), groups: Iterable[str] = ()) -> ErrorCode:
+                             partitions: Iterable[tuple[str, int]] = (), groups: Iterable[str] = (),
+                             tv2: bool = False) -> ErrorCode:
         await self._await_markers(tid)
         async with self._locks[tid]:
             meta = await self._load(tid)
             if meta is None:
                 return ErrorCode.invalid_producer_id_mapping
-            step = meta.add_partitions(self.clock(), producer_id, producer_epoch, set(partitions), set(groups))
+            step = meta.add_partitions(self.clock(), producer_id, producer_epoch, set(partitions), set(groups), tv2)
             return (await self._apply(meta, step)).error
 
     async def verify_partitions(self, tid: str, producer_id: int, producer_epoch: int,
@@ -199,6 +207,10 @@ class TransactionCoordinator:
             return meta.verify_partitions(producer_id, producer_epoch, partitions).partition_errors
 
     async def end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool, tv2: bool = False) -> Step:
+        if tv2:
+            # A v2 client may end its next transaction right after the last one's answer
+            # (an abort with nothing added): give the last one's markers a moment first.
+            await self._await_markers(tid)
         async with self._locks[tid]:
             meta = await self._load(tid)
             if meta is None:
@@ -225,28 +237,63 @@ class TransactionCoordinator:
             out.append(meta)
         return out
 
-    async def verify_produce(self, tid: str, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode | None:
+    def adds_implicitly(self, api: str, version: int) -> bool:
+        """Transactions v2 finalized and a request version that adds its partition (Produce
+        v12+) or group (TxnOffsetCommit v5+) to the transaction itself."""
+        since = PRODUCE_ADDS_PARTITION_SINCE if api == "produce" else TXN_OFFSET_COMMIT_ADDS_GROUP_SINCE
+        return self.transaction_version >= 2 and version >= since
+
+    async def verify_produce(self, tid: str, producer_id: int, producer_epoch: int, topic: str, partition: int,
+                             produce_version: int = 0) -> ErrorCode | None:
         """KIP-890's check before a partition accepts the first transactional batch of a
-        producer's transaction: is the partition in the producer's ongoing transaction?
-        Asked of this broker's coordinator directly, else of the id's coordinator with
-        AddPartitionsToTxn v4 verify-only (as Kafka's partition leaders do). Returns the
-        error to refuse the batch with (Produce's codes), or None to accept it."""
+        producer's transaction: is the partition in the producer's ongoing transaction? With
+        transactions v2 and Produce v12+ the partition is added instead (starting the
+        transaction when none is in progress). Done by this broker's coordinator directly,
+        else by the id's coordinator with AddPartitionsToTxn v5 (verify-only or adding), as
+        Kafka's partition leaders do. Returns the error to refuse the batch with (Produce's
+        codes for this version), or None to accept it."""
         tp = (topic, partition)
         if not tid:
             return ErrorCode.invalid_request
+        add = self.adds_implicitly("produce", produce_version)
         if self.owns(tid):
-            error = (await self.verify_partitions(tid, producer_id, producer_epoch, [tp]))[tp]
+            if add:
+                error = await self.add_partitions(tid, producer_id, producer_epoch, [tp], tv2=True)
+            else:
+                error = (await self.verify_partitions(tid, producer_id, producer_epoch, [tp]))[tp]
         else:
             node = self.cluster.coordinator_for(tid)
             host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
             try:
-                error = await self.remote.verify(host, port, tid, producer_id, producer_epoch, tp)
+                error = await self.remote.add_partition(host, port, tid, producer_id, producer_epoch, tp, verify_only=not add)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("could not verify the transaction of %r with its coordinator %d: %s", tid, node.node_id, e)
-                error = ErrorCode.not_enough_replicas  # retriable, as Kafka answers when it cannot verify
-        return None if error is ErrorCode.none else PRODUCE_ERRORS.get(error, error)
+                log.warning("could not %s the transaction of %r with its coordinator %d: %s",
+                            "add to" if add else "verify", tid, node.node_id, e)
+                error = ErrorCode.network_exception  # answered retriable, as Kafka when it cannot verify
+        return produce_error(error, produce_version)
+
+    async def add_group(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
+        """Transactions v2, TxnOffsetCommit v5+: the group coordinator adds the group to the
+        producer's transaction (Kafka adds the group's __consumer_offsets partition): this
+        broker's coordinator directly, else AddOffsetsToTxn to the id's coordinator (our
+        broker-to-broker path: it names the group, which the coordinator keeps). Returns
+        TxnOffsetCommit's error."""
+        if self.owns(tid):
+            error = await self.add_partitions(tid, producer_id, producer_epoch, groups=[group_id], tv2=True)
+        else:
+            node = self.cluster.coordinator_for(tid)
+            host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
+            try:
+                error = await self.remote.add_offsets(host, port, tid, producer_id, producer_epoch, group_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("could not add group %r to the transaction of %r at its coordinator %d: %s",
+                            group_id, tid, node.node_id, e)
+                error = ErrorCode.network_exception
+        return txn_offset_commit_error(error)
 
     async def check_offset_commit(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         """TxnOffsetCommit (answered by the group's coordinator, maybe another broker): the
@@ -477,6 +524,7 @@ class RemoteMarkerWriter:
             transaction_result=markers.commit,
             topics=tuple(topic_cls(name=t, partition_indexes=tuple(ps)) for t, ps in by_topic.items()),
             coordinator_epoch=COORDINATOR_EPOCH,
+            transaction_version=2 if markers.tv2 else 0,  # Kafka: the client's transaction version
         ),))
         resp = await self._request((host, port), WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, body)
         out: dict[tuple[str, int], ErrorCode] = {}
@@ -486,19 +534,21 @@ class RemoteMarkerWriter:
                     out[(t.name, p.partition_index)] = ErrorCode(p.error_code)
         return out
 
-    async def verify(self, host: str, port: int, tid: str, producer_id: int, producer_epoch: int,
-                     tp: tuple[str, int]) -> ErrorCode:
-        """AddPartitionsToTxn v4 verify-only for one partition, to the id's coordinator."""
+    async def add_partition(self, host: str, port: int, tid: str, producer_id: int, producer_epoch: int,
+                            tp: tuple[str, int], verify_only: bool = True) -> ErrorCode:
+        """AddPartitionsToTxn v5 for one partition to the id's coordinator: verify-only
+        (KIP-890 part 1), or adding it (part 2, a Produce v12+)."""
         from kafscale.protocol.build import nested
         from kafscale.protocol.codec import schema
 
-        cls = schema(ADD_PARTITIONS_TO_TXN, 4, "request")
+        version = ADD_PARTITIONS_TO_TXN_VERSION
+        cls = schema(ADD_PARTITIONS_TO_TXN, version, "request")
         topic_cls, txn_cls = nested(cls, "AddPartitionsToTxnTopic"), nested(cls, "AddPartitionsToTxnTransaction")
         body = cls(transactions=(txn_cls(
-            transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, verify_only=True,
+            transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, verify_only=verify_only,
             topics=(topic_cls(name=tp[0], partitions=(tp[1],)),),
         ),))
-        resp = await self._request((host, port), ADD_PARTITIONS_TO_TXN, 4, body)
+        resp = await self._request((host, port), ADD_PARTITIONS_TO_TXN, version, body)
         if resp.error_code != ErrorCode.none:
             return ErrorCode(resp.error_code)
         for res in resp.results_by_transaction:
@@ -507,6 +557,15 @@ class RemoteMarkerWriter:
                     if (t.name, p.partition_index) == tp:
                         return ErrorCode(p.partition_error_code)
         return ErrorCode.unknown_server_error
+
+    async def add_offsets(self, host: str, port: int, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
+        """AddOffsetsToTxn to the id's coordinator, for a TxnOffsetCommit v5+ (transactions v2)."""
+        from kafscale.protocol.codec import schema
+
+        cls = schema(ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, "request")
+        body = cls(transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, group_id=group_id)
+        resp = await self._request((host, port), ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, body)
+        return ErrorCode(resp.error_code)
 
     async def _request(self, addr: tuple[str, int], api_key: int, version: int, body):
         from kafscale.protocol.codec import decode_response, encode_request

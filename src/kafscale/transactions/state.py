@@ -20,6 +20,15 @@ States and transitions follow Apache Kafka's TransactionMetadata / TransactionCo
 PrepareEpochFence is never persisted here either: Kafka holds it only as a pending state
 on the way to PrepareAbort with the bumped epoch, which is what `fence` returns directly.
 
+Transactions v2 (KIP-890 part 2, Kafka 4.0): a partition or group joins the transaction
+implicitly (a partition leader's AddPartitionsToTxn for Produce v12+, the group
+coordinator's add for TxnOffsetCommit v5+: `add_partitions(tv2=True)`), and EndTxn v5+
+bumps the epoch at every end and answers it; an EndTxn retried with the epoch before the
+bump is recognised, an abort with nothing added still ends (and bumps), and an exhausted
+epoch moves the producer to a new producer id when the transaction completes.
+`produce_error` / `txn_offset_commit_error` say what those requests answer when the
+coordinator refuses.
+
 Producer ids are allocated by the driver: a request that needs a new one (a new
 transactional id, an exhausted epoch) returns `Step.needs_producer_id` and is called again
 with `new_producer_id`.
@@ -56,6 +65,7 @@ class TxnState(str, Enum):
 # Where no transaction is in progress: InitProducerId may bump the epoch, the id may expire.
 IDLE = frozenset({TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
 PREPARED = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
+COMPLETE = frozenset({TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
 
 
 def epoch_exhausted(epoch: int) -> bool:
@@ -64,6 +74,48 @@ def epoch_exhausted(epoch: int) -> bool:
 
 def valid_timeout(timeout_ms: int, max_timeout_ms: int) -> bool:
     return 0 < timeout_ms <= max_timeout_ms
+
+
+# Transactions v2 from which request versions (Kafka's AddPartitionsToTxnManager): Produce
+# v12+ and TxnOffsetCommit v5+ add their partition (group) to the transaction themselves;
+# from Produce v11 / TxnOffsetCommit v4 clients know TRANSACTION_ABORTABLE.
+PRODUCE_ADDS_PARTITION_SINCE = 12
+PRODUCE_TRANSACTION_ABORTABLE_SINCE = 11
+TXN_OFFSET_COMMIT_ADDS_GROUP_SINCE = 5
+# The coordinator cannot answer now (moving, loading, unreachable, markers being written).
+COORDINATOR_BUSY = frozenset({
+    ErrorCode.concurrent_transactions, ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
+    ErrorCode.coordinator_load_in_progress, ErrorCode.network_exception,
+})
+
+
+def produce_error(error: ErrorCode, produce_version: int) -> ErrorCode | None:
+    """What a transactional Produce answers when the coordinator refused to verify (or, v12+,
+    to add) its partition: None to append. As Kafka (AddPartitionsToTxnManager, then
+    ReplicaManager): a fenced producer gets INVALID_PRODUCER_EPOCH; a partition not in the
+    transaction TRANSACTION_ABORTABLE from v11 on, INVALID_TXN_STATE before; a busy or
+    unreachable coordinator the retriable NOT_ENOUGH_REPLICAS (no metadata refresh)."""
+    if error is ErrorCode.none:
+        return None
+    if error is ErrorCode.producer_fenced:
+        return ErrorCode.invalid_producer_epoch
+    if error is ErrorCode.transaction_abortable and produce_version < PRODUCE_TRANSACTION_ABORTABLE_SINCE:
+        return ErrorCode.invalid_txn_state
+    if error in COORDINATOR_BUSY:
+        return ErrorCode.not_enough_replicas
+    return error
+
+
+def txn_offset_commit_error(error: ErrorCode) -> ErrorCode:
+    """What TxnOffsetCommit v5+ answers when the transaction coordinator refused to add its
+    group: a fenced producer INVALID_PRODUCER_EPOCH (as Kafka's verification); a busy or
+    unreachable coordinator COORDINATOR_NOT_AVAILABLE, which every client retries (after
+    finding the group's coordinator again)."""
+    if error is ErrorCode.producer_fenced:
+        return ErrorCode.invalid_producer_epoch
+    if error in COORDINATOR_BUSY:
+        return ErrorCode.coordinator_not_available
+    return error
 
 
 @dataclass(frozen=True)
@@ -76,6 +128,7 @@ class Markers:
     commit: bool
     partitions: frozenset[tuple[str, int]]
     groups: frozenset[str]
+    tv2: bool = False  # ended by a transactions v2 client (WriteTxnMarkers v2 transaction_version 2)
 
 
 @dataclass
@@ -104,7 +157,7 @@ class TransactionMetadata:
     groups: set[str] = field(default_factory=set)  # consumer groups of AddOffsetsToTxn
     start_ms: int = -1
     last_update_ms: int = 0
-    tv2: bool = False  # the transaction was ended with EndTxn v5+ (KIP-890: epoch bump per end)
+    tv2: bool = False  # transactions v2 (KIP-890): implicitly added to, or ended with EndTxn v5+ (epoch bump per end)
     version: int = 0  # the store's version of this record when read or written (not persisted)
 
     # -- persistence -------------------------------------------------------------------------
@@ -261,7 +314,12 @@ class TransactionMetadata:
         producer_epoch: int,
         partitions: set[tuple[str, int]] = frozenset(),
         groups: set[str] = frozenset(),
+        tv2: bool = False,
     ) -> Step:
+        """AddPartitionsToTxn / AddOffsetsToTxn, and (`tv2`) the implicit adds of
+        transactions v2: a partition leader's AddPartitionsToTxn v4+ that is not verify-only
+        (Produce v12+) and a group coordinator's add of a TxnOffsetCommit v5+'s group. An
+        idle id (Empty, Complete*) starts a new transaction."""
         error = self._check_producer(producer_id, producer_epoch)
         if error is not ErrorCode.none:
             return Step(error)
@@ -276,6 +334,7 @@ class TransactionMetadata:
             partitions=self.partitions | set(partitions),
             groups=self.groups | set(groups),
             start_ms=start,
+            tv2=tv2 or (self.tv2 and self.state is TxnState.ONGOING),
         )
         return Step(new=new)
 
@@ -302,48 +361,82 @@ class TransactionMetadata:
         new_producer_id: int | None = None,
     ) -> Step:
         """EndTxn from the client. `tv2`: EndTxn v5+ (KIP-890), where every end bumps the epoch."""
-        current_tv2 = self.tv2 and self.state is not TxnState.ONGOING or tv2 and self.state is TxnState.ONGOING
-        retry_on_bump = current_tv2 and self.producer_epoch == producer_epoch + 1
+        state = self.state
+        # Which rules: the request's for a transaction in progress (or none yet); for a
+        # prepared or completed one also how that one was ended (a retry of a v2 end).
+        use_tv2 = tv2 if state in (TxnState.ONGOING, TxnState.EMPTY) else (tv2 or self.tv2)
+        if not use_tv2:
+            return self._end_txn_v1(now_ms, producer_id, producer_epoch, commit)
+        # A retry of an end whose answer (the bumped epoch) the client did not get.
+        retry_on_bump = state in PREPARED | COMPLETE and self.producer_epoch == producer_epoch + 1
+        # ... of an end that overflowed the epoch and moved the producer to a new id.
         retry_on_overflow = (
-            current_tv2
+            state in COMPLETE
             and self.previous_producer_id == producer_id
             and producer_epoch == MAX_EPOCH - 1
             and self.producer_epoch == 0
         )
+        retry = retry_on_bump or retry_on_overflow
         if self.producer_id != producer_id and not retry_on_overflow:
             return Step(ErrorCode.invalid_producer_id_mapping)
-        state = self.state
-        if current_tv2:
-            if state in PREPARED:
-                valid = retry_on_bump
-            elif state in (TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
-                valid = retry_on_bump or retry_on_overflow
-            else:
-                valid = producer_epoch == self.producer_epoch
-        else:
-            valid = producer_epoch == self.producer_epoch
-        if not valid:
+        same_epoch = producer_epoch == self.producer_epoch
+        if state in PREPARED and same_epoch:
+            # The bumped epoch's next end while the markers of the last are being written.
+            return Step(ErrorCode.concurrent_transactions)
+        if not (retry or same_epoch) or (state in PREPARED and not retry):
             return Step(ErrorCode.producer_fenced)
+        prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         wanted = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
         if state is TxnState.ONGOING:
-            next_pid = NO_PRODUCER_ID
-            epoch, last = self.producer_epoch, self.last_producer_epoch
-            if tv2:
-                if epoch_exhausted(self.producer_epoch):
-                    if new_producer_id is None:
-                        return Step(needs_producer_id=True)
-                    next_pid = new_producer_id
-                epoch, last = self.producer_epoch + 1, self.producer_epoch
+            return self._prepare_end(now_ms, commit, new_producer_id)
+        if state in PREPARED:  # a retry
+            return Step(ErrorCode.concurrent_transactions if state is prepare else ErrorCode.invalid_txn_state)
+        if retry:  # Complete*: the end it retries is done; answer what it answered
+            if state is wanted:
+                return Step(producer_id=self.producer_id, producer_epoch=self.producer_epoch)
+            return Step(ErrorCode.invalid_txn_state)
+        if not commit and state in IDLE:
+            # Kafka 4.0: an abort with no partition added (Empty, Complete*) still ends a
+            # transaction: PrepareAbort without markers, the epoch bumped.
+            return self._prepare_end(now_ms, False, new_producer_id, start=True)
+        return Step(ErrorCode.invalid_txn_state)
+
+    def _prepare_end(self, now_ms: float, commit: bool, new_producer_id: int | None, start: bool = False) -> Step:
+        """Transactions v2: PrepareCommit / PrepareAbort under the bumped epoch (a new
+        producer id to move to at completion when the epoch is exhausted)."""
+        next_pid = NO_PRODUCER_ID
+        if epoch_exhausted(self.producer_epoch):
+            if new_producer_id is None:
+                return Step(needs_producer_id=True)
+            next_pid = new_producer_id
+        new = self._copy(
+            now_ms,
+            state=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT,
+            producer_epoch=self.producer_epoch + 1,
+            last_producer_epoch=self.producer_epoch,
+            next_producer_id=next_pid,
+            tv2=True,
+            **({"start_ms": int(now_ms), "partitions": set(), "groups": set()} if start else {}),
+        )
+        pid, ep = (next_pid, 0) if next_pid != NO_PRODUCER_ID else (new.producer_id, new.producer_epoch)
+        return Step(new=new, markers=new._markers(commit), producer_id=pid, producer_epoch=ep)
+
+    def _end_txn_v1(self, now_ms: float, producer_id: int, producer_epoch: int, commit: bool) -> Step:
+        """EndTxn v0-v4 (transactions v0/v1): the epoch stays; a retry has the same epoch."""
+        if self.producer_id != producer_id:
+            return Step(ErrorCode.invalid_producer_id_mapping)
+        if producer_epoch != self.producer_epoch:
+            return Step(ErrorCode.producer_fenced)
+        state = self.state
+        wanted = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if state is TxnState.ONGOING:
             new = self._copy(
                 now_ms,
                 state=TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT,
-                producer_epoch=epoch,
-                last_producer_epoch=last,
-                next_producer_id=next_pid,
-                tv2=tv2,
+                next_producer_id=NO_PRODUCER_ID,
+                tv2=False,
             )
-            pid, ep = (next_pid, 0) if next_pid != NO_PRODUCER_ID else (new.producer_id, new.producer_epoch)
-            return Step(new=new, markers=new._markers(commit), producer_id=pid, producer_epoch=ep)
+            return Step(new=new, markers=new._markers(commit), producer_id=new.producer_id, producer_epoch=new.producer_epoch)
         if state is wanted:
             return Step(producer_id=self.producer_id, producer_epoch=self.producer_epoch)  # a retry: done
         if state is (TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT):
@@ -351,7 +444,7 @@ class TransactionMetadata:
         return Step(ErrorCode.invalid_txn_state)
 
     def _markers(self, commit: bool) -> Markers:
-        return Markers(self.producer_id, self.producer_epoch, commit, frozenset(self.partitions), frozenset(self.groups))
+        return Markers(self.producer_id, self.producer_epoch, commit, frozenset(self.partitions), frozenset(self.groups), self.tv2)
 
     def markers_to_resend(self) -> Markers | None:
         """After a coordinator move or restart: the markers a prepared transaction still owes."""

@@ -1,12 +1,20 @@
 """ApiVersions (18): advertise exactly what the router has, with the feature levels of the
 Kafka version KafScale answers as; UpdateFeatures (57) refuses to change them.
 
-Features (KIP-584), what `kafka-features describe` and Admin.describeFeatures read from
-ApiVersions: metadata.version, supported 1 (3.0-IV1) to 21 (3.9-IV0) and finalized at 21, as
-a Kafka 3.9 cluster. Nothing else is claimed: no kraft.version (there is no KRaft quorum),
-no group.version (no KIP-848 consumer groups), no transaction.version (clients keep the
-transaction protocol they use with Kafka 3.9). The levels are fixed: UpdateFeatures answers
-INVALID_UPDATE_VERSION for any change (a no-op request for the current level succeeds)."""
+Features (KIP-584), what `kafka-features describe`, Admin.describeFeatures and the clients
+read from ApiVersions, as a new Kafka 4.0 cluster has them:
+- metadata.version: supported 7 (3.3-IV3, the oldest Kafka 4.0 supports) to 25 (4.0-IV3),
+  finalized at 25, which is at or above the 4.0-IV2 that transaction.version 1 and 2 need.
+- transaction.version: supported 0 to 2, finalized at `--transaction-version` (default 2).
+  At 2, Java 4.x and franz-go style clients use transactions v2 (KIP-890 part 2): Produce
+  v12+ and TxnOffsetCommit v5+ without AddPartitionsToTxn / AddOffsetsToTxn, EndTxn v5 with
+  an epoch bump per transaction (docs/transactions.md). Level 0 is finalized by leaving
+  the feature out of the finalized list, as Kafka does; with --transactions false it is
+  not advertised at all.
+Nothing else is claimed: no kraft.version (there is no KRaft quorum), no group.version (no
+KIP-848 consumer groups). The levels are fixed per broker: UpdateFeatures answers
+INVALID_UPDATE_VERSION for any change (a no-op request for the current level succeeds);
+an operator picks the transaction.version level with the flag, on every broker alike."""
 
 import re
 
@@ -14,8 +22,16 @@ from kafscale.errors import ErrorCode
 from kafscale.protocol.build import make, nested, response
 
 API_VERSIONS, UPDATE_FEATURES = 18, 57
-# name -> (supported min, supported max, finalized level)
-FEATURES = {"metadata.version": (1, 21, 21)}
+METADATA_VERSION = (7, 25, 25)  # (supported min, supported max, finalized level): 3.3-IV3 .. 4.0-IV3
+TRANSACTION_VERSION_MAX = 2
+
+
+def features(broker) -> dict[str, tuple[int, int, int]]:
+    """name -> (supported min, supported max, finalized level) of this broker."""
+    out = {"metadata.version": METADATA_VERSION}
+    if getattr(broker, "transactions", None) is not None:
+        out["transaction.version"] = (0, TRANSACTION_VERSION_MAX, broker.config.transaction_version)
+    return out
 FINALIZED_EPOCH = 0
 # What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)
 SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
@@ -36,13 +52,14 @@ async def api_versions(ctx, req):
     extra = {}
     if ctx.version >= 3:
         supported_cls, finalized_cls = nested(cls, "SupportedFeatureKey"), nested(cls, "FinalizedFeatureKey")
+        feats = features(ctx.broker)
         # Kafka leaves out features whose minimum is 0 below v4 (old clients fail on them)
         extra["supported_features"] = tuple(
-            make(supported_cls, name=n, min_version=lo, max_version=hi) for n, (lo, hi, _) in FEATURES.items() if lo > 0 or ctx.version >= 4
+            make(supported_cls, name=n, min_version=lo, max_version=hi) for n, (lo, hi, _) in feats.items() if lo > 0 or ctx.version >= 4
         )
         extra["finalized_features_epoch"] = FINALIZED_EPOCH
         extra["finalized_features"] = tuple(
-            make(finalized_cls, name=n, min_version_level=level, max_version_level=level) for n, (_, _, level) in FEATURES.items() if level > 0
+            make(finalized_cls, name=n, min_version_level=level, max_version_level=level) for n, (_, _, level) in feats.items() if level > 0
         )
     return make(cls, error_code=ErrorCode.none, api_keys=keys, throttle_time=0, **extra)
 
@@ -50,8 +67,9 @@ async def api_versions(ctx, req):
 async def update_features(ctx, req):
     cls = response(UPDATE_FEATURES, ctx.version)
     outcomes = []
+    feats = features(ctx.broker)
     for u in req.feature_updates:
-        known = FEATURES.get(u.feature)
+        known = feats.get(u.feature)
         if known is not None and u.max_version_level == known[2]:
             outcomes.append((u.feature, ErrorCode.none, None))
         elif known is None:

@@ -7,8 +7,10 @@ Transactional batches (a request with a transactional id) are appended like any 
 the partition opens the producer's transaction on it (storage/producers.py). The
 coordinator's check that the partition is part of the producer's ongoing transaction is
 the hook `broker.txn_produce_check` (docs/transactions.md): when the broker has one, it is
-awaited as `check(transactional_id, producer_id, producer_epoch, topic, partition)` before
-the append and returns the ErrorCode to refuse the partition with, or None to accept."""
+awaited as `check(transactional_id, producer_id, producer_epoch, topic, partition,
+produce_version)` before the append and returns the ErrorCode to refuse the partition with,
+or None to accept. With transactions v2 (Produce v12+, transaction.version 2) the same hook
+adds the partition to the producer's transaction instead of only verifying it."""
 
 from __future__ import annotations
 
@@ -80,7 +82,7 @@ async def _txn_check(ctx, transactional_id: str, topic: str, partition: int, dat
     if check is None or data is None or len(data) < records.HEADER_SIZE:
         return None  # nothing to ask, or a record set the append refuses anyway
     h = records.read_header(data, 0)
-    code = await check(transactional_id, h.producer_id, h.producer_epoch, topic, partition)
+    code = await check(transactional_id, h.producer_id, h.producer_epoch, topic, partition, ctx.version)
     return code if code else None
 
 

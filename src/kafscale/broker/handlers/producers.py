@@ -18,6 +18,7 @@ from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
+INIT_PRODUCER_ID_MAX_VERSION = 5
 log = logging.getLogger("kafscale.producers")
 
 
@@ -71,5 +72,7 @@ async def describe_producers(ctx, req):
 
 
 def register(router):
-    router.register(INIT_PRODUCER_ID, init_producer_id)
+    # Up to v5, as Kafka 4.0: v6 is KIP-939's two-phase commit (enable_2pc), which a Kafka
+    # 4.0 broker does not know; a v6 request gets UNSUPPORTED_VERSION like any unknown version.
+    router.register(INIT_PRODUCER_ID, init_producer_id, max_version=INIT_PRODUCER_ID_MAX_VERSION)
     router.register(DESCRIBE_PRODUCERS, describe_producers)

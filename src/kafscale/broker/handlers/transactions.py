@@ -2,7 +2,11 @@
 
 InitProducerId (22) with a transactional id (called from `producers.py`),
 AddPartitionsToTxn (24, v4+ batched and verify-only), AddOffsetsToTxn (25), EndTxn (26),
-TxnOffsetCommit (28), DescribeTransactions (65), ListTransactions (66). The rules live in
+TxnOffsetCommit (28), DescribeTransactions (65), ListTransactions (66). Transactions v2
+(KIP-890 part 2, with transaction.version finalized at 2): EndTxn v5+ bumps the epoch at
+every end, TxnOffsetCommit v5+ adds its group to the transaction itself, and
+AddPartitionsToTxn v4+ that is not verify-only is a partition leader adding the partition
+of a Produce v12+ (handlers/produce.py). The rules live in
 `kafscale.transactions` (state machine and coordinator); this module translates requests
 and responses, which differ by version. Requests for a transactional id this broker does
 not coordinate get NOT_COORDINATOR (clients find the coordinator again: FindCoordinator
@@ -110,8 +114,9 @@ async def init_producer_id(ctx, req):
 # -- AddPartitionsToTxn / AddOffsetsToTxn ---------------------------------------------------------
 
 
-async def _add_partitions_one(ctx, tid, pid, epoch, topics, verify_only: bool) -> dict[tuple[str, int], ErrorCode]:
-    """Per-partition errors for one transaction of an AddPartitionsToTxn."""
+async def _add_partitions_one(ctx, tid, pid, epoch, topics, verify_only: bool, batched: bool = False) -> dict[tuple[str, int], ErrorCode]:
+    """Per-partition errors for one transaction of an AddPartitionsToTxn (`batched`: v4+,
+    from a broker)."""
     wanted = [(t.name, p) for t in topics for p in t.partitions]
     if (error := _check(ctx, tid)) is not None:
         return {tp: error for tp in wanted}
@@ -128,7 +133,8 @@ async def _add_partitions_one(ctx, tid, pid, epoch, topics, verify_only: bool) -
         return {tp: missing.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
     if verify_only:
         return await _txns(ctx).verify_partitions(tid, pid, epoch, wanted)
-    error = await _txns(ctx).add_partitions(tid, pid, epoch, wanted)
+    # v4+ comes from a partition's broker: not verify-only, it is a transactions v2 Produce's add.
+    error = await _txns(ctx).add_partitions(tid, pid, epoch, wanted, tv2=batched)
     return {tp: error for tp in wanted}
 
 
@@ -153,10 +159,10 @@ async def add_partitions_to_txn(ctx, req):
             errors = {(t.name, p): ErrorCode.coordinator_not_available for t in req.v3_and_below_topics for p in t.partitions}
         return make(cls, throttle_time=0, results_by_topic_v3_and_below=_topic_results(errors, fix))
     results = []
-    for txn in req.transactions:  # v4+: batched, from brokers (verify-only since KIP-890)
+    for txn in req.transactions:  # v4+: batched, from brokers (verify-only, or a transactions v2 produce's add)
         try:
             errors = await _add_partitions_one(ctx, txn.transactional_id, txn.producer_id, txn.producer_epoch,
-                                               txn.topics, txn.verify_only)
+                                               txn.topics, txn.verify_only, batched=True)
         except STORE_DOWN:
             errors = {(t.name, p): ErrorCode.coordinator_not_available for t in txn.topics for p in t.partitions}
         results.append(dict(transactional_id=txn.transactional_id, topic_results=_topic_results(errors, fix)))
@@ -237,7 +243,13 @@ async def txn_offset_commit(ctx, req):
             elif groups is None or not ctx.broker.cluster.is_group_coordinator(group_id):
                 error = ErrorCode.not_coordinator
             else:
-                error = await _txns(ctx).check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
+                error = ErrorCode.none
+                if _txns(ctx).adds_implicitly("txn_offset_commit", ctx.version):
+                    # Transactions v2: no AddOffsetsToTxn from the client; the group joins
+                    # the transaction here (Kafka's group coordinator adds its partition).
+                    error = await _txns(ctx).add_group(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
+                if error is ErrorCode.none:
+                    error = await _txns(ctx).check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
                 if error is ErrorCode.none:
                     error = await groups.commit_offsets(
                         group_id,
