@@ -258,3 +258,36 @@ def test_seeded_open_transactions_end_with_their_marker():
     table.check(records.read_header(txn(7, epoch=3)))  # mid-sequence: no UNKNOWN_PRODUCER_ID after a seed
     assert table.end_txn(PID, 3, 0, 50, NOW_MS, 0) == 40
     assert table.open_txns == {}
+
+
+# -- when a marker is flushed -------------------------------------------------------------
+
+
+def test_a_marker_is_flushed_at_once_not_after_min_flush_interval():
+    """Group commit holds acknowledged batches until min_flush_interval after the last upload
+    (the flush interval on S3); a transaction's marker does not wait for it: until the marker
+    is durable the transaction is not complete and the producer's next one is refused."""
+    core = make_core(segment_bytes=10_000)
+    append(core, txn(0, 2), waiter="a", now=T0)
+    flush(core)  # last_flush = T0
+    append(core, plain(), waiter="b", now=T0)
+    assert core.flush_due_in(T0) > 0  # an ordinary ack waits for min_flush_interval
+    marker(core, commit=True)
+    assert core.flush_due_in(T0) == 0.0
+    out = core.begin_flush(T0, owned=True)
+    assert [b.marker for b in out.upload.batches] == [False, True]
+    assert core.buffered_markers == 0
+    core.flush_committed(committed(core.state, segment_of(out.upload)))
+    append(core, plain(), waiter="c", now=T0)
+    assert core.flush_due_in(T0) > 0  # back to group commit once the marker is out
+
+
+def test_a_failed_upload_forgets_the_markers_it_dropped():
+    core = make_core(segment_bytes=10_000)
+    append(core, txn(0), waiter="a")
+    flush(core)
+    marker(core, commit=False)
+    assert core.buffered_markers == 1
+    core.begin_flush(T0, owned=True)
+    core.flush_failed(ObjectStoreError("s3 down"))
+    assert (core.buffered_markers, core.flush_due_in(T0)) == (0, None)

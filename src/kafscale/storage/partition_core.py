@@ -54,6 +54,7 @@ class BufferedBatch:
     base_offset: int
     waiters: list[Any]  # the driver's waiters (futures): answered together
     aborted: tuple[tuple[int, int, int], ...] = ()  # an ABORT marker's aborted transaction
+    marker: bool = False  # an end-transaction marker: flushed without waiting for min_flush_interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,7 @@ class PartitionCore:
         self.buffered_bytes = 0
         self.buffer_since = 0.0
         self.waiting_acks = 0  # buffered batches someone waits on
+        self.buffered_markers = 0  # end-transaction markers among them
         self.last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
         self.in_flight: list[BufferedBatch] = []
         # Transactions whose marker is appended but not durable yet, as (producer id, first
@@ -169,6 +171,8 @@ class PartitionCore:
         self.buffered_bytes += batch.nbytes
         if batch.waiters:
             self.waiting_acks += 1
+        if batch.marker:
+            self.buffered_markers += 1
 
     def append_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool, waiter: Any, now: float, now_ms: int) -> Appended:
         """Append the end-transaction control batch (COMMIT or ABORT) of a producer's
@@ -187,7 +191,7 @@ class PartitionCore:
         if first is not None:
             self.closing_txns.append((producer_id, first, offset))
         self.next_offset = offset + 1
-        self._buffer(BufferedBatch(data, len(data), offset, [waiter] if waiter is not None else [], aborted), now)
+        self._buffer(BufferedBatch(data, len(data), offset, [waiter] if waiter is not None else [], aborted, marker=True), now)
         return Appended(offset, -1, True)
 
     @property
@@ -225,6 +229,12 @@ class PartitionCore:
             return None
         if self.buffered_bytes >= self.settings.segment_bytes:
             return 0.0
+        if self.buffered_markers:
+            # A transaction is decided but not complete until its markers are durable: the
+            # coordinator answers the producer's next transaction CONCURRENT_TRANSACTIONS
+            # until then, and the LSO waits. One more upload per transaction end is worth a
+            # flush interval less per transaction (on S3, where min_flush_interval is long).
+            return 0.0
         due = self.buffer_since + self.flush_interval_s
         if self.waiting_acks:
             # Group commit: someone waits for an ack; flush as soon as the last upload is
@@ -250,6 +260,7 @@ class PartitionCore:
         self.buffered_bytes -= size
         self.buffer_since = now
         self.waiting_acks -= sum(1 for b in taken if b.waiters)
+        self.buffered_markers -= sum(1 for b in taken if b.marker)
         self.in_flight = taken
         self.uploading = True
         end = self.buffer[0].base_offset if self.buffer else self.next_offset
@@ -286,6 +297,7 @@ class PartitionCore:
         self.uploading = False
         self.buffered_bytes = 0
         self.waiting_acks = 0
+        self.buffered_markers = 0
         self.next_offset = self.state.high_watermark
         self.producers.roll_back(self.next_offset)  # a dropped marker's transaction is open again
         self.closing_txns = [t for t in self.closing_txns if t[2] < self.next_offset]
@@ -334,6 +346,7 @@ class PartitionCore:
             dropped, self.in_flight = self.in_flight + dropped, []
         self.buffered_bytes = 0
         self.waiting_acks = 0
+        self.buffered_markers = 0
         return Outcome([self._answer(dropped, reason)], notify_readers=True)
 
     def refusal(self) -> StorageError:
