@@ -111,3 +111,66 @@ def test_stream_read_committed_holds_an_open_transaction_back_until_its_marker(s
 
     asyncio.run(commit_a3())
     assert run() == COMMITTED + [b"a3", b"p2", b"p3"]
+
+
+def test_stream_latest_read_committed_starts_at_the_last_stable_offset(spark, broker, topic_name, tmp_path):
+    """A Kafka consumer in read_committed that seeks to the end lands at the last stable
+    offset: a transaction open when the stream starts at "latest" is delivered once it
+    commits (exactly once), an aborted one never, records before it never."""
+    import os
+
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.support.broker import wait_for_leader
+    from tests.support.wait import wait_until
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic(topic_name, 1, 1)]).values():
+        f.result(30)
+    plain = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    wait_for_leader(plain, topic_name)
+    plain.produce(topic_name, b"before")
+    assert plain.flush(30) == 0
+
+    def txn_producer(tid: str) -> Producer:
+        p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"{topic_name}-{tid}", "transaction.timeout.ms": 60000})
+        p.init_transactions(30)
+        p.begin_transaction()
+        return p
+
+    committed, aborted = txn_producer("c"), txn_producer("a")
+    for v in (b"t1-a", b"t1-b"):
+        committed.produce(topic_name, v)
+    assert committed.flush(30) == 0  # acknowledged: in a flushed segment, still undecided
+    aborted.produce(topic_name, b"t2-x")
+    assert aborted.flush(30) == 0
+
+    storage = "file://" + os.path.join(os.path.abspath(broker.data_dir), "objects")
+    out = str(tmp_path / "out")
+    q = (
+        spark.readStream.format("kafscale").option("storage", storage).option("subscribe", topic_name)
+        .option("startingOffsets", "latest").option("kafka.isolation.level", "read_committed").load()
+        .writeStream.format("parquet").option("path", out).option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds").start()
+    )
+    try:
+        wait_until(lambda: q.recentProgress, 60, "the stream's first trigger (its starting offsets resolved)")
+        assert q.isActive, q.exception()
+        committed.commit_transaction(30)
+        aborted.abort_transaction(30)
+        plain.produce(topic_name, b"after")
+        assert plain.flush(30) == 0
+
+        def output() -> list[bytes] | None:
+            if q.exception() is not None:
+                raise AssertionError(str(q.exception()))
+            if not os.path.isdir(os.path.join(out, "_spark_metadata")):
+                return None
+            got = [bytes(r["value"]) for r in spark.read.parquet(out).orderBy("offset").collect()]
+            return got if b"after" in got else None
+
+        got = wait_until(output, 60, "the committed transaction and the record after it in the output")
+        assert got == [b"t1-a", b"t1-b", b"after"]
+    finally:
+        q.stop()

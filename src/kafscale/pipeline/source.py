@@ -423,8 +423,26 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
     A timestamp resolves to the first offset whose record time is >= it; with no such record
     a start fails (startingOffsetsByTimestampStrategy=error) or is the latest offset, an end
     is the latest offset.
+
+    With read_committed, a start at "latest" is the last stable offset (the first offset of
+    the earliest transaction with no marker yet), where a Kafka consumer in read_committed
+    lands when it seeks to the end: a transaction open when the query starts is read once it
+    commits. An end at "latest" stays the flushed end here; the batch plan cuts the range at
+    the first undecided transaction.
     """
     known = set(listing.partitions())
+    stable: dict[TopicPartition, int] = {}
+
+    async def latest(tp: TopicPartition) -> int:
+        b = bounds[tp]
+        if not (is_start and cfg.read_committed):
+            return b.end
+        if tp not in stable:
+            # an open transaction may have begun anywhere in the log: scan from its start
+            stable[tp], _ = await seg.transaction_outcomes(store, listing.segments[tp], b.start, b.end, fail_on_corruption=cfg.fail_on_corruption)
+            stable[tp] = max(b.start, stable[tp])
+        return stable[tp]
+
     if is_start:
         global_ts, by_ts, spec, kind = cfg.starting_timestamp, cfg.starting_by_timestamp, cfg.starting, "startingOffsets"
     else:
@@ -444,7 +462,7 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
                         f"{option} {wanted[tp]}: partition {tp[0]}/{tp[1]} has no record at or after it "
                         "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)"
                     )
-                found = bounds[tp].end
+                found = await latest(tp)
             out[tp] = max(found, bounds[tp].start)
         return out
     if isinstance(spec, dict):
@@ -456,7 +474,7 @@ async def _resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: 
         if want == EARLIEST:
             out[tp] = b.start
         elif want == LATEST:
-            out[tp] = b.end
+            out[tp] = await latest(tp)
         else:
             if is_start and want < b.start:
                 if cfg.fail_on_data_loss:
@@ -667,16 +685,24 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._warned_no_limit = False
         self._last_trigger_ms = 0.0
         self._latest_seen: dict = {}
+        self._initial: dict | None = None
 
     def initialOffset(self) -> dict:
+        """Where a query without a checkpoint starts, resolved once per query (as Spark's
+        Kafka source fixes its initial offsets when the query starts): Spark asks again on
+        every trigger until the first micro-batch, and "latest" must not move meanwhile."""
+        if self._initial is not None:
+            return self._initial
         cfg = self.cfg
 
         async def go(store):
             listing, bounds, _ = await _listing_and_bounds(store, cfg, require_all=False)
             return await _resolve(store, cfg, listing, bounds, is_start=True, streaming=True)
 
-        start = seg.run_with_store(cfg.storage, go)
-        return offsets_json(start)
+        start = offsets_json(seg.run_with_store(cfg.storage, go))
+        if start or cfg.starting == "earliest":
+            self._initial = start  # (no partition yet: asked again until the topics appear)
+        return start
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.cfg.max_offsets_per_trigger:
