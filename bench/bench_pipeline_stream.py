@@ -83,6 +83,17 @@ def _files_in_batch(output: str, batch_id: int) -> int:
     return sum(1 for line in entry.read_text().splitlines()[1:] if line.strip())
 
 
+def _median_durations(batches: list[dict]) -> dict:
+    """Spark's durationMs breakdown (latestOffset, queryPlanning, addBatch, commits...), the
+    median of each phase over the micro-batches that read rows."""
+    keys = sorted({k for b in batches for k in b["duration_ms"]})
+    out = {}
+    for k in keys:
+        vals = sorted(b["duration_ms"].get(k, 0) for b in batches)
+        out[k] = vals[len(vals) // 2]
+    return out
+
+
 def run_store(name: str, args) -> dict:
     """One store, in a process of its own: Spark's Python workers take the S3 settings from
     the environment the JVM started with, so the broker (and its moto) must come first."""
@@ -105,7 +116,9 @@ def run_store(name: str, args) -> dict:
         else:
             storage = f"file://{broker.workdir / 'objects'}"
             options = {}
-        spark = jobs.local_spark("bench-stream", cores=args.cores)
+        spark = jobs.local_spark("bench-stream", cores=args.cores, **dict(c.split("=", 1) for c in args.conf))
+        if args.log_level:
+            spark.sparkContext.setLogLevel(args.log_level)
         topic = "stream"
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for f in admin.create_topics([NewTopic(topic, args.partitions, 1)]).values():
@@ -162,6 +175,7 @@ def run_store(name: str, args) -> dict:
                 batches.append({
                     "id": p["batchId"], "rows": n, "commit_ns": _commit_ns(p), "files": _files_in_batch(output, p["batchId"]),
                     "tasks": tasks, "start": jobs._offsets(src.get("startOffset")), "end": jobs._offsets(src.get("endOffset")),
+                    "duration_ms": {k: int(v) for k, v in (p.get("durationMs") or {}).items()},
                 })
                 rows += n
         query.stop()
@@ -201,6 +215,7 @@ def run_store(name: str, args) -> dict:
             "tasks_per_batch_max": max((b["tasks"] for b in batches), default=0),
             "batches_files_over_tasks": sum(1 for b in batches if b["tasks"] and b["files"] > b["tasks"]),
             "lag_max": max(lags, default=0), "lag_max_last_third": max(third),
+            "duration_ms_p50": _median_durations(batches),
             "e2e_ms_p50": round(pct(0.50)), "e2e_ms_p95": round(pct(0.95)), "e2e_ms_max": round(latencies[-1]) if latencies else None,
         }
     finally:
@@ -226,6 +241,8 @@ def main() -> None:
     ap.add_argument("--trigger", default="500 milliseconds", help="the processing-time trigger")
     ap.add_argument("--grace", type=float, default=120.0, help="seconds allowed after the producer's nominal end")
     ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--conf", action="append", default=[], help="a Spark setting key=value for the session (repeatable)")
+    ap.add_argument("--log-level", help="Spark's log level (e.g. INFO to see where a micro-batch's time goes)")
     ap.add_argument("--one-store", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one_store:
@@ -249,6 +266,7 @@ def main() -> None:
             f"ack -> Parquet commit p50 {result['e2e_ms_p50']} ms, p95 {result['e2e_ms_p95']} ms, max {result['e2e_ms_max']} ms",
             flush=True,
         )
+        print(f"{result['store']}: micro-batch phases, median ms: " + ", ".join(f"{k} {v}" for k, v in result["duration_ms_p50"].items()), flush=True)
 
 
 if __name__ == "__main__":
