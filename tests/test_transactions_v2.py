@@ -18,7 +18,7 @@ from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
 from tests.support.servers import ETCD_BIN
 from tests.support.wait import wait_until
-from tests.test_txn_coordinator import add_partitions, describe, fetch_offset, init
+from tests.test_txn_coordinator import add_partitions, describe, fetch_offset, init, txn_offset_commit
 from tests.test_txn_partition import consume_all, plain_batch, txn_batch
 
 PRODUCE, API_VERSIONS, INIT_PRODUCER_ID, END_TXN, TXN_OFFSET_COMMIT, FIND_COORDINATOR = 0, 18, 22, 26, 28, 10
@@ -128,6 +128,31 @@ def test_commit_and_abort_without_add_requests(tv2b, topic_name):
     assert consume_all(tv2b.bootstrap, topic_name, "read_uncommitted", end_offset) == [b"p0", b"c1", b"c2", b"a1", b"c3", b"p1"]
 
 
+def test_back_to_back_transactions(tv2b, topic_name):
+    """As a v2 client runs them: the next transaction's first produce right after EndTxn's
+    answer, under the epoch it answered, while the last one's markers may still be written
+    (the broker waits for them, or answers the retriable NOT_ENOUGH_REPLICAS)."""
+    tid = f"tx2b-{topic_name}"
+    with RawClient(tv2b.bootstrap) as c:
+        make_topic(c, topic_name)
+        _, pid, epoch = init(c, tid, version=5)
+        committed = []
+        for i in range(8):
+            value = b"v-%d" % i
+            err = wait_until(lambda: (lambda r: (r,) if r != ErrorCode.not_enough_replicas else None)(
+                produce(c, tid, topic_name, txn_batch([value], pid, 0, epoch))), 10, "the implicit add")[0]
+            assert err == 0, (i, err)
+            commit = i % 3 != 1
+            committed += [value] if commit else []
+            err, got_pid, new_epoch = end_v5(c, tid, pid, epoch, commit)
+            assert (err, got_pid, new_epoch) == (0, pid, epoch + 1), i
+            epoch = new_epoch
+        wait_until(lambda: describe(c, tid).transaction_state.startswith("Complete"), 10, "the last end")
+        end_offset = c.list_offsets(topic_name, 0, -1).offset
+    assert end_offset == 1 + 8 * 2
+    assert consume_all(tv2b.bootstrap, topic_name, "read_committed", end_offset) == [b"p0", *committed]
+
+
 def test_a_new_producer_fences_and_an_empty_abort_bumps(tv2b, topic_name):
     tid = f"tx2f-{topic_name}"
     with RawClient(tv2b.bootstrap) as c:
@@ -150,13 +175,17 @@ def test_a_new_producer_fences_and_an_empty_abort_bumps(tv2b, topic_name):
 
 def test_produce_v11_and_below_still_verify_only(tv2b, topic_name):
     """Below Produce v12 a partition is not added by the batch: refused with Kafka's code for
-    the version (TRANSACTION_ABORTABLE from v11, INVALID_TXN_STATE before)."""
+    the version (TRANSACTION_ABORTABLE from v11, INVALID_TXN_STATE before); the same for a
+    TxnOffsetCommit below v5 (TRANSACTION_ABORTABLE from v4)."""
     tid = f"tx2o-{topic_name}"
     with RawClient(tv2b.bootstrap) as c:
         make_topic(c, topic_name)
         _, pid, e = init(c, tid, version=5)
         assert produce(c, tid, topic_name, txn_batch([b"v11"], pid, 0, e), version=11) == ErrorCode.transaction_abortable
         assert produce(c, tid, topic_name, txn_batch([b"v10"], pid, 0, e), version=10) == ErrorCode.invalid_txn_state
+        # TxnOffsetCommit below v5 does not add its group either: Kafka's codes by version.
+        assert txn_offset_commit(c, tid, pid, e, "g-v4", topic_name, 1, version=4) == ErrorCode.transaction_abortable
+        assert txn_offset_commit(c, tid, pid, e, "g-v4", topic_name, 1, version=3) == ErrorCode.invalid_txn_state
         assert describe(c, tid).transaction_state == "Empty"
         assert add_partitions(c, tid, pid, e, topic_name) == {(topic_name, 0): 0}
         assert produce(c, tid, topic_name, txn_batch([b"v11"], pid, 0, e), version=11) == 0
@@ -171,7 +200,7 @@ def test_transaction_version_0_keeps_the_old_protocol(broker_factory, topic_name
         make_topic(c, topic_name)
         _, pid, e = init(c, tid, version=5)
         assert produce(c, tid, topic_name, txn_batch([b"x"], pid, 0, e)) == ErrorCode.transaction_abortable
-        assert commit_offset_v5(c, tid, pid, e, "g0", topic_name, 1) == ErrorCode.invalid_txn_state
+        assert commit_offset_v5(c, tid, pid, e, "g0", topic_name, 1) == ErrorCode.transaction_abortable
         assert describe(c, tid).transaction_state == "Empty"
 
 

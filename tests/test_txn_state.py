@@ -256,7 +256,25 @@ def test_produce_and_txn_offset_commit_errors_by_version():
     assert produce_error(ErrorCode.transaction_abortable, 10) is ErrorCode.invalid_txn_state
     for busy in (ErrorCode.concurrent_transactions, ErrorCode.not_coordinator, ErrorCode.network_exception):
         assert produce_error(busy, 12) is ErrorCode.not_enough_replicas
-        assert txn_offset_commit_error(busy) is ErrorCode.coordinator_not_available
+        assert txn_offset_commit_error(busy, 5) is ErrorCode.coordinator_not_available
     assert produce_error(ErrorCode.invalid_producer_id_mapping, 12) is ErrorCode.invalid_producer_id_mapping
-    assert txn_offset_commit_error(ErrorCode.producer_fenced) is ErrorCode.invalid_producer_epoch
-    assert txn_offset_commit_error(ErrorCode.none) is ErrorCode.none
+    assert txn_offset_commit_error(ErrorCode.producer_fenced, 5) is ErrorCode.invalid_producer_epoch
+    assert txn_offset_commit_error(ErrorCode.producer_fenced, 4) is ErrorCode.producer_fenced
+    assert txn_offset_commit_error(ErrorCode.transaction_abortable, 4) is ErrorCode.transaction_abortable
+    assert txn_offset_commit_error(ErrorCode.transaction_abortable, 3) is ErrorCode.invalid_txn_state
+    assert txn_offset_commit_error(ErrorCode.none, 5) is ErrorCode.none
+
+
+def test_transactions_v2_fenced_producer_is_no_retry():
+    """A v2 transaction aborted by a fence (timeout, InitProducerId) also has the epoch one
+    above the producer's, but that producer's EndTxn is fenced, not taken for a retry."""
+    meta = ongoing(initialized(timeout_ms=1000))
+    meta.tv2 = True
+    fenced = meta.abort_if_timed_out(T0 + 2000).new
+    assert (fenced.state, fenced.producer_epoch) == (TxnState.PREPARE_ABORT, 1)
+    # its markers say transactions v2 (WriteTxnMarkers v2's transaction_version)
+    assert fenced.markers_to_resend().tv2
+    assert fenced.end_txn(T0 + 2001, 7, 0, commit=False, tv2=True).error is ErrorCode.producer_fenced
+    done = fenced.complete(T0 + 2002).new
+    assert done.end_txn(T0 + 2003, 7, 0, commit=False, tv2=True).error is ErrorCode.producer_fenced
+    assert done.end_txn(T0 + 2003, 7, 0, commit=True, tv2=True).error is ErrorCode.producer_fenced

@@ -55,7 +55,6 @@ from kafscale.transactions.state import (
     TransactionMetadata,
     TxnState,
     produce_error,
-    txn_offset_commit_error,
     valid_timeout,
 )
 
@@ -279,7 +278,7 @@ class TransactionCoordinator:
         producer's transaction (Kafka adds the group's __consumer_offsets partition): this
         broker's coordinator directly, else AddOffsetsToTxn to the id's coordinator (our
         broker-to-broker path: it names the group, which the coordinator keeps). Returns
-        TxnOffsetCommit's error."""
+        the coordinator's error (state.txn_offset_commit_error says what to answer)."""
         if self.owns(tid):
             error = await self.add_partitions(tid, producer_id, producer_epoch, groups=[group_id], tv2=True)
         else:
@@ -293,7 +292,7 @@ class TransactionCoordinator:
                 log.warning("could not add group %r to the transaction of %r at its coordinator %d: %s",
                             group_id, tid, node.node_id, e)
                 error = ErrorCode.network_exception
-        return txn_offset_commit_error(error)
+        return error
 
     async def check_offset_commit(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         """TxnOffsetCommit (answered by the group's coordinator, maybe another broker): the
@@ -309,7 +308,7 @@ class TransactionCoordinator:
         if meta.producer_epoch != producer_epoch:
             return ErrorCode.producer_fenced
         if meta.state is not TxnState.ONGOING or group_id not in meta.groups:
-            return ErrorCode.invalid_txn_state
+            return ErrorCode.transaction_abortable  # not in the transaction (v0-v3: INVALID_TXN_STATE)
         return ErrorCode.none
 
     # -- the sweep ------------------------------------------------------------------------

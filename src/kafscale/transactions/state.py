@@ -82,6 +82,7 @@ def valid_timeout(timeout_ms: int, max_timeout_ms: int) -> bool:
 PRODUCE_ADDS_PARTITION_SINCE = 12
 PRODUCE_TRANSACTION_ABORTABLE_SINCE = 11
 TXN_OFFSET_COMMIT_ADDS_GROUP_SINCE = 5
+TXN_OFFSET_COMMIT_TRANSACTION_ABORTABLE_SINCE = 4
 # The coordinator cannot answer now (moving, loading, unreachable, markers being written).
 COORDINATOR_BUSY = frozenset({
     ErrorCode.concurrent_transactions, ErrorCode.not_coordinator, ErrorCode.coordinator_not_available,
@@ -106,12 +107,16 @@ def produce_error(error: ErrorCode, produce_version: int) -> ErrorCode | None:
     return error
 
 
-def txn_offset_commit_error(error: ErrorCode) -> ErrorCode:
-    """What TxnOffsetCommit v5+ answers when the transaction coordinator refused to add its
-    group: a fenced producer INVALID_PRODUCER_EPOCH (as Kafka's verification); a busy or
-    unreachable coordinator COORDINATOR_NOT_AVAILABLE, which every client retries (after
-    finding the group's coordinator again)."""
-    if error is ErrorCode.producer_fenced:
+def txn_offset_commit_error(error: ErrorCode, version: int) -> ErrorCode:
+    """What TxnOffsetCommit answers when the transaction refused its offsets (the group not
+    in the producer's transaction: TRANSACTION_ABORTABLE from v4 on, INVALID_TXN_STATE
+    before, as Kafka's verification) or, v5+, refused to add its group: a fenced producer
+    INVALID_PRODUCER_EPOCH (Kafka's verification answer), a busy or unreachable coordinator
+    COORDINATOR_NOT_AVAILABLE, which every client retries (after finding the group's
+    coordinator again)."""
+    if error is ErrorCode.transaction_abortable and version < TXN_OFFSET_COMMIT_TRANSACTION_ABORTABLE_SINCE:
+        return ErrorCode.invalid_txn_state
+    if error is ErrorCode.producer_fenced and version >= TXN_OFFSET_COMMIT_ADDS_GROUP_SINCE:
         return ErrorCode.invalid_producer_epoch
     if error in COORDINATOR_BUSY:
         return ErrorCode.coordinator_not_available
@@ -282,7 +287,7 @@ class TransactionMetadata:
         assert self.state is TxnState.ONGOING, self.state
         epoch = self.producer_epoch if self.producer_epoch >= MAX_EPOCH else self.producer_epoch + 1
         new = self._copy(now_ms, producer_epoch=epoch, last_producer_epoch=NO_PRODUCER_EPOCH,
-                         state=TxnState.PREPARE_ABORT, tv2=False)
+                         state=TxnState.PREPARE_ABORT)
         return Step(new=new, markers=new._markers(commit=False))
 
     def timed_out(self, now_ms: float) -> bool:
@@ -367,8 +372,13 @@ class TransactionMetadata:
         use_tv2 = tv2 if state in (TxnState.ONGOING, TxnState.EMPTY) else (tv2 or self.tv2)
         if not use_tv2:
             return self._end_txn_v1(now_ms, producer_id, producer_epoch, commit)
-        # A retry of an end whose answer (the bumped epoch) the client did not get.
-        retry_on_bump = state in PREPARED | COMPLETE and self.producer_epoch == producer_epoch + 1
+        # A retry of an end whose answer (the bumped epoch) the client did not get. Not after
+        # a fence (InitProducerId, timeout): that bump leaves no last epoch, the old one is fenced.
+        retry_on_bump = (
+            state in PREPARED | COMPLETE
+            and self.last_producer_epoch == producer_epoch
+            and self.producer_epoch == producer_epoch + 1
+        )
         # ... of an end that overflowed the epoch and moved the producer to a new id.
         retry_on_overflow = (
             state in COMPLETE

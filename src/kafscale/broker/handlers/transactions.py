@@ -28,6 +28,7 @@ from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
 from kafscale.security.acl import Operation as Op, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
+from kafscale.transactions.state import txn_offset_commit_error
 
 INIT_PRODUCER_ID = 22
 ADD_PARTITIONS_TO_TXN = 24
@@ -250,6 +251,7 @@ async def txn_offset_commit(ctx, req):
                     error = await _txns(ctx).add_group(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
                 if error is ErrorCode.none:
                     error = await _txns(ctx).check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
+                error = txn_offset_commit_error(error, ctx.version)
                 if error is ErrorCode.none:
                     error = await groups.commit_offsets(
                         group_id,
