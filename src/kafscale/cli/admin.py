@@ -25,6 +25,8 @@ import time
 import uuid
 from datetime import datetime, timezone
 
+from tabulate import tabulate
+
 EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 CONNECT_TIMEOUT_S = 3.0
@@ -40,19 +42,16 @@ class CliError(Exception):
 
 
 def _table(headers: list[str], rows: list[list], out=None) -> None:
-    """Aligned columns; numbers right-aligned. Writes only headers for no rows."""
+    """Aligned columns; integer columns right-aligned. Writes only headers for no rows."""
     out = out or sys.stdout
-    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     numeric = [bool(rows) and all(isinstance(r[i], int) and not isinstance(r[i], bool) or r[i] is None for r in rows) for i in range(len(headers))]
-
-    def line(values):
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
-        return "  ".join(parts).rstrip()
-
-    print(line(headers), file=out)
-    for r in cells:
-        print(line(r), file=out)
+    # The header goes in as the first row: tabulate pads a header line by two more spaces.
+    text = tabulate(
+        [headers, *rows], tablefmt="plain", missingval="", disable_numparse=True,
+        colalign=tuple("right" if num else "left" for num in numeric),
+    )
+    for line in text.splitlines():
+        print(line.rstrip(), file=out)
 
 
 def _json(doc) -> None:
