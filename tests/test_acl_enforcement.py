@@ -273,3 +273,38 @@ def test_transaction_and_producer_views_follow_describe_acls(secured):
         assert tid in listed(c)
     with _raw_as(sasl, "admin") as c:
         assert end(c, tid, pid, epoch, False) == 0
+
+
+def test_broker_side_transaction_requests_need_cluster_action(secured):
+    """AddPartitionsToTxn v4+ comes from brokers only (KIP-890 verification, transactions v2
+    adds): CLUSTER_ACTION on the cluster, as Kafka. AddOffsetsToTxn is also how a group's
+    broker adds the group of a TxnOffsetCommit v5 (docs/transactions.md): CLUSTER_ACTION
+    stands in for WRITE on the id and READ on the group; a client without either gets
+    Kafka's TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+    from tests.support.raw import error_code, req
+    from tests.test_txn_coordinator import add_offsets, init
+
+    _b, sasl = secured
+    tid = f"acl-b2b-{free_port()}"
+    with _raw_as(sasl, "admin") as c:
+        err, pid, epoch = init(c, tid)
+        assert err == 0
+
+    def add_v4(c):
+        t = req(24, 4, "AddPartitionsToTxnTopic", name="logs-app", partitions=(0,))
+        txn = req(24, 4, "AddPartitionsToTxnTransaction", transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                  verify_only=True, topics=(t,))
+        r = c.request(24, 4, req(24, 4, transactions=(txn,)))
+        return error_code(r.error_code), [error_code(p.partition_error_code) for x in r.results_by_transaction
+                                          for t in x.topic_results for p in t.results_by_partition]
+
+    with _raw_as(sasl, "carol") as c:  # ALL on logs-*, READ on every group, nothing on the cluster
+        assert add_v4(c)[0] == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        assert add_offsets(c, tid, pid, epoch, "g-any") == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    admin = AdminClient(_conf(sasl, "admin"))
+    for fut in admin.create_acls([AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:dave", "*",
+                                             AclOperation.CLUSTER_ACTION, AclPermissionType.ALLOW)]).values():
+        fut.result(10)
+    with _raw_as(sasl, "dave") as c:
+        assert wait_until(lambda: (lambda r: r if r[0] == 0 else None)(add_v4(c)), 10, "dave's CLUSTER_ACTION") == (0, [KafkaError.TRANSACTION_ABORTABLE])
+        assert add_offsets(c, tid, pid, epoch, "g-any") == 0

@@ -77,6 +77,10 @@ def test_api_versions_finalize_transaction_version_2(tv2b):
         # ApiVersions v3 leaves out supported features whose minimum is 0, as Kafka does.
         supported, finalized, _ = features(c, version=3)
         assert "transaction.version" not in supported and finalized["transaction.version"] == (2, 2)
+    with RawClient(tv2b.bootstrap) as c:  # InitProducerId v6 (enable_2pc): unsupported, as Kafka 4.0
+        c.send_request(INIT_PRODUCER_ID, 6, req(INIT_PRODUCER_ID, 6, transactional_id="x", transaction_timeout=1000,
+                                                producer_id=-1, producer_epoch=-1, enable2_pc=True, keep_prepared_txn=False))
+        assert c.wait_closed()
 
 
 def test_commit_and_abort_without_add_requests(tv2b, topic_name):

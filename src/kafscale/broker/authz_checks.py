@@ -91,7 +91,16 @@ async def required(ctx, api_key: int, req) -> list[tuple]:
         if g(req, "transactional_id", None):
             return [(Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)]
         return [("idempotent",)]
-    if api_key in (24, 25, 26, 28):  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+    if api_key == 24 and g(req, "transactions", None) is not None:
+        # AddPartitionsToTxn v4+: from brokers only (verification, transactions v2 adds), as Kafka
+        return [(Op.CLUSTER_ACTION, *cluster)]
+    if api_key == 25 and g(req, "transactional_id", None):
+        # AddOffsetsToTxn: from the client, or from the group's broker adding the group of a
+        # TxnOffsetCommit v5+ it authorized (transactions v2): CLUSTER_ACTION stands in.
+        # (the client's check last: a denial answers with its code, as Kafka)
+        return [("any-of", [(Op.CLUSTER_ACTION, *cluster), (Op.WRITE, Res.TRANSACTIONAL_ID, req.transactional_id)]),
+                ("any-of", [(Op.CLUSTER_ACTION, *cluster), (Op.READ, Res.GROUP, req.group_id)])]
+    if api_key in (24, 25, 26, 28):  # AddPartitionsToTxn v0-v3, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
         tid = g(req, "transactional_id", None)
         checks = [(Op.WRITE, Res.TRANSACTIONAL_ID, tid)] if tid else []
         if api_key in (25, 28):

@@ -73,6 +73,6 @@ async def describe_producers(ctx, req):
 
 def register(router):
     # Up to v5, as Kafka 4.0: v6 is KIP-939's two-phase commit (enable_2pc), which a Kafka
-    # 4.0 broker does not know; a v6 request gets UNSUPPORTED_VERSION like any unknown version.
+    # 4.0 broker does not know; a v6 request is refused like any unsupported version.
     router.register(INIT_PRODUCER_ID, init_producer_id, max_version=INIT_PRODUCER_ID_MAX_VERSION)
     router.register(DESCRIBE_PRODUCERS, describe_producers)
