@@ -279,6 +279,66 @@ def test_read_survives_a_merge_deleting_the_planned_segment(tmp_path):
     assert offsets == list(range(3, 27))
 
 
+def test_tiny_segments_of_a_task_are_decoded_together_exactly(tmp_path):
+    """A task packed from many tiny segments of several partitions: the slices of a
+    partition are decoded in one pass (few chunks, not one per segment), each keeping only
+    its offsets, also when slices start and end inside batches (minPartitions cuts)."""
+    log = Log(f"file://{tmp_path}")
+    codecs = [R.COMPRESSION_NONE, R.COMPRESSION_LZ4, R.COMPRESSION_ZSTD]
+    for part in (0, 1):
+        for i in range(40):
+            log.put("tiny", part, [log.batch("tiny", part, simple_records(3, 100 * part + 3 * i, headers=i % 2 == 0), codec=codecs[i % 3])], index=False)
+
+    async def plan(store):
+        listing = await seg.list_topics(store, NS, topics=["tiny"])
+        return await seg.plan_slices(store, listing, {("tiny", 0): seg.PartitionRange(2, 119), ("tiny", 1): seg.PartitionRange(0, 120)})
+
+    slices = seg.run_with_store(log.url, plan)
+    assert len(slices) == 80
+    opts = seg.ReadOptions(log.url, NS)
+    chunks = list(seg.read_slices(opts, slices))
+    assert len(chunks) == 2  # one per partition
+    got = [(s.partition, int(o)) for s, c in chunks for o in c.offsets]
+    assert got == [(0, o) for o in range(2, 119)] + [(1, o) for o in range(120)]
+    # the same rows as each slice read on its own (the exact path)
+    alone = [(s.partition, int(o), v) for s in slices for c in seg.read_slice(opts, s) for o, v in zip(c.offsets, c.values.to_pylist())]
+    assert [(s.partition, int(o), v) for s, c in chunks for o, v in zip(c.offsets, c.values.to_pylist())] == alone
+    # slices cut inside batches, as minPartitions / maxRecordsPerPartition cut them
+    ranges = seg.split_offset_ranges({("tiny", 0): seg.PartitionRange(2, 119)}, max_records=7)
+    groups = seg.group_slices([s for s in slices if s.partition == 0], 1 << 30, ranges)
+    cut = [int(o) for g in groups for _, c in seg.read_slices(opts, g) for o in c.offsets]
+    assert cut == list(range(2, 119))
+
+
+def test_stream_metadata_cache_follows_merges(tmp_path):
+    """A stream's cached segment metadata is used only while the partition's next segment
+    starts where the cached one ends: after a merge stored the run under its first key and
+    its other segments are gone, the first key is measured again."""
+    log = Log(f"file://{tmp_path}")
+    small = [[log.batch("mc", 0, simple_records(10, 10 * i))] for i in range(3)]
+    for batches in small:
+        log.put("mc", 0, batches, index=False)
+    cache = seg.MetaCache()
+
+    async def metas(store):
+        listing = await seg.list_topics(store, NS, topics=["mc"])
+        segs = listing.segments[("mc", 0)]
+        got = await seg.fetch_metas(store, segs, cache=cache)
+        return [(m.base_offset, m.last_offset) for m in got]
+
+    assert seg.run_with_store(log.url, metas) == [(0, 9), (10, 19), (20, 29)]
+    assert set(cache.metas) == {S.segment_key(NS, "mc", 0, b) for b in (0, 10, 20)}
+    log.put("mc", 0, [b for batches in small for b in batches], base=0)  # the merger's object under the first key
+    # its followers are still listed: the cached extent of the first key is still a valid cover
+    assert seg.run_with_store(log.url, metas) == [(0, 9), (10, 19), (20, 29)]
+
+    async def delete(store):
+        await store.delete([S.segment_key(NS, "mc", 0, 10), S.segment_key(NS, "mc", 0, 20)])
+
+    seg.run_with_store(log.url, delete)
+    assert seg.run_with_store(log.url, metas) == [(0, 29)]
+
+
 def test_rate_limit_is_proportional_and_exact():
     from kafscale.pipeline.source import _rate_limit
 

@@ -594,21 +594,68 @@ async def _meta_if_present(store: ObjectStore, key: str, base: int, fail_on_corr
         return None  # deleted since listing: merged into the segment before it, or retention
 
 
-async def fetch_metas(store: ObjectStore, segs: list[tuple[int, str]], *, fail_on_corruption: bool = True) -> list[SegmentMeta]:
-    metas = await _gather_limited([_meta_if_present(store, key, base, fail_on_corruption) for base, key in segs])
-    return [m for m in metas if m is not None]
+class MetaCache:
+    """Segment metadata kept across a stream's triggers, so that each trigger reads the
+    metadata of the new segments only (a broker flushing every few milliseconds adds
+    hundreds a second).
+
+    An object can change under its key: the merger stores a run of small segments under the
+    run's first key (and deletes the others after a grace period), the compactor rewrites a
+    segment in place with the same offset range. So an entry is used only while the
+    partition's next listed segment starts right where the entry ends: a merged run's
+    followers are listed until the merged object covers them, and re-reading a key whose
+    follower is gone finds the merged extent. A rewrite in place keeps the offsets; the
+    batches at a ranged slice's bounds are checked when it is read (re-planned if they
+    moved). The last segment of a partition (no follower) is always read afresh.
+    """
+
+    def __init__(self) -> None:
+        self.metas: dict[str, SegmentMeta] = {}
+
+    def usable(self, key: str, next_base: int | None) -> SegmentMeta | None:
+        m = self.metas.get(key)
+        return m if m is not None and next_base is not None and m.end_offset == next_base else None
+
+    def keep_only(self, keys: set[str]) -> None:
+        """Forget segments no longer listed (deleted by retention or a merge)."""
+        for k in [k for k in self.metas if k not in keys]:
+            del self.metas[k]
+
+
+async def fetch_metas(
+    store: ObjectStore, segs: list[tuple[int, str]], *, fail_on_corruption: bool = True, cache: MetaCache | None = None, listed: list[tuple[int, str]] | None = None
+) -> list[SegmentMeta]:
+    """Metadata of segments `segs` (missing ones left out); with `cache`, entries still valid
+    for the partition's listing `listed` (default `segs`) are not read again."""
+    if cache is None:
+        metas = await _gather_limited([_meta_if_present(store, key, base, fail_on_corruption) for base, key in segs])
+        return [m for m in metas if m is not None]
+    order = listed if listed is not None else segs
+    next_base = {k: order[i + 1][0] for i, (_, k) in enumerate(order[:-1])}
+    found = {k: m for _, k in segs if (m := cache.usable(k, next_base.get(k))) is not None}
+    todo = [(b, k) for b, k in segs if k not in found]
+    for m in await fetch_metas(store, todo, fail_on_corruption=fail_on_corruption):
+        found[m.key] = m
+        if m.corrupt is None:
+            cache.metas[m.key] = m
+    return [found[k] for _, k in segs if k in found]
 
 
 async def partition_bounds(
-    store: ObjectStore, listing: TopicListing, *, fail_on_corruption: bool = True, skipped: "SkipReport | None" = None
+    store: ObjectStore, listing: TopicListing, *, fail_on_corruption: bool = True, skipped: "SkipReport | None" = None, cache: MetaCache | None = None
 ) -> dict[TopicPartition, PartitionRange]:
     """Earliest and latest (next) offset of each partition's flushed log."""
 
     async def bounds(tp: TopicPartition) -> PartitionRange:
         segs = listing.segments[tp]
         # walk back over empty or skipped-corrupt tail segments
-        for base, key in reversed(segs):
-            m = await _meta_if_present(store, key, base, fail_on_corruption)
+        for i in range(len(segs) - 1, -1, -1):
+            base, key = segs[i]
+            if cache is not None:
+                got = await fetch_metas(store, [(base, key)], fail_on_corruption=fail_on_corruption, cache=cache, listed=segs[i : i + 2])
+                m = got[0] if got else None
+            else:
+                m = await _meta_if_present(store, key, base, fail_on_corruption)
             if m is None:
                 continue
             if m.corrupt is not None and skipped is not None:
@@ -632,6 +679,7 @@ async def plan_slices(
     fail_on_corruption: bool = True,
     fail_on_data_loss: bool = True,
     skipped: "SkipReport | None" = None,
+    cache: MetaCache | None = None,
 ) -> list[SegmentSlice]:
     """Slices reading exactly the offsets [start, end) of each partition in `ranges`."""
 
@@ -640,7 +688,7 @@ async def plan_slices(
         if r.end <= r.start:
             return []
         segs = listing.segments.get(tp, [])
-        metas = await fetch_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption)
+        metas = await fetch_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption, cache=cache, listed=segs)
         if skipped is not None:
             bases = [b for b, _ in segs]
             for m in metas:
@@ -992,9 +1040,10 @@ def _spans_to_binary(np, pa, pbuf, large: bool, pos, lens, null=None):
     return out.cast(pa.binary()) if large else out
 
 
-def _decode_fast(buf, group: list[tuple[int, records.BatchHeader, int]], hi: int) -> Chunk:
+def _decode_fast(buf, group: list[tuple[int, records.BatchHeader, int]], hi: "int | list[int]") -> Chunk:
     """Records with offsets in [first, hi) of the CRC-checked data batches `group`
-    ((position in buf, header, first wanted offset)), or _Irregular."""
+    ((position in buf, header, first wanted offset)), or _Irregular. `hi` is one end for
+    all batches, or a list of one per batch (batches of several slices joined)."""
     import numpy as np
     import pyarrow as pa
 
@@ -1109,7 +1158,7 @@ def _decode_fast(buf, group: list[tuple[int, records.BatchHeader, int]], hi: int
     which = np.repeat(np.arange(len(group)), counts)
     offsets = np.array([h.base_offset for _, h, _ in group], np.int64)[which] + off_delta
     first = np.array([f for _, _, f in group], np.int64)[which]
-    keep = (offsets >= first) & (offsets < hi)
+    keep = (offsets >= first) & (offsets < (np.array(hi, np.int64)[which] if isinstance(hi, list) else hi))
     log_append = np.array([h.is_log_append_time for _, h, _ in group], bool)
     if log_append.any():
         log_append = log_append[which]
@@ -1225,20 +1274,28 @@ def _decode_group(key: str, buf, group: list[tuple[int, records.BatchHeader, int
     return Chunk.from_columns(cols)
 
 
-def _decode_range(opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str, buf, begin: int, end: int, abs_start: int) -> Iterator[Chunk]:
+def _decode_range(
+    opts: ReadOptions, st: _SliceState, s: SegmentSlice, key: str, buf, begin: int, end: int, abs_start: int, collect: "Callable[..., None] | None" = None
+) -> Iterator[Chunk]:
     """Decode the whole batches in buf[begin:end], yielding chunks of about opts.batch_rows rows.
 
     Batches are framed and CRC-checked one by one, then decoded in groups. A group is
     decoded before any damage is handled, so errors and skip entries come in batch order.
+    With `collect`, the checked groups are handed to it (key, buf, group, hi, abs_start, st)
+    instead of being decoded here (see _Joined); nothing is yielded then.
     """
     fail = opts.fail_on_corruption
     lo, hi = s.start_offset, s.end_offset
     group: list[tuple[int, records.BatchHeader, int]] = []  # batches waiting to be decoded
     group_rows = 0
 
-    def flush() -> Chunk:
+    def flush() -> "Chunk | tuple":
         nonlocal group, group_rows
-        chunk = _decode_group(key, buf, group, hi, abs_start, st, fail)
+        if collect is not None:
+            collect(key, buf, group, hi, abs_start, st)
+            chunk: Chunk | tuple = ()
+        else:
+            chunk = _decode_group(key, buf, group, hi, abs_start, st, fail)
         group, group_rows = [], 0
         return chunk
 
@@ -1286,8 +1343,17 @@ PREFETCH_BYTES = 32 * 1024 * 1024
 
 def read_slices(opts: ReadOptions, slices: "tuple[SegmentSlice, ...] | list[SegmentSlice]") -> Iterator[tuple[SegmentSlice, Chunk]]:
     """read_slice over several slices (a task packed from many small segments), fetching
-    their objects in windows of up to PREFETCH_OBJECTS / PREFETCH_BYTES concurrently on one
-    event loop instead of one loop and one request at a time per object."""
+    their objects in windows of up to PREFETCH_OBJECTS / PREFETCH_BYTES in one request to
+    the store (ObjectStore.get_many) instead of one loop and one request at a time per object.
+
+    With failOnCorruption (the default), consecutive slices of a partition are decoded
+    together: their checked batches are joined into one buffer and decoded in one pass
+    (_Joined), so a task over hundreds of tiny segments (a broker flushing every few
+    milliseconds writes them) costs about what one segment of the same bytes costs, and
+    yields chunks of about arrowBatchRows rows rather than one per segment. A slice whose
+    object changed or is damaged goes through read_slice alone (re-plan, exact errors).
+    """
+    joined = _Joined(opts) if opts.fail_on_corruption else None
     i = 0
     while i < len(slices):
         window = [slices[i]]
@@ -1296,21 +1362,99 @@ def read_slices(opts: ReadOptions, slices: "tuple[SegmentSlice, ...] | list[Segm
             size += slices[i + len(window)].size
             window.append(slices[i + len(window)])
         i += len(window)
-        fetched = run_with_store(opts.storage, _prefetch(window)) if len(window) > 1 else [None]
+        fetched = run_with_store(opts.storage, _prefetch(window)) if len(window) > 1 or joined is not None else [None]
         for sl, data in zip(window, fetched):
+            if joined is not None:
+                if joined.tp not in (None, (sl.topic, sl.partition)):
+                    yield from joined.drain()
+                if data is not None and joined.add(sl, data):
+                    if joined.rows >= opts.batch_rows:
+                        yield from joined.drain()
+                    continue
+                yield from joined.drain()
             for chunk in read_slice(opts, sl, prefetched=data):
                 yield sl, chunk
+    if joined is not None:
+        yield from joined.drain()
+
+
+class _Joined:
+    """Checked batches of consecutive slices of one partition, decoded together.
+
+    `add` frames and CRC-checks a slice's batches (as read_slice does, raising the same
+    errors) and keeps them; `drain` joins the kept batches into one buffer and decodes them
+    in one vectorized pass, each batch keeping only its own slice's offsets. Should the fast
+    decoder decline, each slice's groups are decoded on their own by the exact decoder.
+    """
+
+    def __init__(self, opts: ReadOptions):
+        self.opts = opts
+        self.tp: TopicPartition | None = None
+        self.first: SegmentSlice | None = None
+        self.pending: list[tuple] = []  # (key, buf, group, hi, abs_start, st)
+        self.rows = 0
+
+    def _collect(self, key: str, buf, group: list, hi: int, abs_start: int, st: _SliceState) -> None:
+        self.pending.append((key, buf, group, hi, abs_start, st))
+        self.rows += sum(h.record_count for _, h, _ in group)
+
+    def add(self, s: SegmentSlice, data: bytes) -> bool:
+        """Take slice `s` (its fetched bytes); False when it needs read_slice instead: the
+        object changed since planning, or it is damaged (exact error or re-plan there)."""
+        st = _SliceState(s.start_offset, SkipReport())
+        if s.byte_range is not None:
+            if s.range_bounds is not None:
+                try:
+                    data = _within_bounds(data, s.byte_range, s.range_bounds)
+                except _ObjectChanged:
+                    return False
+            if len(data) != s.byte_range[1] - s.byte_range[0]:
+                return False
+            begin, end, abs_start = 0, len(data), s.byte_range[0]
+        else:
+            try:
+                decoded = segment.decode(data, verify_crc=True, name=s.key)
+            except segment.SegmentFormatError:
+                return False
+            begin, end, abs_start = segment.HEADER_SIZE, len(decoded.data) - segment.FOOTER_SIZE, 0
+        if self.first is None:
+            self.first, self.tp = s, (s.topic, s.partition)
+        for _ in _decode_range(self.opts, st, s, s.key, data, begin, end, abs_start, collect=self._collect):
+            pass
+        return True
+
+    def drain(self) -> Iterator[tuple[SegmentSlice, Chunk]]:
+        pending, first = self.pending, self.first
+        self.pending, self.first, self.tp, self.rows = [], None, None, 0
+        if not pending:
+            return
+        if len(pending) > 1:
+            parts, group, his, size = [], [], [], 0
+            for _key, buf, grp, hi, _abs, _st in pending:
+                mv = memoryview(buf)
+                for pos, h, lo in grp:
+                    parts.append(mv[pos : pos + h.size])
+                    group.append((size, h, lo))
+                    his.append(hi)
+                    size += h.size
+            try:
+                chunk = _decode_fast(b"".join(parts), group, his)
+            except _Irregular:
+                pass
+            else:
+                if len(chunk):
+                    yield first, chunk
+                return
+        for key, buf, grp, hi, abs_start, st in pending:
+            chunk = _decode_group(key, buf, grp, hi, abs_start, st, True)
+            if len(chunk):
+                yield first, chunk
 
 
 def _prefetch(window: list[SegmentSlice]):
     async def get_all(store: ObjectStore) -> list:
-        async def one(sl: SegmentSlice):
-            try:
-                return await _getter(sl.key, _fetched_range(sl.byte_range, sl.range_bounds))(store)
-            except ObjectNotFound:
-                return None  # read_slice asks again and re-plans (a merge replaced it)
-
-        return await _gather_limited([one(sl) for sl in window])
+        # an object not found comes back None: read_slice asks again and re-plans (a merge replaced it)
+        return await store.get_many([(sl.key, _fetched_range(sl.byte_range, sl.range_bounds)) for sl in window], METADATA_CONCURRENCY)
 
     return get_all
 

@@ -532,12 +532,14 @@ async def _metadata_view(cfg: SourceConfig, tps: list[TopicPartition]) -> tuple[
         await store.close()
 
 
-async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_all: bool = True, known: list[TopicPartition] = ()):
+async def _listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_all: bool = True, known: list[TopicPartition] = (), cache: seg.MetaCache | None = None):
     """Segments and [earliest, latest) per partition, earliest raised to the metadata store's
     log start offset; also the partitions in `known` that are gone (their topic deleted, or,
-    without a metadata store, no object left)."""
+    without a metadata store, no object left). `cache`: a stream's segment metadata."""
     listing = await _list(store, cfg, require_all=require_all)
-    bounds = await seg.partition_bounds(store, listing, fail_on_corruption=cfg.fail_on_corruption, skipped=skipped)
+    if cache is not None:
+        cache.keep_only({k for segs in listing.segments.values() for _, k in segs})
+    bounds = await seg.partition_bounds(store, listing, fail_on_corruption=cfg.fail_on_corruption, skipped=skipped, cache=cache)
     view = await _metadata_view(cfg, sorted(set(listing.partitions()) | set(known)))
     if view is None:
         gone = {tp for tp in known if tp not in listing.segments}
@@ -613,9 +615,39 @@ def _read(cfg: SourceConfig, partition: InputPartition) -> Iterator:
     chunks = seg.read_slices(opts, slices)
     if cfg.arrow:
         schema = cfg.arrow_schema()
-        return (seg.columns_to_arrow(c, s.topic, s.partition, schema) for s, c in chunks)
+        return _coalesced((seg.columns_to_arrow(c, s.topic, s.partition, schema) for s, c in chunks), cfg.batch_rows)
     # chain() hands rows on in C: no Python frame per row on the baseline path
     return itertools.chain.from_iterable(seg.columns_to_tuples(c, s.topic, s.partition, cfg.include_headers) for s, c in chunks)
+
+
+def _coalesced(batches: Iterator, rows: int) -> Iterator:
+    """Arrow record batches of about `rows` rows (arrowBatchRows) out of smaller ones: Spark
+    handles each batch a Python source yields (schema checks, IPC framing, a JVM batch) at a
+    fixed cost, as much as decoding a few hundred records, and a task over many small
+    segments or partitions would otherwise yield one small batch each."""
+    import pyarrow as pa
+
+    held: list = []
+    count = 0
+    for b in batches:
+        if b.num_rows >= rows and not held:
+            yield b
+            continue
+        held.append(b)
+        count += b.num_rows
+        if count >= rows:
+            yield _concat(pa, held)
+            held, count = [], 0
+    if held:
+        yield _concat(pa, held)
+
+
+def _concat(pa, batches: list):
+    if len(batches) == 1:
+        return batches[0]
+    if hasattr(pa, "concat_batches"):  # pyarrow >= 19
+        return pa.concat_batches(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 class KafScaleBatchReader(DataSourceReader):
@@ -686,6 +718,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_trigger_ms = 0.0
         self._latest_seen: dict = {}
         self._initial: dict | None = None
+        self._metas = seg.MetaCache()  # segment metadata across triggers: only new segments are read
 
     def initialOffset(self) -> dict:
         """Where a query without a checkpoint starts, resolved once per query (as Spark's
@@ -768,7 +801,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         cfg = self.cfg
 
         async def go(store):
-            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(start or {}))
+            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(start or {}), cache=self._metas)
             latest = {tp: b.end for tp, b in bounds.items()}
             if cfg.read_committed:
                 for tp, b in bounds.items():
@@ -788,7 +821,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         async def go(store):
             skipped = seg.SkipReport()
-            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(end_pos))
+            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(end_pos), cache=self._metas)
             ranges = {}
             for tp, stop in end_pos.items():
                 if tp in gone or tp not in bounds:
@@ -815,6 +848,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 listing,
                 ranges,
                 max_partition_bytes=cfg.max_partition_bytes,
+                cache=self._metas,
                 fail_on_corruption=cfg.fail_on_corruption,
                 fail_on_data_loss=cfg.fail_on_data_loss,
                 skipped=skipped,

@@ -78,6 +78,21 @@ class ObjectStore(abc.ABC):
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object (end None: to the end). Raises ObjectNotFound."""
 
+    async def get_many(self, requests: list[tuple[str, tuple[int, int] | None]], concurrency: int = 32) -> list[bytes | None]:
+        """Several reads at once: for each (key, (start, end) or None for the whole object)
+        its bytes, or None for an object not found. Backends override it where one call can
+        do better than concurrent `get`s (the local store reads them all in one thread hop)."""
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(key: str, byte_range: tuple[int, int] | None) -> bytes | None:
+            async with sem:
+                try:
+                    return await (self.get(key) if byte_range is None else self.get(key, byte_range[0], byte_range[1]))
+                except ObjectNotFound:
+                    return None
+
+        return list(await asyncio.gather(*(one(k, r) for k, r in requests)))
+
     @abc.abstractmethod
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         """(the last `nbytes` of the object, or all of a shorter one; its total size).
@@ -287,6 +302,22 @@ class LocalObjectStore(ObjectStore):
             raise
         except OSError as e:
             raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _get_many_sync(self, requests: list[tuple[str, tuple[int, int] | None]]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key, byte_range in requests:
+            try:
+                out.append(self._get_sync(key, *(byte_range or (0, None))))
+            except ObjectNotFound:
+                out.append(None)
+        return out
+
+    async def get_many(self, requests: list[tuple[str, tuple[int, int] | None]], concurrency: int = 32) -> list[bytes | None]:
+        # small local files: one thread hop for all (a hop per file costs more than the read)
+        try:
+            return await asyncio.to_thread(self._get_many_sync, requests)
+        except OSError as e:
+            raise ObjectStoreError(f"get: {e}") from e
 
     def _get_tail_sync(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:
