@@ -170,6 +170,9 @@ class TopicListing:
     """Segment keys per partition, each list sorted by base offset."""
 
     segments: dict[TopicPartition, list[tuple[int, str]]]
+    # segment keys whose .index object was listed too (None: not known); a segment without
+    # one is measured by its footer alone, and many footers are read in one request
+    indexed: set[str] | None = None
 
     def partitions(self) -> list[TopicPartition]:
         return sorted(self.segments)
@@ -206,6 +209,7 @@ async def list_topics(
         keys = await store.list(f"{namespace}/")
     regex = re.compile(pattern) if pattern is not None else None
     found: dict[TopicPartition, list[tuple[int, str]]] = {}
+    indexed = {key[: -len(".index")] + ".kfs" for key in keys if key.endswith(".index")}
     for key in keys:
         parsed = _parse_key(key, namespace)
         if parsed is None:
@@ -220,7 +224,7 @@ async def list_topics(
         found.setdefault((topic, part), []).append((base, key))
     for segs in found.values():
         segs.sort()
-    listing = TopicListing(found)
+    listing = TopicListing(found, indexed)
     if not require_all:
         return listing
     if assigned is not None:
@@ -622,19 +626,49 @@ class MetaCache:
             del self.metas[k]
 
 
+async def _footer_metas(store: ObjectStore, segs: list[tuple[int, str]]) -> dict[str, SegmentMeta | None]:
+    """Metadata of segments that have no index, from their footers read in one request:
+    {key: meta}, None for a key gone since listing; a footer that does not check out is
+    left out (read_segment_meta then reads that object on its own)."""
+    out: dict[str, SegmentMeta | None] = {}
+    tails = await store.get_tails([k for _, k in segs], segment.FOOTER_SIZE, METADATA_CONCURRENCY)
+    for (base, key), got in zip(segs, tails):
+        if got is None:
+            out[key] = None
+            continue
+        tail, size = got
+        if size >= segment.HEADER_SIZE + segment.FOOTER_SIZE and len(tail) == segment.FOOTER_SIZE:
+            _crc, last, magic = segment.FOOTER.unpack(tail)
+            if magic == segment.FOOTER_MAGIC and last >= base - 1:
+                out[key] = SegmentMeta(key, base, last, size, (), ())
+    return out
+
+
 async def fetch_metas(
-    store: ObjectStore, segs: list[tuple[int, str]], *, fail_on_corruption: bool = True, cache: MetaCache | None = None, listed: list[tuple[int, str]] | None = None
+    store: ObjectStore,
+    segs: list[tuple[int, str]],
+    *,
+    fail_on_corruption: bool = True,
+    cache: MetaCache | None = None,
+    listed: list[tuple[int, str]] | None = None,
+    indexed: set[str] | None = None,
 ) -> list[SegmentMeta]:
     """Metadata of segments `segs` (missing ones left out); with `cache`, entries still valid
-    for the partition's listing `listed` (default `segs`) are not read again."""
+    for the partition's listing `listed` (default `segs`) are not read again; `indexed` (the
+    listing's segments with an .index): the others are measured by footers read together."""
     if cache is None:
-        metas = await _gather_limited([_meta_if_present(store, key, base, fail_on_corruption) for base, key in segs])
+        footers: dict[str, SegmentMeta | None] = {}
+        if indexed is not None:
+            footers = await _footer_metas(store, [(b, k) for b, k in segs if k not in indexed])
+        todo = [(b, k) for b, k in segs if k not in footers]
+        read = dict(zip([k for _, k in todo], await _gather_limited([_meta_if_present(store, key, base, fail_on_corruption) for base, key in todo])))
+        metas = [footers[k] if k in footers else read[k] for _, k in segs]
         return [m for m in metas if m is not None]
     order = listed if listed is not None else segs
     next_base = {k: order[i + 1][0] for i, (_, k) in enumerate(order[:-1])}
     found = {k: m for _, k in segs if (m := cache.usable(k, next_base.get(k))) is not None}
     todo = [(b, k) for b, k in segs if k not in found]
-    for m in await fetch_metas(store, todo, fail_on_corruption=fail_on_corruption):
+    for m in await fetch_metas(store, todo, fail_on_corruption=fail_on_corruption, indexed=indexed):
         found[m.key] = m
         if m.corrupt is None:
             cache.metas[m.key] = m
@@ -652,7 +686,7 @@ async def partition_bounds(
         for i in range(len(segs) - 1, -1, -1):
             base, key = segs[i]
             if cache is not None:
-                got = await fetch_metas(store, [(base, key)], fail_on_corruption=fail_on_corruption, cache=cache, listed=segs[i : i + 2])
+                got = await fetch_metas(store, [(base, key)], fail_on_corruption=fail_on_corruption, cache=cache, listed=segs[i : i + 2], indexed=listing.indexed)
                 m = got[0] if got else None
             else:
                 m = await _meta_if_present(store, key, base, fail_on_corruption)
@@ -688,7 +722,7 @@ async def plan_slices(
         if r.end <= r.start:
             return []
         segs = listing.segments.get(tp, [])
-        metas = await fetch_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption, cache=cache, listed=segs)
+        metas = await fetch_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption, cache=cache, listed=segs, indexed=listing.indexed)
         if skipped is not None:
             bases = [b for b, _ in segs]
             for m in metas:

@@ -93,6 +93,19 @@ class ObjectStore(abc.ABC):
 
         return list(await asyncio.gather(*(one(k, r) for k, r in requests)))
 
+    async def get_tails(self, keys: list[str], nbytes: int, concurrency: int = 32) -> list[tuple[bytes, int] | None]:
+        """`get_tail` of several objects at once; None for an object not found."""
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(key: str) -> tuple[bytes, int] | None:
+            async with sem:
+                try:
+                    return await self.get_tail(key, nbytes)
+                except ObjectNotFound:
+                    return None
+
+        return list(await asyncio.gather(*(one(k) for k in keys)))
+
     @abc.abstractmethod
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         """(the last `nbytes` of the object, or all of a shorter one; its total size).
@@ -327,6 +340,21 @@ class LocalObjectStore(ObjectStore):
                 return f.read(), size
         except FileNotFoundError:
             raise ObjectNotFound(key) from None
+
+    def _get_tails_sync(self, keys: list[str], nbytes: int) -> list[tuple[bytes, int] | None]:
+        out: list[tuple[bytes, int] | None] = []
+        for key in keys:
+            try:
+                out.append(self._get_tail_sync(key, nbytes))
+            except ObjectNotFound:
+                out.append(None)
+        return out
+
+    async def get_tails(self, keys: list[str], nbytes: int, concurrency: int = 32) -> list[tuple[bytes, int] | None]:
+        try:
+            return await asyncio.to_thread(self._get_tails_sync, keys, nbytes)
+        except OSError as e:
+            raise ObjectStoreError(f"get: {e}") from e
 
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:
