@@ -339,6 +339,13 @@ def test_stream_metadata_cache_follows_merges(tmp_path):
     assert seg.run_with_store(log.url, metas) == [(0, 29)]
 
 
+def test_offsets_behind_latest_as_spark_kafka_source_metrics():
+    end = {"t": {"0": 10, "1": 5}, "u": {"0": 7}}
+    latest = {"t": {"0": 12, "1": 5}, "u": {"0": 13}}
+    assert jobs.offsets_behind_latest(end, latest) == {"minOffsetsBehindLatest": 0, "maxOffsetsBehindLatest": 6, "avgOffsetsBehindLatest": 8 / 3}
+    assert jobs.offsets_behind_latest(json.dumps(end), None) is None
+
+
 def test_rate_limit_is_proportional_and_exact():
     from kafscale.pipeline.source import _rate_limit
 
@@ -564,6 +571,10 @@ def test_parquet_job_writes_every_row_partitioned_by_topic_and_date(spark, data,
     assert result.rows == len(data.rows("events")) and result.batches >= 2
     printed = capsys.readouterr().out
     assert "rows" in printed and "events/0" in printed
+    # Spark's offsets-behind-latest source metrics, which a Python source cannot report, per batch
+    lines = [ln for ln in printed.splitlines() if "] batch " in ln]
+    assert "offsets behind latest: max 0, avg 0.0, min 0" in lines[-1]
+    assert any("offsets behind latest: max 0," not in ln for ln in lines[:-1])  # the rate-limited batches trail
     df = spark.read.parquet(out)
     got = sorted(df.toArrow().to_pylist(), key=lambda r: (r["partition"], r["offset"]))
     want = data.rows("events")

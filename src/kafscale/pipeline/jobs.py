@@ -118,6 +118,20 @@ def describe_offsets(start: Any, end: Any) -> str:
     return ", ".join(parts) or "no new offsets"
 
 
+def offsets_behind_latest(end: Any, latest: Any) -> dict | None:
+    """Spark's Kafka source metrics `minOffsetsBehindLatest` / `maxOffsetsBehindLatest` /
+    `avgOffsetsBehindLatest` from a progress' `endOffset` and `latestOffset` (a Python
+    source cannot report source metrics to Spark, so the jobs compute them here), or None
+    without a latestOffset."""
+    e, lat = _offsets(end), _offsets(latest)
+    if not lat:
+        return None
+    behind = [max(0, int(off) - int(e.get(t, {}).get(p, off))) for t, parts in lat.items() for p, off in parts.items()]
+    if not behind:
+        return None
+    return {"minOffsetsBehindLatest": min(behind), "maxOffsetsBehindLatest": max(behind), "avgOffsetsBehindLatest": sum(behind) / len(behind)}
+
+
 def _follow(query, result: JobResult, timeout: float | None, out=None, on_progress: Callable[[dict], None] | None = None) -> JobResult:
     """Wait for the query, printing each completed micro-batch once."""
     out = out or sys.stdout
@@ -139,7 +153,13 @@ def _follow(query, result: JobResult, timeout: float | None, out=None, on_progre
             result.end_offsets = _offsets(src.get("endOffset")) or result.end_offsets
             if on_progress is not None:
                 on_progress(p)
-            print(f"[kafscale {query.name or 'pipeline'}] batch {bid}: {rows} rows, {describe_offsets(src.get('startOffset'), src.get('endOffset'))}", file=out, flush=True)
+            behind = offsets_behind_latest(src.get("endOffset"), src.get("latestOffset"))
+            lag = (
+                f"; offsets behind latest: max {behind['maxOffsetsBehindLatest']}, avg {behind['avgOffsetsBehindLatest']:.1f}, min {behind['minOffsetsBehindLatest']}"
+                if behind is not None
+                else ""
+            )
+            print(f"[kafscale {query.name or 'pipeline'}] batch {bid}: {rows} rows, {describe_offsets(src.get('startOffset'), src.get('endOffset'))}{lag}", file=out, flush=True)
 
     try:
         while query.isActive:
