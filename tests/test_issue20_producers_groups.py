@@ -329,17 +329,14 @@ def test_kafka_python_group_of_4_with_3s_session_timeout_stabilises_within_15s(b
       _join_task. Reproduced alone with one consumer: stable, add partitions, poll with
       timeout 0 until the rejoin starts, sleep 1 s, poll: never rejoins, evicted after 3 s.
 
-    Members therefore learn the topic's partitions before joining (see _GROUP_MEMBER); one
-    retry with a fresh group stays, and the members log kafka-python's coordinator lines to
-    stderr, shown with a failure, for any other case."""
+    Members therefore learn the topic's partitions before joining (see _GROUP_MEMBER), and
+    log kafka-python's coordinator lines to stderr, shown with a failure. There is no retry:
+    with the trigger gone (0 stalls in 30 loops under load, against 5 before), a failure
+    here is a fault to look at, not noise."""
     from confluent_kafka.admin import AdminClient
 
     b = broker_factory(extra_args=["--group-min-session-timeout-ms", "1000", "--group-initial-rebalance-delay-ms", "0"])
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    first = _group_of_4_settles(b, admin)
-    if first is None:
-        return
-    print(f"first attempt: {first}", file=sys.stderr)
-    second = _group_of_4_settles(b, admin)
-    if second is not None:
-        pytest.fail(f"{second}\n(first attempt: {first})")
+    failure = _group_of_4_settles(b, admin)
+    if failure is not None:
+        pytest.fail(failure)
