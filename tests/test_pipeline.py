@@ -308,6 +308,10 @@ def test_tiny_segments_of_a_task_are_decoded_together_exactly(tmp_path):
     groups = seg.group_slices([s for s in slices if s.partition == 0], 1 << 30, ranges)
     cut = [int(o) for g in groups for _, c in seg.read_slices(opts, g) for o in c.offsets]
     assert cut == list(range(2, 119))
+    # chunks stay about arrowBatchRows rows (here 10: at most one 3-record segment more)
+    small = seg.ReadOptions(log.url, NS, batch_rows=10)
+    sizes = [len(c) for _, c in seg.read_slices(small, slices)]
+    assert sum(sizes) == 237 and max(sizes) <= 12 and len(sizes) >= 20
 
 
 def test_stream_metadata_cache_follows_merges(tmp_path):

@@ -1458,13 +1458,26 @@ class _Joined:
         return True
 
     def drain(self) -> Iterator[tuple[SegmentSlice, Chunk]]:
+        """Decode what is kept, in runs of about arrowBatchRows rows (a large slice's groups
+        one by one, tiny slices' many at once)."""
         pending, first = self.pending, self.first
         self.pending, self.first, self.tp, self.rows = [], None, None, 0
-        if not pending:
-            return
-        if len(pending) > 1:
+        run: list[tuple] = []
+        rows = 0
+        for entry in pending:
+            run.append(entry)
+            rows += sum(h.record_count for _, h, _ in entry[2])
+            if rows >= self.opts.batch_rows:
+                yield from self._decode(first, run)
+                run, rows = [], 0
+        if run:
+            yield from self._decode(first, run)
+
+    @staticmethod
+    def _decode(first: SegmentSlice, run: list[tuple]) -> Iterator[tuple[SegmentSlice, Chunk]]:
+        if len(run) > 1:
             parts, group, his, size = [], [], [], 0
-            for _key, buf, grp, hi, _abs, _st in pending:
+            for _key, buf, grp, hi, _abs, _st in run:
                 mv = memoryview(buf)
                 for pos, h, lo in grp:
                     parts.append(mv[pos : pos + h.size])
@@ -1479,7 +1492,7 @@ class _Joined:
                 if len(chunk):
                     yield first, chunk
                 return
-        for key, buf, grp, hi, abs_start, st in pending:
+        for key, buf, grp, hi, abs_start, st in run:
             chunk = _decode_group(key, buf, grp, hi, abs_start, st, True)
             if len(chunk):
                 yield first, chunk
