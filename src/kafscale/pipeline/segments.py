@@ -151,20 +151,6 @@ async def _gather_limited(coros: list[Awaitable[T]], limit: int = METADATA_CONCU
 # Listing
 
 
-def _parse_key(key: str, namespace: str) -> tuple[str, int, int] | None:
-    """(topic, partition, base offset) of a segment key under `namespace`, else None."""
-    prefix = namespace + "/"
-    if not key.startswith(prefix):
-        return None
-    parts = key[len(prefix) :].split("/")
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None
-    base = segment.parse_segment_key(parts[2])
-    if base is None:
-        return None
-    return parts[0], int(parts[1]), base
-
-
 @dataclass(slots=True)
 class TopicListing:
     """Segment keys per partition, each list sorted by base offset."""
@@ -210,11 +196,13 @@ async def list_topics(
     regex = re.compile(pattern) if pattern is not None else None
     found: dict[TopicPartition, list[tuple[int, str]]] = {}
     indexed = {key[: -len(".index")] + ".kfs" for key in keys if key.endswith(".index")}
+    # one regex per key: a stream lists tens of thousands of keys a trigger on a busy topic
+    segment_key = re.compile(re.escape(namespace) + r"/([^/]+)/([0-9]+)/segment-([0-9]+)\.kfs")
     for key in keys:
-        parsed = _parse_key(key, namespace)
-        if parsed is None:
+        m = segment_key.fullmatch(key)
+        if m is None:
             continue
-        topic, part, base = parsed
+        topic, part, base = m.group(1), int(m.group(2)), int(m.group(3))
         if topics is not None and topic not in topics:
             continue
         if regex is not None and (is_internal(topic) or not regex.fullmatch(topic)):

@@ -719,6 +719,8 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest_seen: dict = {}
         self._initial: dict | None = None
         self._metas = seg.MetaCache()  # segment metadata across triggers: only new segments are read
+        self._snapshot = None  # (listing, bounds, gone) of the last _bounds()
+        self._planned = None  # (start, end, snapshot) of the last latestOffset()
 
     def initialOffset(self) -> dict:
         """Where a query without a checkpoint starts, resolved once per query (as Spark's
@@ -746,6 +748,12 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._bounds()[0]
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        end = self._latest_offset(start, limit)
+        # partitions(start, end) for the micro-batch this plans reuses this listing
+        self._planned = (start, end, self._snapshot)
+        return end
+
+    def _latest_offset(self, start: dict | None, limit: ReadLimit | None) -> dict:
         start_pos = offsets_from_json(start) if start is not None else {}
         latest, earliest, gone = self._bounds(start_pos)
         self._latest_seen = offsets_json(latest)
@@ -802,6 +810,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         async def go(store):
             listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(start or {}), cache=self._metas)
+            self._snapshot = (listing, bounds, gone)
             latest = {tp: b.end for tp, b in bounds.items()}
             if cfg.read_committed:
                 for tp, b in bounds.items():
@@ -819,9 +828,17 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if vanished:
             _data_loss(cfg, f"partitions {', '.join(f'{t}/{p}' for t, p in vanished)} are gone (topic deleted?) and their unread records with them")
 
+        planned, self._planned = self._planned, None
+
         async def go(store):
             skipped = seg.SkipReport()
-            listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(end_pos), cache=self._metas)
+            if planned is not None and planned[0] == start and planned[1] == end and planned[2] is not None:
+                # the micro-batch latestOffset() just planned: its listing holds every
+                # segment up to `end` (one listing per trigger, not two; a segment merged
+                # away since is re-planned when read)
+                listing, bounds, gone = planned[2]
+            else:  # a micro-batch replayed from the checkpoint after a restart
+                listing, bounds, gone = await _listing_and_bounds(store, cfg, require_all=False, known=list(end_pos), cache=self._metas)
             ranges = {}
             for tp, stop in end_pos.items():
                 if tp in gone or tp not in bounds:

@@ -395,10 +395,12 @@ class LocalObjectStore(ObjectStore):
         if not base.exists():
             return out
         for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)  # once per directory, not per file
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
             for name in files:
                 if name.startswith(".tmp-"):
                     continue
-                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
+                key = rel + name
                 if key.startswith(prefix):
                     out.append(key)
         return sorted(out)
