@@ -291,3 +291,20 @@ def test_a_failed_upload_forgets_the_markers_it_dropped():
     core.begin_flush(T0, owned=True)
     core.flush_failed(ObjectStoreError("s3 down"))
     assert (core.buffered_markers, core.flush_due_in(T0)) == (0, None)
+
+
+# -- the aborted index a read_committed fetch asks --------------------------------------------
+
+
+def test_aborted_index_follows_the_segment_list_and_answers_as_a_full_scan():
+    from kafscale.storage.txn import AbortedIndex
+
+    plain_seg = SegmentInfo(base_offset=0, last_offset=9, size=1, record_count=10, max_timestamp=0, created_ms=0)
+    with_abort = dataclasses.replace(plain_seg, base_offset=10, last_offset=19, aborted=((PID, 12, 19),))
+    index = AbortedIndex()
+    segments = [plain_seg]
+    assert (index.of(segments), index.any_from(segments, 0)) == ([], False)
+    segments = segments + [with_abort]  # a commit makes a new list
+    assert index.of(segments) == [with_abort]
+    assert index.any_from(segments, 19) and not index.any_from(segments, 20)
+    assert aborted_in_range(index.of(segments), 0, 30) == aborted_in_range(segments, 0, 30) == [(PID, 12)]

@@ -81,6 +81,10 @@ def read_varlong(buf, pos: int) -> tuple[int, int]:
 def skip_tagged_fields(buf, pos: int) -> int:
     """Position after the tagged-field section at buf[pos] (count, then tag, size and
     bytes of each). May point past the end of `buf` when a size does: callers check."""
+    if pos < len(buf) and buf[pos] == 0:
+        # No tagged fields, as in nearly every request header: skip the native reader,
+        # which turns a writable frame away and is retried on a read-only view.
+        return pos + 1
     count, pos = read_uvarint(buf, pos)
     for _ in range(count):
         _tag, pos = read_uvarint(buf, pos)

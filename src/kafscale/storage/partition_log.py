@@ -24,7 +24,7 @@ from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failur
 from kafscale.storage.partition_core import Answer, Outcome, PartitionCore
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.retention import segments_past_retention
-from kafscale.storage.txn import aborted_in_range, cut_at
+from kafscale.storage.txn import AbortedIndex, aborted_in_range, cut_at
 
 if TYPE_CHECKING:
     from kafscale.storage.logs import LogManager
@@ -50,6 +50,7 @@ class PartitionLog:
         self._data_waiters: set[asyncio.Future] = set()
         self._flusher: asyncio.Task | None = None
         self._flush_lock = asyncio.Lock()
+        self._aborted = AbortedIndex()
 
     # -- state (the core's) ---------------------------------------------------------------
 
@@ -95,7 +96,12 @@ class PartitionLog:
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions with records in [start, end)."""
-        return aborted_in_range(self.state.segments, start, end)
+        return aborted_in_range(self._aborted.of(self.state.segments), start, end)
+
+    def may_have_aborted_from(self, start: int) -> bool:
+        """False when no aborted transaction has records at or after `start` (the fetch
+        path then skips finding the end of what it read)."""
+        return self._aborted.any_from(self.state.segments, start)
 
     def apply_configs(self, meta: TopicMeta) -> None:
         self.core.settings = LogSettings.from_configs(meta.configs, self.manager.config.kafka_static_configs())
@@ -371,6 +377,7 @@ class FlushedPartition:
         self.state = state
         self.topic, self.partition = state.topic, state.partition
         self.loaded = time.monotonic()
+        self._aborted = AbortedIndex()
 
     def stale(self) -> bool:
         return time.monotonic() - self.loaded > self.MAX_AGE_S
@@ -392,7 +399,10 @@ class FlushedPartition:
     last_stable_offset = None
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
-        return aborted_in_range(self.state.segments, start, end)
+        return aborted_in_range(self._aborted.of(self.state.segments), start, end)
+
+    def may_have_aborted_from(self, start: int) -> bool:
+        return self._aborted.any_from(self.state.segments, start)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
         return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)

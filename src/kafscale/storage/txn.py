@@ -37,6 +37,28 @@ def aborted_in_range(segments, start: int, end: int) -> list[tuple[int, int]]:
     return out
 
 
+class AbortedIndex:
+    """The segments of one partition that hold aborted entries, found again only when its
+    segment list changes (a new list per commit): most partitions have none, and a
+    read_committed consumer asks on every fetch, which scanned every segment before."""
+
+    __slots__ = ("_segments", "_with_aborted")
+
+    def __init__(self) -> None:
+        self._segments: list | None = None
+        self._with_aborted: list = []
+
+    def of(self, segments: list) -> list:
+        if segments is not self._segments:
+            self._with_aborted = [s for s in segments if s.aborted]
+            self._segments = segments
+        return self._with_aborted
+
+    def any_from(self, segments: list, start: int) -> bool:
+        """Whether an aborted entry may concern offsets from `start` on."""
+        return any(s.last_offset >= start for s in self.of(segments))
+
+
 def cut_at(chunks: list, end: int) -> list:
     """The whole batches of `chunks` (buffers of stored batches) that end below offset `end`."""
     out = []

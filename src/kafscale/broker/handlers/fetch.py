@@ -156,7 +156,9 @@ async def fetch(ctx, req):
                 stable = hw
             aborted = None
             if committed and not p.error:
-                aborted = p.log.aborted_transactions(p.offset, _end_of(p.chunks, p.offset))
+                aborted = []
+                if p.log.may_have_aborted_from(p.offset):
+                    aborted = p.log.aborted_transactions(p.offset, _end_of(p.chunks, p.offset))
             data = fetch_response.PartitionData(p.index, p.error, hw, stable, start, fetch_response.RecordChunks(p.chunks), aborted)
             entries.append(data)
         out.append(fetch_response.TopicData(name, topic_id, entries))
