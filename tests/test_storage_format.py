@@ -307,3 +307,16 @@ def test_namespace_is_first_key_component(broker_factory, topic_name):
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert files == [f"prod-eu/{topic_name}/0/segment-{0:020d}.index", f"prod-eu/{topic_name}/0/segment-{0:020d}.kfs"]
     check_partition(root / "prod-eu" / topic_name / "0", started)
+
+
+def test_batches_through_keeps_only_batches_within_the_segment_and_skips_the_walk_when_known():
+    """A rewrite reads a segment's batches out of an object that may hold more; with the end
+    known (the footer, a cached view) within the segment, the batches are kept as they are."""
+    a = bytearray(build_batch([(b"k", b"v")] * 3))  # offsets 0-2
+    b = bytearray(build_batch([(b"k", b"v")] * 2))
+    struct.pack_into(">q", b, 0, 3)  # offsets 3-4
+    body = bytes(a + b)
+    assert bytes(project_segment.batches_through(body, 2)) == bytes(a)
+    assert bytes(project_segment.batches_through(body, 4)) == body
+    assert bytes(project_segment.batches_through(body, 2, known_last=4)) == bytes(a)  # known end past: walked
+    assert bytes(project_segment.batches_through(body, 4, known_last=4)) == body

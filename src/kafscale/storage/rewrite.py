@@ -33,7 +33,7 @@ async def read_segment_batches(manager: "LogManager", topic: str, partition: int
     an older object under the key (a load that ended after a swap) must never be its input."""
     view = manager.cache.get((topic, partition, seg.base_offset))
     if view is not None and len(view.data) + segment.HEADER_SIZE + segment.FOOTER_SIZE == seg.size:
-        return segment.batches_through(view.data, seg.last_offset)
+        return segment.batches_through(view.data, seg.last_offset, view.last_offset)
     key = segment.segment_key(manager.namespace, topic, partition, seg.base_offset)
     try:
         data = await manager.store.get(key)
@@ -44,7 +44,7 @@ async def read_segment_batches(manager: "LogManager", topic: str, partition: int
     if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:
         raise StorageError(f"{key} is not the committed segment (offsets {got.base_offset}-{got.last_offset}, created {got.created_ms})")
     manager.stats["gets"] += 1
-    return segment.batches_through(decoded.batches, seg.last_offset)
+    return segment.batches_through(decoded.batches, seg.last_offset, got.last_offset)
 
 
 @dataclass
@@ -69,7 +69,7 @@ async def read_run(manager: "LogManager", lg: "PartitionLog", run: list[segment.
         log.info("%s of %s-%s at %d skipped: the object there (offsets %d-%d) is not one it may replace",
                  what, lg.topic, lg.partition, base, first.base_offset, first.last_offset)
         return None
-    bodies = [segment.batches_through(decoded.batches, run[0].last_offset)]
+    bodies = [segment.batches_through(decoded.batches, run[0].last_offset, first.last_offset)]
     for seg in run[1:]:
         bodies.append(await read_segment_batches(manager, lg.topic, lg.partition, seg))
     return RunInput(bodies, version, first.size)

@@ -158,11 +158,15 @@ def decode(data, *, verify_crc: bool = True, name: str = "segment") -> DecodedSe
     return DecodedSegment(SegmentInfo(base_offset, last_offset, len(mv), count, max_ts, created), mv)
 
 
-def batches_through(batches, last_offset: int) -> memoryview:
+def batches_through(batches, last_offset: int, known_last: int | None = None) -> memoryview:
     """The leading whole batches of `batches` that end at or before `last_offset`: a
     segment's own batches out of an object that may hold more (its key was replaced by a
-    merge or compaction that never committed)."""
+    merge or compaction that never committed). `known_last`: the offset the batches are
+    known to end by (the object's footer, a cached view's last batch); when it is within
+    `last_offset`, as it nearly always is, they are all kept without walking them again."""
     mv = memoryview(batches)
+    if known_last is not None and known_last <= last_offset:
+        return mv
     end = 0
     for pos, h in records.iter_batches(mv):
         if h.last_offset > last_offset:
