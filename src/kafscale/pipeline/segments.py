@@ -195,9 +195,8 @@ async def list_topics(
         keys = await store.list(f"{namespace}/")
     regex = re.compile(pattern) if pattern is not None else None
     found: dict[TopicPartition, list[tuple[int, str]]] = {}
-    indexed = {key[: -len(".index")] + ".kfs" for key in keys if key.endswith(".index")}
-    # one regex per key: a stream lists tens of thousands of keys a trigger on a busy topic
-    segment_key = re.compile(re.escape(namespace) + r"/([^/]+)/([0-9]+)/segment-([0-9]+)\.kfs")
+    indexed = {segment.segment_key_of_index(key) for key in keys if key.endswith(".index")}
+    segment_key = segment.segment_key_pattern(namespace)
     for key in keys:
         m = segment_key.fullmatch(key)
         if m is None:

@@ -34,6 +34,21 @@ class ObjectChangedError(ObjectStoreError):
     object now there stands."""
 
 
+async def _each_found(calls: list, concurrency: int) -> list:
+    """Await each call (a coroutine function), at most `concurrency` at once, in order;
+    None for an object not found."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(call):
+        async with sem:
+            try:
+                return await call()
+            except ObjectNotFound:
+                return None
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
 class ObjectStore(abc.ABC):
     @abc.abstractmethod
     async def put(self, key: str, parts: list) -> None:
@@ -82,29 +97,11 @@ class ObjectStore(abc.ABC):
         """Several reads at once: for each (key, (start, end) or None for the whole object)
         its bytes, or None for an object not found. Backends override it where one call can
         do better than concurrent `get`s (the local store reads them all in one thread hop)."""
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one(key: str, byte_range: tuple[int, int] | None) -> bytes | None:
-            async with sem:
-                try:
-                    return await (self.get(key) if byte_range is None else self.get(key, byte_range[0], byte_range[1]))
-                except ObjectNotFound:
-                    return None
-
-        return list(await asyncio.gather(*(one(k, r) for k, r in requests)))
+        return await _each_found([lambda k=k, r=r: self.get(k, *(r or (0, None))) for k, r in requests], concurrency)
 
     async def get_tails(self, keys: list[str], nbytes: int, concurrency: int = 32) -> list[tuple[bytes, int] | None]:
         """`get_tail` of several objects at once; None for an object not found."""
-        sem = asyncio.Semaphore(concurrency)
-
-        async def one(key: str) -> tuple[bytes, int] | None:
-            async with sem:
-                try:
-                    return await self.get_tail(key, nbytes)
-                except ObjectNotFound:
-                    return None
-
-        return list(await asyncio.gather(*(one(k) for k in keys)))
+        return await _each_found([lambda k=k: self.get_tail(k, nbytes) for k in keys], concurrency)
 
     @abc.abstractmethod
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
@@ -316,21 +313,25 @@ class LocalObjectStore(ObjectStore):
         except OSError as e:
             raise ObjectStoreError(f"get {key}: {e}") from e
 
-    def _get_many_sync(self, requests: list[tuple[str, tuple[int, int] | None]]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for key, byte_range in requests:
-            try:
-                out.append(self._get_sync(key, *(byte_range or (0, None))))
-            except ObjectNotFound:
-                out.append(None)
-        return out
+    async def _each_found_in_thread(self, calls: list) -> list:
+        """The calls (small local reads) in one thread hop, a hop per file costing more than
+        the read; None for an object not found."""
+        def run() -> list:
+            out = []
+            for call in calls:
+                try:
+                    out.append(call())
+                except ObjectNotFound:
+                    out.append(None)
+            return out
 
-    async def get_many(self, requests: list[tuple[str, tuple[int, int] | None]], concurrency: int = 32) -> list[bytes | None]:
-        # small local files: one thread hop for all (a hop per file costs more than the read)
         try:
-            return await asyncio.to_thread(self._get_many_sync, requests)
+            return await asyncio.to_thread(run)
         except OSError as e:
             raise ObjectStoreError(f"get: {e}") from e
+
+    async def get_many(self, requests: list[tuple[str, tuple[int, int] | None]], concurrency: int = 32) -> list[bytes | None]:
+        return await self._each_found_in_thread([lambda k=k, r=r: self._get_sync(k, *(r or (0, None))) for k, r in requests])
 
     def _get_tail_sync(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:
@@ -341,20 +342,8 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             raise ObjectNotFound(key) from None
 
-    def _get_tails_sync(self, keys: list[str], nbytes: int) -> list[tuple[bytes, int] | None]:
-        out: list[tuple[bytes, int] | None] = []
-        for key in keys:
-            try:
-                out.append(self._get_tail_sync(key, nbytes))
-            except ObjectNotFound:
-                out.append(None)
-        return out
-
     async def get_tails(self, keys: list[str], nbytes: int, concurrency: int = 32) -> list[tuple[bytes, int] | None]:
-        try:
-            return await asyncio.to_thread(self._get_tails_sync, keys, nbytes)
-        except OSError as e:
-            raise ObjectStoreError(f"get: {e}") from e
+        return await self._each_found_in_thread([lambda k=k: self._get_tail_sync(k, nbytes) for k in keys])
 
     async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 import struct
 import time
 from dataclasses import dataclass
@@ -45,6 +46,17 @@ def segment_key(namespace: str, topic: str, partition: int, base_offset: int) ->
 
 def index_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
     return f"{namespace}/{topic}/{partition}/segment-{base_offset:020d}.index"
+
+
+def segment_key_pattern(namespace: str) -> re.Pattern:
+    """Matches a whole segment_key under `namespace`; groups: topic, partition, base offset.
+    One regex match per key: a stream lists tens of thousands of keys a trigger."""
+    return re.compile(re.escape(namespace) + r"/([^/]+)/([0-9]+)/segment-([0-9]+)\.kfs")
+
+
+def segment_key_of_index(key: str) -> str:
+    """The segment_key an index_key belongs to."""
+    return key[: -len(".index")] + ".kfs"
 
 
 def partition_prefix(namespace: str, topic: str, partition: int) -> str:
