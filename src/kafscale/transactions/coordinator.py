@@ -255,22 +255,17 @@ class TransactionCoordinator:
         if not tid:
             return ErrorCode.invalid_request
         add = self.adds_implicitly("produce", produce_version)
-        if self.owns(tid):
+
+        async def local() -> ErrorCode:
             if add:
-                error = await self.add_partitions(tid, producer_id, producer_epoch, [tp], tv2=True)
-            else:
-                error = (await self.verify_partitions(tid, producer_id, producer_epoch, [tp]))[tp]
-        else:
-            node = self.cluster.coordinator_for(tid)
-            host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
-            try:
-                error = await self.remote.add_partition(host, port, tid, producer_id, producer_epoch, tp, verify_only=not add)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("could not %s the transaction of %r with its coordinator %d: %s",
-                            "add to" if add else "verify", tid, node.node_id, e)
-                error = ErrorCode.network_exception  # answered retriable, as Kafka when it cannot verify
+                return await self.add_partitions(tid, producer_id, producer_epoch, [tp], tv2=True)
+            return (await self.verify_partitions(tid, producer_id, producer_epoch, [tp]))[tp]
+
+        error = await self._at_coordinator(
+            tid, local,
+            lambda host, port: self.remote.add_partition(host, port, tid, producer_id, producer_epoch, tp, verify_only=not add),
+            f"{'add to' if add else 'verify'} the transaction",
+        )
         return produce_error(error, produce_version)
 
     async def add_group(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
@@ -279,20 +274,28 @@ class TransactionCoordinator:
         broker's coordinator directly, else AddOffsetsToTxn to the id's coordinator (our
         broker-to-broker path: it names the group, which the coordinator keeps). Returns
         the coordinator's error (state.txn_offset_commit_error says what to answer)."""
+        return await self._at_coordinator(
+            tid,
+            lambda: self.add_partitions(tid, producer_id, producer_epoch, groups=[group_id], tv2=True),
+            lambda host, port: self.remote.add_offsets(host, port, tid, producer_id, producer_epoch, group_id),
+            f"add group {group_id!r} to the transaction",
+        )
+
+    async def _at_coordinator(self, tid: str, local, remote, what: str) -> ErrorCode:
+        """`local()` when this broker coordinates `tid`, else `remote(host, port)` at the
+        broker that does; a coordinator that cannot be reached is the retriable
+        NETWORK_EXCEPTION, as Kafka answers when it cannot verify."""
         if self.owns(tid):
-            error = await self.add_partitions(tid, producer_id, producer_epoch, groups=[group_id], tv2=True)
-        else:
-            node = self.cluster.coordinator_for(tid)
-            host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
-            try:
-                error = await self.remote.add_offsets(host, port, tid, producer_id, producer_epoch, group_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("could not add group %r to the transaction of %r at its coordinator %d: %s",
-                            group_id, tid, node.node_id, e)
-                error = ErrorCode.network_exception
-        return error
+            return await local()
+        node = self.cluster.coordinator_for(tid)
+        host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
+        try:
+            return await remote(host, port)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("could not %s of %r at its coordinator %d: %s", what, tid, node.node_id, e)
+            return ErrorCode.network_exception
 
     async def check_offset_commit(self, tid: str, producer_id: int, producer_epoch: int, group_id: str) -> ErrorCode:
         """TxnOffsetCommit (answered by the group's coordinator, maybe another broker): the
