@@ -380,6 +380,56 @@ def test_commit_keeps_member_alive():
     assert a in h.group.members
 
 
+def test_transactional_commit_validation_as_kafka():
+    """TxnOffsetCommit: one that names no member (v0-v2 cannot) is accepted whatever the
+    group's state; one that names a member is checked as OffsetCommit (v3+, KIP-447), but
+    neither held back by a completing rebalance nor counted as a heartbeat."""
+    h = Harness()
+    g = h.group
+
+    def txn(member_id="", generation_id=-1, instance=None):
+        return g.validate_offset_commit(h.now, member_id=member_id, group_instance_id=instance,
+                                        generation_id=generation_id, transactional=True)
+
+    assert txn() is E.none  # Empty
+    (a, b), gen = h.form_group(2)
+    assert txn() is E.none, "a group with members takes a TxnOffsetCommit without member (v0-v2)"
+    assert g.validate_offset_commit(h.now, member_id="", group_instance_id=None, generation_id=-1) is E.unknown_member_id
+    assert txn(a, gen) is E.none
+    assert txn(a, gen - 1) is E.illegal_generation
+    assert txn(a, gen + 1) is E.illegal_generation
+    assert txn("ghost", gen) is E.unknown_member_id
+    assert txn("", gen) is E.unknown_member_id, "a generation without member id"
+    assert txn(a, gen, instance="nobody") is E.unknown_member_id
+    # CompletingRebalance: OffsetCommit gets REBALANCE_IN_PROGRESS, a transaction's commit goes through.
+    c = h.new_member(client="x")
+    h.join(c, client="x")
+    h.join(a, client="c0")
+    h.join(b, client="c1")
+    assert g.state is GroupState.COMPLETING_REBALANCE
+    assert txn(a, gen + 1) is E.none and txn() is E.none
+    assert txn(a, gen) is E.illegal_generation
+    # Not a heartbeat: the member's session deadline does not move.
+    deadline = g.members[a].heartbeat_deadline
+    h.now += 1000
+    txn(a, gen + 1)
+    assert g.members[a].heartbeat_deadline == deadline
+    g.mark_dead()
+    assert txn() is E.coordinator_not_available
+
+
+def test_transactional_commit_of_a_fenced_static_member():
+    h = Harness()
+    ids, gen, leader = form_static(h)
+    follower_instance = next(i for i, mid in ids.items() if mid != leader)
+    old_id = ids[follower_instance]
+    new_id = h.reply(h.join(instance=follower_instance, client=follower_instance)).member_id
+    assert h.group.validate_offset_commit(h.now, member_id=old_id, group_instance_id=follower_instance,
+                                          generation_id=gen, transactional=True) is E.fenced_instance_id
+    assert h.group.validate_offset_commit(h.now, member_id=new_id, group_instance_id=follower_instance,
+                                          generation_id=gen, transactional=True) is E.none
+
+
 def test_pending_sync_timeout_removes_members_that_never_synced():
     h = Harness()
     a = h.new_member(client="a")
@@ -693,6 +743,41 @@ async def test_driver_simple_group_commits_and_unknown_group_errors(store):
     assert [g[0] for g in await coord.list_groups()] == ["simple"], "failed lookups create nothing"
     assert await coord.delete_group("simple") is E.none
     assert await coord.fetch_offsets("simple") == {}
+    await coord.stop()
+
+
+async def test_driver_logs_every_refused_commit(store, caplog):
+    from kafscale.metadata.store import CommittedOffset
+
+    coord = make_coordinator(store)
+    await coord.start()
+    res = await coord.join("lg", member_id="", **JOIN_DEFAULTS)
+    mid, gen = res.member_id, res.generation_id
+    await coord.sync("lg", member_id=mid, group_instance_id=None, generation_id=gen, protocol_type=None,
+                     protocol_name=None, assignments={mid: b""})
+    kw = dict(offsets={("t", 0): CommittedOffset(3)}, api_version=3)
+    caplog.set_level("INFO", logger="kafscale.groups")
+    assert await coord.commit_offsets("lg", member_id="", group_instance_id=None, generation_id=-1,
+                                      pending_producer_id=7, **kw) is E.none
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+    assert await coord.commit_offsets("lg", member_id=mid, group_instance_id=None, generation_id=gen + 4,
+                                      pending_producer_id=7, **kw) is E.illegal_generation
+    assert await coord.commit_offsets("lg", member_id="ghost", group_instance_id=None, generation_id=gen, **kw) is E.unknown_member_id
+    assert await coord.commit_offsets("lg", member_id="", group_instance_id=None, generation_id=-1, **kw) is E.unknown_member_id
+    assert await coord.commit_offsets("none", member_id="m", group_instance_id=None, generation_id=2,
+                                      pending_producer_id=7, **kw) is E.illegal_generation
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert all(r.levelname == "INFO" for r in caplog.records if "refused" in r.getMessage())
+    assert lines == [
+        f"TxnOffsetCommit to group 'lg' by member {mid!r} refused with ILLEGAL_GENERATION: "
+        f"generation {gen + 4} is not the group's current generation {gen}",
+        f"OffsetCommit to group 'lg' by member 'ghost' refused with UNKNOWN_MEMBER_ID: "
+        f"not a member of the group (state Stable, generation {gen})",
+        "OffsetCommit to group 'lg' by member '' refused with UNKNOWN_MEMBER_ID: "
+        "no member given and the group has members (state Stable)",
+        "TxnOffsetCommit to group 'none' by member 'm' refused with ILLEGAL_GENERATION: "
+        "generation 2 given but the group does not exist",
+    ]
     await coord.stop()
 
 

@@ -51,6 +51,32 @@ log = logging.getLogger("kafscale.groups")
 DEFAULT_RETENTION_CHECK_INTERVAL_MS = 600_000  # Kafka's offsets.retention.check.interval.ms
 
 
+def log_commit_refused(api: str, group_id: str, member_id: str, group_instance_id: str | None,
+                       error: ErrorCode, reason: str) -> None:
+    """One INFO line per refused OffsetCommit / TxnOffsetCommit: the client only sees the code."""
+    member = repr(member_id) if group_instance_id is None else f"{member_id!r} (instance {group_instance_id!r})"
+    log.info("%s to group %r by member %s refused with %s: %s", api, group_id, member, error.name.upper(), reason)
+
+
+def _commit_refusal_reason(group: Group, error: ErrorCode, member_id: str, group_instance_id: str | None,
+                           generation_id: int) -> str:
+    if error is ErrorCode.coordinator_not_available:
+        return "the group is being removed"
+    if error is ErrorCode.illegal_generation:
+        return f"generation {generation_id} is not the group's current generation {group.generation_id}"
+    if error is ErrorCode.fenced_instance_id:
+        return f"instance {group_instance_id!r} now belongs to member {group.static_members.get(group_instance_id)!r}"
+    if error is ErrorCode.rebalance_in_progress:
+        return "the group is completing a rebalance (rejoin, then commit)"
+    if error is ErrorCode.unknown_member_id:
+        if not member_id and group_instance_id is None and generation_id < 0:
+            return f"no member given and the group has members (state {group.state.value})"
+        if group_instance_id is not None:
+            return f"instance {group_instance_id!r} is not a static member of the group"
+        return f"not a member of the group (state {group.state.value}, generation {group.generation_id})"
+    return error.name.upper()
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -218,21 +244,30 @@ class GroupCoordinator:
         """Validate the committer against the group, then store the offsets (all or none).
         With `pending_producer_id` (TxnOffsetCommit) they are held pending for that producer's
         transaction; its coordinator commits or drops them when the transaction ends."""
+        transactional = pending_producer_id is not None
+        api = "TxnOffsetCommit" if transactional else "OffsetCommit"
         async with self._locks[group_id]:
             now = self.clock()
             group = await self._load(group_id)
             created = False
             if group is None:
                 if generation_id >= 0:
-                    # Kafka: GROUP_ID_NOT_FOUND from v9, ILLEGAL_GENERATION before.
-                    return ErrorCode.group_id_not_found if api_version >= 9 else ErrorCode.illegal_generation
+                    # Kafka: OffsetCommit v9+ gets GROUP_ID_NOT_FOUND, older ones and
+                    # TxnOffsetCommit ILLEGAL_GENERATION.
+                    error = ErrorCode.group_id_not_found if api_version >= 9 and not transactional else ErrorCode.illegal_generation
+                    log_commit_refused(api, group_id, member_id, group_instance_id, error,
+                                       f"generation {generation_id} given but the group does not exist")
+                    return error
                 # A "simple" group that only stores offsets.
                 group = self._create(group_id)
                 created = True
             error = group.validate_offset_commit(
-                now, member_id=member_id, group_instance_id=group_instance_id, generation_id=generation_id
+                now, member_id=member_id, group_instance_id=group_instance_id, generation_id=generation_id,
+                transactional=transactional,
             )
             if error is not ErrorCode.none:
+                log_commit_refused(api, group_id, member_id, group_instance_id, error,
+                                   _commit_refusal_reason(group, error, member_id, group_instance_id, generation_id))
                 if created:
                     self._forget(group)
                 return error

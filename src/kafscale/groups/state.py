@@ -295,9 +295,16 @@ class Group:
         return ErrorCode.none, errors, self._take_effects()
 
     def validate_offset_commit(
-        self, now: float, *, member_id: str, group_instance_id: str | None, generation_id: int
+        self, now: float, *, member_id: str, group_instance_id: str | None, generation_id: int,
+        transactional: bool = False,
     ) -> ErrorCode:
-        """May these offsets be committed? A valid member's commit also counts as a heartbeat."""
+        """May these offsets be committed? As Kafka's classic group: a commit that names a
+        member (id, instance id or generation) must be that member at the current generation;
+        one that names none is an admin or assign() commit, allowed only while the group is
+        Empty. A `transactional` commit (TxnOffsetCommit) naming none is allowed in any state:
+        below v3 that request cannot carry a member, so Kafka does not ask for one; nor does
+        it hold transactional commits back while a rebalance completes. Only an OffsetCommit
+        of a valid member counts as its heartbeat."""
         self.now = now
         if self.state is GroupState.DEAD:
             return ErrorCode.coordinator_not_available
@@ -310,8 +317,10 @@ class Group:
                 return error
             if generation_id != self.generation_id:
                 return ErrorCode.illegal_generation
-        elif self.state is not GroupState.EMPTY:
+        elif not transactional and self.state is not GroupState.EMPTY:
             return ErrorCode.unknown_member_id
+        if transactional:
+            return ErrorCode.none
         if self.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.rebalance_in_progress
         if self.state in (GroupState.STABLE, GroupState.PREPARING_REBALANCE) and member_id in self.members:

@@ -12,6 +12,7 @@ import datetime
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
+from kafscale.groups.coordinator import log_commit_refused
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
@@ -286,8 +287,10 @@ async def offset_commit(ctx, req):
         if any(err is None for _, _, err in rows):
             if groups is None or not await _owned(ctx, group_id):
                 group_error = ErrorCode.not_coordinator
+                log_commit_refused("OffsetCommit", group_id, req.member_id, getattr(req, "group_instance_id", None),
+                                   group_error, "this broker does not coordinate the group")
             else:
-                group_error = await groups.commit_offsets(
+                group_error = await groups.commit_offsets(  # logs its own refusals
                     group_id,
                     member_id=req.member_id,
                     group_instance_id=getattr(req, "group_instance_id", None),
@@ -295,8 +298,10 @@ async def offset_commit(ctx, req):
                     offsets=to_commit,
                     api_version=ctx.version,
                 )
-    except STORE_DOWN:
+    except STORE_DOWN as e:
         group_error = ErrorCode.coordinator_not_available
+        log_commit_refused("OffsetCommit", group_id, req.member_id, getattr(req, "group_instance_id", None),
+                           group_error, f"metadata store unavailable: {e}")
         # Every requested partition gets the error, also those not looked at yet.
         rows = [(t, p.partition_index, None) for t in req.topics for p in t.partitions]
         too_large = []

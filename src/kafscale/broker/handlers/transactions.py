@@ -24,6 +24,7 @@ import logging
 from kafscale.broker import authz_checks
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
+from kafscale.groups.coordinator import log_commit_refused
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.build import has_field, make, response
 from kafscale.security.acl import Operation as Op, ResourceType as Res
@@ -238,33 +239,43 @@ async def txn_offset_commit(ctx, req):
                     metadata=metadata,
                 )
         error = ErrorCode.none
+        member_id = getattr(req, "member_id", "")  # v3+ (KIP-447); older versions name no member
+        instance_id = getattr(req, "group_instance_id", None)
+        refused = ""  # why this handler refuses the offsets (the group coordinator logs its own refusals)
         if offsets:
             if not group_id:
-                error = ErrorCode.invalid_group_id
+                error, refused = ErrorCode.invalid_group_id, "no group id"
             elif groups is None or not ctx.broker.cluster.is_group_coordinator(group_id):
-                error = ErrorCode.not_coordinator
+                error, refused = ErrorCode.not_coordinator, "this broker does not coordinate the group"
             else:
-                error = ErrorCode.none
+                tid, pid, epoch = req.transactional_id, req.producer_id, req.producer_epoch
                 if _txns(ctx).adds_implicitly("txn_offset_commit", ctx.version):
                     # Transactions v2: no AddOffsetsToTxn from the client; the group joins
                     # the transaction here (Kafka's group coordinator adds its partition).
-                    error = await _txns(ctx).add_group(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
+                    error = await _txns(ctx).add_group(tid, pid, epoch, group_id)
                 if error is ErrorCode.none:
-                    error = await _txns(ctx).check_offset_commit(req.transactional_id, req.producer_id, req.producer_epoch, group_id)
+                    error = await _txns(ctx).check_offset_commit(tid, pid, epoch, group_id)
                 error = txn_offset_commit_error(error, ctx.version)
-                if error is ErrorCode.none:
+                if error is not ErrorCode.none:
+                    refused = f"transaction {tid!r} (producer id {pid}, epoch {epoch}) cannot take offsets of the group"
+                else:
                     error = await groups.commit_offsets(
                         group_id,
-                        member_id=getattr(req, "member_id", ""),
-                        group_instance_id=getattr(req, "group_instance_id", None),
+                        member_id=member_id,
+                        group_instance_id=instance_id,
                         generation_id=getattr(req, "generation_id", -1),
                         offsets=offsets,
                         api_version=ctx.version,
-                        pending_producer_id=req.producer_id,
+                        pending_producer_id=pid,
                     )
-    except STORE_DOWN:
+        if refused:
+            log_commit_refused("TxnOffsetCommit", group_id, member_id, instance_id,
+                               _for_version(TXN_OFFSET_COMMIT, ctx.version, error), refused)
+    except STORE_DOWN as e:
         error = ErrorCode.coordinator_not_available
         rows = [(t.name, p.partition_index, None) for t in req.topics for p in t.partitions]
+        log_commit_refused("TxnOffsetCommit", group_id, getattr(req, "member_id", ""), getattr(req, "group_instance_id", None),
+                           error, f"metadata store unavailable: {e}")
     error = _for_version(TXN_OFFSET_COMMIT, ctx.version, error)
     by_topic: dict[str, list] = {}
     for topic, partition, err in rows:
