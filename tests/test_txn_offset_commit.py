@@ -13,7 +13,7 @@ import uuid
 from kio.schema.errors import ErrorCode
 
 from tests.support.raw import RawClient, error_code, req
-from tests.support.wait import wait_until
+from tests.support.wait import wait_until, wait_until_async
 from tests.test_produce_fetch import create_topic
 from tests.test_txn_coordinator import add_offsets, end, fetch_offset, init, txn_offset_commit
 
@@ -129,3 +129,107 @@ def test_txn_offset_commit_v3_plus_checks_member_and_generation_and_logs_refusal
                    for line in lines) == 1, lines
     assert any(f"group '{group}-none' by member 'm-none' refused with ILLEGAL_GENERATION: generation 1 given but the group "
                "does not exist" in line for line in lines), lines
+
+
+def test_aiokafka_consume_transform_produce_in_transactions_from_a_group(broker):
+    """aiokafka 0.14, as Faust's exactly-once uses it: a subscribed group member reads, a
+    transactional producer writes the transformed records and sends the consumed offsets with
+    send_offsets_to_transaction (TxnOffsetCommit v0, no member id), ~60 records a transaction;
+    one transaction in the middle is aborted and its records read again."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    src, dst = f"eos-in-{uuid.uuid4().hex[:8]}", f"eos-out-{uuid.uuid4().hex[:8]}"
+    group = f"eos-g-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, src, partitions=2)
+    create_topic(broker.bootstrap, dst, partitions=2)
+    n = 500
+
+    async def go():
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        await plain.start()
+        try:
+            for i in range(n):
+                await plain.send(src, key=b"k%d" % (i % 7), value=b"in-%d" % i, partition=i % 2)
+            await plain.flush()
+        finally:
+            await plain.stop()
+
+        consumer = AIOKafkaConsumer(src, bootstrap_servers=broker.bootstrap, group_id=group, enable_auto_commit=False,
+                                    auto_offset_reset="earliest", isolation_level="read_committed")
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=f"{group}-tx")
+        await consumer.start()
+        await producer.start()
+        done, transactions, aborted = 0, 0, []
+        try:
+            deadline = asyncio.get_running_loop().time() + 90
+            while done < n:
+                assert asyncio.get_running_loop().time() < deadline, f"transformed {done} of {n} records"
+                batch = await consumer.getmany(timeout_ms=500, max_records=60)
+                records = [r for recs in batch.values() for r in recs]
+                if not records:
+                    continue
+                abort = transactions == 3
+                await producer.begin_transaction()
+                for r in records:
+                    value = (b"aborted-" if abort else b"out-") + r.value[len(b"in-"):]
+                    await producer.send(dst, key=r.key, value=value, partition=r.partition)
+                offsets = {tp: recs[-1].offset + 1 for tp, recs in batch.items()}
+                await producer.send_offsets_to_transaction(offsets, group)
+                if abort:
+                    await producer.abort_transaction()
+                    aborted += [r.value for r in records]
+                    for tp, recs in batch.items():  # read them again, as an exactly-once app does
+                        consumer.seek(tp, recs[0].offset)
+                else:
+                    await producer.commit_transaction()
+                    done += len(records)
+                transactions += 1
+            ends = await consumer.end_offsets([TopicPartition(src, p) for p in (0, 1)])
+            assert {tp.partition: end for tp, end in ends.items()} == {0: n // 2, 1: n // 2}
+
+            async def committed():
+                got = {p: await consumer.committed(TopicPartition(src, p)) for p in (0, 1)}
+                return got if got == {0: n // 2, 1: n // 2} else None
+
+            # The last transaction's offsets are moved in once its markers are written, just after EndTxn's answer.
+            assert await wait_until_async(committed, 10, "the group's offsets at the input's end")
+        finally:
+            await producer.stop()
+            await consumer.stop()
+        assert aborted and transactions >= 9, (transactions, len(aborted))
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            listed = await admin.list_consumer_group_offsets(group)
+        finally:
+            await admin.close()
+        assert {tp.partition: meta.offset for tp, meta in listed.items()} == {0: n // 2, 1: n // 2}
+
+        async def read(isolation: str) -> list[bytes]:
+            c = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level=isolation, enable_auto_commit=False)
+            await c.start()
+            try:
+                tps = [TopicPartition(dst, p) for p in (0, 1)]
+                c.assign(tps)
+                await c.seek_to_beginning()
+                ends = await c.end_offsets(tps)
+                out = []
+                deadline = asyncio.get_running_loop().time() + 30
+                while any(position < ends[tp] for tp, position in [(tp, await c.position(tp)) for tp in tps]):
+                    assert asyncio.get_running_loop().time() < deadline, f"read {len(out)} records ({isolation})"
+                    for recs in (await c.getmany(timeout_ms=500)).values():
+                        out += [r.value for r in recs]
+                return out
+            finally:
+                await c.stop()
+
+        read_committed = await read("read_committed")
+        assert sorted(read_committed) == sorted(b"out-%d" % i for i in range(n)), "each transformed record exactly once"
+        everything = await read("read_uncommitted")
+        assert sorted(v for v in everything if v.startswith(b"aborted-")) == sorted(b"aborted-" + v[3:] for v in aborted)
+
+    asyncio.run(go())
