@@ -80,14 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a broker")
     broker_config.add_arguments(b)
     b.set_defaults(func=_run_broker)
-    from kafscale.cli import admin as admin_cli
+    from kafscale.cli import cluster, groups, records, security, topics
     from kafscale.pipeline import cli as pipeline_cli
 
-    from kafscale.cli import security as security_cli
-
-    admin_cli.add_commands(sub)
-    security_cli.add_commands(sub)
-    pipeline_cli.add_commands(sub)
+    for family in (topics, groups, records, cluster, security, pipeline_cli):
+        family.add_commands(sub)
     return parser
 
 

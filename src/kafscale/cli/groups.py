@@ -1,0 +1,192 @@
+"""`kafscale groups list|describe|delete|reset-offsets`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+from kafscale.cli.common import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError, admin_client, await_result, command_family, fetch_metadata, kafka_error, leaf, list_offsets, note, parse_time, print_json, table, topic_meta
+
+
+def _state(state) -> str:
+    """ConsumerGroupState enum -> Kafka's spelling (Stable, Empty, ...)."""
+    name = getattr(state, "name", str(state))
+    return "".join(p.title() for p in name.split("_"))
+
+
+def groups_list(args) -> int:
+    admin = admin_client(args)
+    res = await_result(admin.list_consumer_groups(request_timeout=args.timeout), args, "listing groups")
+    rows = sorted(((g.group_id, _state(g.state), "simple" if g.is_simple_consumer_group else "consumer") for g in res.valid), key=lambda r: r[0])
+    for err in res.errors:
+        note(f"warning: a broker did not list its groups: {err}")
+    if args.json:
+        print_json([{"group": g, "state": s, "type": t} for g, s, t in rows])
+    else:
+        table(["GROUP", "STATE", "TYPE"], [list(r) for r in rows])
+    return EXIT_OK if not res.errors else EXIT_FAILED
+
+
+def _describe_group(admin, args, group: str):
+    return await_result(admin.describe_consumer_groups([group], request_timeout=args.timeout)[group], args, f"describing group {group!r}")
+
+
+def _committed(admin, args, group: str, partitions=None) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> committed offset (only partitions with a commit)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    req = ConsumerGroupTopicPartitions(group, partitions) if partitions else ConsumerGroupTopicPartitions(group)
+    res = await_result(admin.list_consumer_group_offsets([req], request_timeout=args.timeout)[group], args, f"fetching offsets of group {group!r}")
+    return {(tp.topic, tp.partition): tp.offset for tp in res.topic_partitions if tp.offset >= 0 and tp.error is None}
+
+
+def _latest(admin, args, tps) -> dict[tuple[str, int], int]:
+    from confluent_kafka.admin import OffsetSpec
+
+    out = {}
+    by_topic: dict[str, list[int]] = {}
+    for t, p in tps:
+        by_topic.setdefault(t, []).append(p)
+    for t, ps in by_topic.items():
+        for p, (off, _ts) in list_offsets(admin, args, t, sorted(ps), OffsetSpec.latest()).items():
+            out[(t, p)] = off
+    return out
+
+
+def groups_describe(args) -> int:
+    admin = admin_client(args)
+    desc = _describe_group(admin, args, args.name)
+    state = _state(desc.state)
+    committed = _committed(admin, args, args.name)
+    if state in ("Dead", "Unknown") and not desc.members and not committed:
+        raise CliError(f"group {args.name!r} does not exist")
+    owner: dict[tuple[str, int], object] = {}
+    for m in desc.members:
+        for tp in getattr(m.assignment, "topic_partitions", None) or ():
+            owner[(tp.topic, tp.partition)] = m
+    tps = sorted(set(committed) | set(owner))
+    ends = _latest(admin, args, tps) if tps else {}
+    rows = []
+    for key in tps:
+        m = owner.get(key)
+        off = committed.get(key)
+        end = ends.get(key)
+        lag = max(end - off, 0) if off is not None and end is not None else None
+        rows.append({"topic": key[0], "partition": key[1], "committed": off, "end": end, "lag": lag,
+                     "member": m.member_id if m else None, "client": m.client_id if m else None, "host": m.host if m else None})
+    coordinator = getattr(desc.coordinator, "id", None)
+    members = [{"member": m.member_id, "client": m.client_id, "host": m.host, "instance": m.group_instance_id,
+                "assignment": [f"{tp.topic}-{tp.partition}" for tp in (getattr(m.assignment, "topic_partitions", None) or ())]} for m in desc.members]
+    if args.json:
+        print_json({"group": args.name, "state": state, "assignor": desc.partition_assignor, "coordinator": coordinator,
+                   "members": members, "partitions": rows, "total_lag": sum(r["lag"] or 0 for r in rows)})
+        return EXIT_OK
+    print(f"Group: {args.name}   State: {state}   Members: {len(members)}   Assignor: {desc.partition_assignor or '-'}   Coordinator: {coordinator}")
+    print(f"Total lag: {sum(r['lag'] or 0 for r in rows)}")
+    print()
+    table(["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER", "CLIENT", "HOST"],
+          [[r["topic"], r["partition"], r["committed"], r["end"], r["lag"], r["member"] or "-", r["client"] or "-", r["host"] or "-"] for r in rows])
+    return EXIT_OK
+
+
+def groups_delete(args) -> int:
+    admin = admin_client(args)
+    try:
+        admin.delete_consumer_groups([args.name], request_timeout=args.timeout)[args.name].result(timeout=args.timeout)
+    except concurrent.futures.TimeoutError:
+        raise CliError(f"deleting group {args.name!r}: no answer within {args.timeout:g}s", EXIT_UNREACHABLE) from None
+    except Exception as e:  # noqa: BLE001
+        err = e.args[0] if e.args and hasattr(e.args[0], "name") else None
+        name = err.name() if err is not None else ""
+        if name == "GROUP_ID_NOT_FOUND":
+            raise CliError(f"group {args.name!r} does not exist") from None
+        if name == "NON_EMPTY_GROUP":
+            raise CliError(f"group {args.name!r} still has active members; stop its consumers first") from None
+        raise kafka_error(e, f"deleting group {args.name!r}") from None
+    if args.json:
+        print_json({"group": args.name, "deleted": True})
+    else:
+        print(f"deleted group {args.name}")
+    return EXIT_OK
+
+
+def _parse_topic_arg(value: str) -> tuple[str, list[int] | None]:
+    """`topic` or `topic:0,2,5` (Kafka's syntax for a subset of partitions)."""
+    topic, sep, parts = value.partition(":")
+    if not sep:
+        return topic, None
+    try:
+        return topic, sorted({int(p) for p in parts.split(",") if p != ""})
+    except ValueError:
+        raise CliError(f"--topic must be TOPIC or TOPIC:P1,P2,..., not {value!r}") from None
+
+
+def groups_reset_offsets(args) -> int:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = admin_client(args)
+    topic, wanted = _parse_topic_arg(args.topic)
+    t = topic_meta(fetch_metadata(admin, args), topic)
+    partitions = sorted(t.partitions)
+    if wanted is not None:
+        missing = [p for p in wanted if p not in t.partitions]
+        if missing:
+            raise CliError(f"topic {topic!r} has no partition {missing[0]} (it has {len(partitions)})")
+        partitions = wanted
+
+    # Kafka only lets offsets be reset while nobody consumes: members would overwrite them.
+    desc = _describe_group(admin, args, args.name)
+    state = _state(desc.state)
+    if desc.members or state not in ("Empty", "Dead", "Unknown"):
+        raise CliError(f"group {args.name!r} is not empty (state {state}, {len(desc.members)} members): stop its consumers before resetting offsets")
+
+    earliest = list_offsets(admin, args, topic, partitions, OffsetSpec.earliest())
+    latest = list_offsets(admin, args, topic, partitions, OffsetSpec.latest())
+    if args.to_datetime is not None:
+        at = list_offsets(admin, args, topic, partitions, OffsetSpec.for_timestamp(parse_time(args.to_datetime)))
+    current = _committed(admin, args, args.name, [TopicPartition(topic, p) for p in partitions])
+    plan = []
+    for p in partitions:
+        lo, hi = earliest[p][0], latest[p][0]
+        if args.to_earliest:
+            new = lo
+        elif args.to_latest:
+            new = hi
+        elif args.to_offset is not None:
+            new = min(max(args.to_offset, lo), hi)  # out-of-range targets are clamped, as Kafka does
+        else:
+            new = at[p][0]
+            if new < 0:  # no record at or after that time: the end of the partition
+                new = hi
+        plan.append({"topic": topic, "partition": p, "current": current.get((topic, p)), "new": new})
+
+    if args.execute:
+        req = ConsumerGroupTopicPartitions(args.name, [TopicPartition(topic, r["partition"], r["new"]) for r in plan])
+        res = await_result(admin.alter_consumer_group_offsets([req], request_timeout=args.timeout)[args.name], args, f"resetting offsets of group {args.name!r}")
+        failed = [tp for tp in res.topic_partitions if tp.error is not None]
+        if failed:
+            raise CliError(f"resetting {failed[0].topic}-{failed[0].partition}: {failed[0].error.str()}")
+    if args.json:
+        print_json({"group": args.name, "executed": bool(args.execute), "partitions": plan})
+    else:
+        table(["GROUP", "TOPIC", "PARTITION", "CURRENT", "NEW"], [[args.name, r["topic"], r["partition"], r["current"] if r["current"] is not None else "-", r["new"]] for r in plan])
+    if args.execute:
+        note(f"offsets of group {args.name} reset on {len(plan)} partitions")
+    else:
+        note("dry run: nothing changed; add --execute to apply this plan")
+    return EXIT_OK
+
+
+def add_commands(subparsers) -> None:
+    gs = command_family(subparsers, "groups", "list, describe, delete consumer groups; reset their offsets")
+    leaf(gs, "list", groups_list, "list consumer groups with their states")
+    leaf(gs, "describe", groups_describe, "members, committed offsets and lag of a group", subject="GROUP")
+    leaf(gs, "delete", groups_delete, "delete an empty group and its committed offsets", subject="GROUP")
+    p = leaf(gs, "reset-offsets", groups_reset_offsets, "move an empty group's committed offsets (dry run unless --execute)", subject="GROUP")
+    p.add_argument("--topic", required=True, help="TOPIC, or TOPIC:P1,P2 for some partitions")
+    to = p.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="the oldest offset still kept")
+    to.add_argument("--to-latest", action="store_true", help="the end of each partition (skip everything)")
+    to.add_argument("--to-offset", type=int, metavar="N", help="offset N (clamped into the available range)")
+    to.add_argument("--to-datetime", metavar="ISO", help="first offset at or after this time (ISO 8601; no zone means UTC)")
+    p.add_argument("--execute", action="store_true", help="apply the plan (default: only print it)")
