@@ -359,13 +359,15 @@ def test_auto_creation_of_a_missing_topic_makes_the_internal_one(tmp_path):
 
     from kafscale.broker.app import Broker
     from kafscale.broker.config import BrokerConfig
+    from kafscale.storage.topic_marker import marker_key
 
     async def go():
         broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", merge_interval_ms=0,
                                      offsets_topic_num_partitions=5, default_partitions=1))  # fmt: skip
         await broker.start()
         try:
-            await broker.metadata.delete_topic(OFFSETS_TOPIC)  # as if it had never been made
+            await broker.metadata.delete_topic(OFFSETS_TOPIC)  # as if it had never been made:
+            await broker.store.delete([marker_key(broker.config.namespace, OFFSETS_TOPIC)])  # nor its marker
             await broker.logs.stop_topic(OFFSETS_TOPIC)
             host, port = broker.listen_address
 

@@ -81,6 +81,7 @@ class Broker:
         await self.cluster.start()
         await self.logs.start()
         await topics.ensure_internal_topics(self)
+        await topics.sync_markers(self)
         await self.groups.start()
         if self.transactions is not None:
             await self.transactions.start()

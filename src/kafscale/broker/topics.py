@@ -11,6 +11,7 @@ from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC, is_internal, offsets_topic_configs
 from kafscale.metadata.store import TopicExistsError, TopicMeta, UnknownTopicError
+from kafscale.storage import topic_marker
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 if TYPE_CHECKING:
@@ -61,17 +62,66 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     meta = TopicMeta(name=name, partitions=partitions, configs={k: v for k, v in configs.items() if v is not None})
     try:
+        if await broker.metadata.get_topic(name) is not None:
+            raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
+        await _clear_prefix(broker, name, dry_run=validate_only)
         if validate_only:
-            if await broker.logs.topics.get(name) is not None:
-                raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists")
             return meta
         await broker.metadata.create_topic(meta)
     except TopicExistsError:
         raise TopicError(ErrorCode.topic_already_exists, f"topic {name!r} already exists") from None
     except _STORE_DOWN as e:
         raise _unavailable(e) from None
+    await _mark_created(broker, meta)
     broker.logs.topic_changed(meta)
     return meta
+
+
+async def _clear_prefix(broker: "Broker", name: str, dry_run: bool) -> None:
+    """No new topic adopts objects of an earlier topic of its name (Kafka's topic ids exist
+    for this): an interrupted deletion's leftovers go, anything else refuses the create."""
+    try:
+        await topic_marker.clear_for_create(broker.store, broker.config.namespace, name, dry_run=dry_run)
+    except topic_marker.ForeignObjectsError as e:
+        log.error("refusing to create topic %s: %s", name, e)
+        raise TopicError(ErrorCode.policy_violation, str(e)) from None
+
+
+async def _mark_created(broker: "Broker", meta: TopicMeta) -> None:
+    """The new topic's marker, before the create is answered. Without it the create is
+    undone (as far as the store lets) and answered as a store failure: the client retries."""
+    try:
+        await topic_marker.write_marker(broker.store, broker.config.namespace, topic_marker.TopicMarker.of(meta))
+    except _STORE_DOWN as e:
+        log.warning("topic %s: writing its marker failed, undoing the create: %s", meta.name, e)
+        try:
+            await broker.metadata.delete_topic(meta.name, topic_id=meta.topic_id)
+        except (UnknownTopicError, *_STORE_DOWN) as undo:
+            log.warning("topic %s: undoing the create failed (its marker comes at the next broker start): %s", meta.name, undo)
+        raise _unavailable(e) from None
+
+
+async def _mark_changed(broker: "Broker", meta: TopicMeta) -> None:
+    """The marker follows a change of partitions or configs; the change stands if this
+    fails (the marker is a copy; brokers bring stale ones up to date at start)."""
+    try:
+        await topic_marker.write_marker(broker.store, broker.config.namespace, topic_marker.TopicMarker.of(meta))
+    except _STORE_DOWN as e:
+        log.warning("topic %s changed, but rewriting its marker failed: %s", meta.name, e)
+
+
+async def sync_markers(broker: "Broker") -> None:
+    """At broker start: markers for topics created before markers existed (or whose marker
+    write failed), stale ones rewritten. A store that is down only delays it to the next start."""
+    try:
+        counts = await topic_marker.sync_markers(
+            broker.store, broker.config.namespace, await broker.metadata.list_topics(), broker.metadata.get_topic
+        )
+    except _STORE_DOWN as e:
+        log.warning("could not check the topic markers: %s", e)
+        return
+    if counts["written"] or counts["updated"]:
+        log.info("topic markers: %d written, %d brought up to date", counts["written"], counts["updated"])
 
 
 async def ensure_internal_topics(broker: "Broker") -> TopicMeta | None:
@@ -86,14 +136,18 @@ async def ensure_internal_topics(broker: "Broker") -> TopicMeta | None:
             configs = offsets_topic_configs(broker.config.offsets_topic_segment_bytes)
             meta = TopicMeta(name=OFFSETS_TOPIC, partitions=broker.config.offsets_topic_num_partitions, configs=configs)
             try:
+                await _clear_prefix(broker, OFFSETS_TOPIC, dry_run=False)
                 await broker.metadata.create_topic(meta)
                 log.info("created internal topic %s with %d partitions", OFFSETS_TOPIC, meta.partitions)
+                await _mark_changed(broker, meta)
                 broker.logs.topic_changed(meta)
             except TopicExistsError:
                 meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
     except _STORE_DOWN as e:
         log.warning("could not create %s: %s", OFFSETS_TOPIC, e)
         return None
+    except TopicError:
+        return None  # objects of an earlier __consumer_offsets are in the way (logged)
     if meta is not None:
         broker.cluster.offsets_topic_seen(meta.partitions)
     return meta
@@ -109,15 +163,28 @@ def check_not_internal(name: str, what: str) -> None:
 async def delete(broker: "Broker", name: str) -> TopicMeta:
     check_not_internal(name, "delete")
     try:
-        meta = await broker.metadata.delete_topic(name)
+        meta = await broker.metadata.get_topic(name)
+        if meta is None:
+            raise UnknownTopicError(name)
+        # Marked deleted first: a deletion cut short is known as one, and the next create
+        # of the name removes what it left.
+        await topic_marker.mark_deleted(broker.store, broker.config.namespace, meta)
     except UnknownTopicError:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist") from None
     except _STORE_DOWN as e:
         raise _unavailable(e) from None
     try:
-        await broker.logs.drop_topic(name)
+        meta = await broker.metadata.delete_topic(name, topic_id=meta.topic_id)
+    except (UnknownTopicError, *_STORE_DOWN) as e:
+        await _mark_changed(broker, meta)  # not deleted after all
+        if isinstance(e, UnknownTopicError):
+            raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist") from None
+        raise _unavailable(e) from None
+    try:
+        await broker.logs.drop_topic(name, meta.topic_id)
     except _STORE_DOWN as e:
-        # The topic is gone (the metadata says so); only its objects are left behind.
+        # The topic is gone (the metadata says so); only its objects are left behind, under
+        # a marker saying it was deleted.
         log.warning("topic %s deleted, but deleting its objects failed: %s", name, e)
     return meta
 
@@ -141,6 +208,7 @@ async def _add_partitions(broker: "Broker", name: str, count: int, validate_only
     if validate_only:
         return meta
     meta = await broker.metadata.add_partitions(name, count)
+    await _mark_changed(broker, meta)
     broker.logs.topic_changed(meta)
     return meta
 
@@ -164,6 +232,7 @@ async def _alter_configs(broker: "Broker", name: str, change, validate_only: boo
     if validate_only:
         return meta
     meta = await broker.metadata.set_topic_configs(name, new)
+    await _mark_changed(broker, meta)
     broker.logs.topic_changed(meta)
     return meta
 

@@ -150,9 +150,11 @@ class MetadataStore:
     async def list_topics(self) -> list[TopicMeta]:
         return [TopicMeta(**json.loads(kv.value)) for kv in await self.kv.range(keys.TOPICS)]
 
-    async def delete_topic(self, name: str) -> TopicMeta:
+    async def delete_topic(self, name: str, topic_id: str | None = None) -> TopicMeta:
+        """Delete the topic (UnknownTopicError if absent, or if it is not `topic_id`: the
+        name was created again meanwhile)."""
         kv = await self.kv.get(keys.topic(name))
-        if kv is None:
+        if kv is None or (topic_id is not None and json.loads(kv.value).get("topic_id") != topic_id):
             raise UnknownTopicError(name)
         txn = Txn(
             compares=[(kv.key, kv.version)],

@@ -33,7 +33,7 @@ from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
 from kafscale.protocol import records as record_batches
 from kafscale.protocol.records import InvalidRecordError
-from kafscale.storage import segment
+from kafscale.storage import segment, topic_marker
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.compactor import Compactor
 from kafscale.storage.merger import SegmentMerger
@@ -156,11 +156,11 @@ class LogManager:
             if self.topics.cached(meta.name) not in (None, meta):
                 self.topic_changed(meta)
 
-    async def drop_topic(self, name: str) -> None:
-        """Forget a deleted topic's logs and cache, and delete its objects."""
+    async def drop_topic(self, name: str, topic_id: str | None = None) -> None:
+        """Forget a deleted topic's logs and cache, and delete its objects, its marker last
+        (none of them when the name already belongs to a topic created again)."""
         await self.stop_topic(name)
-        keys = await self.store.list(f"{self.namespace}/{name}/")
-        await self.store.delete(keys)
+        await topic_marker.remove_topic_objects(self.store, self.namespace, name, topic_id)
 
     async def stop_topic(self, name: str) -> None:
         """A topic was deleted (here, or by another broker): stop its logs, answering their
@@ -274,7 +274,7 @@ class LogManager:
             self.reader.drop(topic, partition)  # views cached while another broker owned it
             producers = ProducerStateTable()
             await rebuild_producer_state(self.reader, topic, partition, st.segments, producers)
-            st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers)
+            st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers, topic_id=meta.topic_id)
             lg = PartitionLog(self, meta, st, producers)
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState
 from kafscale.protocol import records
-from kafscale.storage import segment
+from kafscale.storage import segment, topic_marker
 from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 from kafscale.storage.producers import ProducerStateTable
@@ -57,10 +57,13 @@ async def recover(
     state: PartitionState,
     schedule_delete: Callable[[list[str]], None],
     producers: ProducerStateTable | None = None,
+    topic_id: str | None = None,
 ) -> PartitionState:
     """Adopt segments that reached the object store but not the metadata (a crash
     between upload and commit): each must start exactly at the high watermark and pass
-    its checks; anything else is ignored, so no offset is ever served twice."""
+    its checks; anything else is ignored, so no offset is ever served twice. None is
+    adopted or swept when the topic marker says the prefix is not the topic `topic_id`'s
+    (objects of an earlier topic of the name: storage/topic_marker.py)."""
     st = state
     prefix = segment.partition_prefix(namespace, st.topic, st.partition)
     try:
@@ -70,12 +73,23 @@ async def recover(
     bases = {b for k in keys if (b := segment.parse_segment_key(k)) is not None}
     listed = {s.base_offset for s in st.segments}
     orphans = sorted(b for b in bases if b < st.high_watermark and b not in listed)
+    candidates = sorted(b for b in bases if b >= st.high_watermark)
+    if (orphans or candidates) and topic_id is not None:
+        try:
+            ours, why = await topic_marker.owned_by(store, namespace, st.topic, topic_id)
+        except ObjectStoreError as e:
+            raise StorageError(f"object store unavailable: {e}") from e
+        if not ours:
+            log.error(
+                "recovery: not adopting or sweeping %d uncommitted objects of %s-%d: %s",
+                len(orphans) + len(candidates), st.topic, st.partition, why, extra={"topic": st.topic, "partition": st.partition},
+            )
+            return st
     if orphans:
         # Left behind by a merge (or an old failed flush): never served, swept after grace.
         schedule_delete(
             [k for b in orphans for k in (segment.segment_key(namespace, st.topic, st.partition, b), segment.index_key(namespace, st.topic, st.partition, b))]
         )
-    candidates = sorted(b for b in bases if b >= st.high_watermark)
     for base in candidates:
         if base != st.high_watermark:
             break
