@@ -221,7 +221,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         env = "KAFSCALE_" + f.name.upper()
         kind = _parse_bool if f.type in (bool, "bool") else int if f.type in (int, "int") else str
         default = os.environ.get(env)
-        help_text = f"{f.metadata.get('help', '')} (env {env})"
+        # argparse reads help as a %-format string: a '%' written in a help text is a percent sign.
+        help_text = f"{f.metadata.get('help', '')} (env {env})".replace("%", "%%")
         if f.metadata.get("append"):  # a flag that may be repeated; the values are joined
             parser.add_argument(flag, dest=f.name, action="append", default=[default] if default is not None else None, help=help_text)
             continue
