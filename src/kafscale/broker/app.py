@@ -73,6 +73,7 @@ class Broker:
         )
         self.server = KafkaServer(self, config)
         self.ops = None
+        self.registry = None  # the schema registry (--schema-registry), registry/server.py
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -89,11 +90,18 @@ class Broker:
         await self.quotas.start()
         await self.server.start()
         self.ops = await start_ops(self)
+        if self.config.schema_registry:
+            from kafscale.registry.server import start_registry
+            from kafscale.registry.service import SCHEMAS_TOPIC, SCHEMAS_TOPIC_CONFIGS
+
+            self.registry = await start_registry(self, lambda: topics.create(self, SCHEMAS_TOPIC, 1, dict(SCHEMAS_TOPIC_CONFIGS)))
 
     async def stop(self) -> None:
         """Stop accepting, flush every buffer, release everything."""
         if self.ops is not None:
             await self.ops.stop()  # readiness fails from the first moment of shutdown
+        if self.registry is not None:
+            await self.registry.stop()
         await self.server.stop_accepting()
         if self.transactions is not None:
             await self.transactions.stop()  # markers in flight resume on the next coordinator

@@ -61,6 +61,9 @@ class BrokerConfig:
     http: str = field(default="127.0.0.1:9093", metadata={"help": "HOST:PORT for /metrics, /healthz, /readyz ('' disables)"})
     http_tls: bool = field(default=False, metadata={"help": "serve --http over TLS with --ssl-cert/--ssl-key"})
     http_basic_auth: str = field(default="", metadata={"help": "USER:PASSWORD required for /metrics (HTTP basic auth; /healthz and /readyz stay open for probes); prefer the KAFSCALE_HTTP_BASIC_AUTH variable"})
+    schema_registry: str = field(default="", metadata={"help": "HOST:PORT to serve the Confluent-compatible schema registry REST API on, its log the compacted topic _schemas ('' disables; docs/schema-registry.md)"})
+    schema_registry_tls: bool = field(default=False, metadata={"help": "serve --schema-registry over TLS with --ssl-cert/--ssl-key"})
+    schema_registry_basic_auth: str = field(default="", metadata={"help": "USER:PASSWORD required on every --schema-registry request (HTTP basic auth); prefer the KAFSCALE_SCHEMA_REGISTRY_BASIC_AUTH variable"})
     max_frame_bytes: int = field(default=100 * 1024 * 1024, metadata={"help": "largest request frame accepted"})
     # 256 MiB: two frames of the largest size (100 MiB) at once plus room for small requests,
     # and several times what acks=all producers keep in flight at full speed (about
@@ -182,6 +185,10 @@ class BrokerConfig:
             raise ValueError("--http-tls needs --ssl-cert and --ssl-key (or --ssl-keystore-location)")
         if self.http_basic_auth and ":" not in self.http_basic_auth:
             raise ValueError("--http-basic-auth must be USER:PASSWORD")
+        if self.schema_registry_tls and not self.ssl_keystore_location and (not self.ssl_cert or not self.ssl_key):
+            raise ValueError("--schema-registry-tls needs --ssl-cert and --ssl-key (or --ssl-keystore-location)")
+        if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:
+            raise ValueError("--schema-registry-basic-auth must be USER:PASSWORD")
         from kafscale.security.inter_broker import InterBrokerSecurity
 
         InterBrokerSecurity.from_config(self)

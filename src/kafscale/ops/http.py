@@ -12,8 +12,6 @@ the loop that mutates them. A scrape is a few milliseconds of synchronous work.
 from __future__ import annotations
 
 import asyncio
-import base64
-import hmac
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.exposition import choose_encoder
 
 from kafscale.ops.metrics import BrokerMetrics, _state_name, live_group_states
+from kafscale.security.http_basic import basic_auth_ok
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -210,17 +209,7 @@ class OpsHandle:
 
     def _authorized(self, header: str) -> bool:
         """--http-basic-auth USER:PASSWORD, when set, guards /metrics."""
-        expected = getattr(self.broker.config, "http_basic_auth", "")
-        if not expected:
-            return True
-        scheme, _, value = header.partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            given = base64.b64decode(value.strip(), validate=True)
-        except ValueError:
-            return False
-        return hmac.compare_digest(given, expected.encode())
+        return basic_auth_ok(header, getattr(self.broker.config, "http_basic_auth", ""))
 
     async def _respond(self, method: str, path: str, accept: str) -> tuple[int, dict, bytes]:
         """(status, headers, body) for a request; aiohttp drops the body of a HEAD answer."""

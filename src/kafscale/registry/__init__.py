@@ -1,0 +1,1 @@
+"""The built-in Confluent-compatible schema registry (docs/schema-registry.md)."""
