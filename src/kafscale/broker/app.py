@@ -10,8 +10,6 @@ from kafscale.broker.auth import Authenticator
 from kafscale.broker.authz import BrokerAuthorizer
 from kafscale.broker.quota_manager import QuotaManager
 from kafscale.broker.config import BrokerConfig
-from kafscale.broker.handlers.fetch import FETCH
-from kafscale.broker.handlers.produce import PRODUCE
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
@@ -20,6 +18,7 @@ from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.kv import open_kv
 from kafscale.metadata.producer_ids import ProducerIdAllocator
 from kafscale.metadata.store import MetadataStore
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import open_store
 from kafscale.ops.http import start_ops
@@ -53,7 +52,7 @@ class Broker:
         self.logs = LogManager(self.metadata, self.store, config, self.cluster)
         self.producer_ids = ProducerIdAllocator(self.metadata)
         self.router = build_router()
-        for api_key in (PRODUCE, FETCH):  # their first responses must not import on the event loop
+        for api_key in (ApiKey.PRODUCE, ApiKey.FETCH):  # their first responses must not import on the event loop
             build.prepare(api_key)
         self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal)
         self.logs.marker_hooks[OFFSETS_TOPIC] = self.groups.txn_marker_written

@@ -22,13 +22,13 @@ import time
 from kafscale.broker.quota_sensor import Rate, quota_entity, throttle_ms
 from kafscale.metadata.quotas import CLIENT_ID, USER
 from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.protocol.api_keys import ApiKey
 
 log = logging.getLogger("kafscale.quotas")
 
-PRODUCE, FETCH = 0, 1
 # Kafka exempts these from request quotas (the client must always be able to learn how to
 # talk to the broker, authenticate, and control its session).
-REQUEST_QUOTA_EXEMPT = frozenset({17, 18, 36})  # SaslHandshake, ApiVersions, SaslAuthenticate
+REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.API_VERSIONS, ApiKey.SASL_AUTHENTICATE})
 QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage")
 MAX_SENSORS = 100_000  # (key, entity) rate sensors kept before the idle ones are dropped
 
@@ -86,9 +86,9 @@ class QuotaManager:
             return 0
         now = int(self.clock() * 1000)
         out = 0
-        if api_key == PRODUCE:
+        if api_key == ApiKey.PRODUCE:
             out = max(out, self._record("producer_byte_rate", user, client_id, request_bytes, now))
-        elif api_key == FETCH:
+        elif api_key == ApiKey.FETCH:
             out = max(out, self._record("consumer_byte_rate", user, client_id, response_bytes, now))
         if api_key not in REQUEST_QUOTA_EXEMPT:
             # request_percentage P allows P/100 s of handling per second: P * 10 ms/s

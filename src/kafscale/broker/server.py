@@ -24,8 +24,9 @@ from kafscale.broker import authz_checks, memory
 from kafscale.broker.router import RequestContext
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol import codec, error_response, legacy
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
-from kafscale.security.sasl import BEFORE_AUTHENTICATION, SASL_AUTHENTICATE, SASL_HANDSHAKE, IllegalSaslState
+from kafscale.security.sasl import BEFORE_AUTHENTICATION, IllegalSaslState
 from kafscale.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
@@ -50,9 +51,6 @@ PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL | PAUSE_FAILED  # reas
 # that reads the answer and the end of the connection in one go (kafka-python 3) would
 # otherwise drop the answer and report a lost connection instead of the failure.
 SASL_FAILURE_CLOSE_DELAY_S = 0.1
-API_VERSIONS = 18
-PRODUCE = 0
-FETCH = 1
 
 
 # Resizing a bytearray without filling the new bytes (the recv that follows writes them):
@@ -324,7 +322,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
             self._pause(PAUSE_SERIAL)  # the next frame waits for this one's answer
             task.add_done_callback(lambda _task: self._resume_frames(PAUSE_SERIAL))
         sasl = self.sasl
-        if sasl is not None and (sasl.in_exchange or (len(frame) >= 2 and int.from_bytes(frame[:2], "big") in (17, 36))):
+        if sasl is not None and (sasl.in_exchange or (len(frame) >= 2 and int.from_bytes(frame[:2], "big") in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE))):
             # A SASL exchange goes one request at a time: each step sees the state the
             # previous one left (and a pipelining client gets no parallel guesses).
             self._pause(PAUSE_AUTH)
@@ -612,10 +610,10 @@ class KafkaServer:
         if session is not None:
             if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
                 raise CloseConnection(f"unexpected request {api_key_map.get(api_key, api_key)} (api {api_key}) before SASL authentication on listener {conn.listener.name}")
-            if session.expired() and api_key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            if session.expired() and api_key not in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
                 raise CloseConnection(f"SASL session of {session.principal} expired (connections.max.reauth.ms) and was not re-authenticated")
         api = self.broker.router.get(api_key)
-        if api_key == API_VERSIONS and api is not None and version > api.max_version:
+        if api_key == ApiKey.API_VERSIONS and api is not None and version > api.max_version:
             # Kafka answers a too-new ApiVersions with a v0 error response listing what it
             # supports, so the client can retry with a version both sides know.
             return [self._unsupported_api_versions(correlation_id)]
@@ -656,7 +654,7 @@ class KafkaServer:
             principal=session.principal if session is not None else conn.principal, session=session,
             wire_version=wire_version if adapter is not None else None,
         )
-        if api_key == PRODUCE:
+        if api_key == ApiKey.PRODUCE:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
             ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()
             conn.produce_turn = ctx.turn
@@ -670,16 +668,14 @@ class KafkaServer:
             if refusal is not None:
                 # Every resource the request named gets the error (the denial is logged
                 # and counted by the authorizer, at most once a second per resource).
-                if api_key == FETCH:
-                    refused = authz_checks.refused_fetch(version, request, refusal[0])
-                    if adapter is not None:
-                        return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, refused)
-                    return refused.encode_frame(correlation_id)
-                response = error_response.build(api_key, version, request, refusal[0])
+                response = authz_checks.refused(api_key, version, request, refusal[0])
                 if response is None:  # Produce with acks=0 has no answer: Kafka closes
                     raise CloseConnection(f"acks=0 produce refused: {refusal[1]}")
                 if adapter is not None:
                     return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
+                encode_frame = getattr(response, "encode_frame", None)  # Fetch
+                if encode_frame is not None:
+                    return encode_frame(correlation_id)
                 return self._encode_refusal(api_key, version, correlation_id, response)
             response = await api.handler(ctx, request)
             if denied_topics is not None and response is not None:
@@ -735,7 +731,7 @@ class KafkaServer:
         says how long (throttle_time_ms) and the connection stays muted that long."""
         user = principal_user(ctx.principal)
         response_bytes = 0
-        if api_key == FETCH and response is not None:
+        if api_key == ApiKey.FETCH and response is not None:
             response_bytes = sum(len(p.records) for t in getattr(response, "responses", ()) for p in getattr(t, "partitions", ()) if hasattr(p, "records") and p.records is not None)
         throttle = quotas.throttle_ms(api_key, user, ctx.header.client_id, request_bytes, response_bytes, handling_s * 1000)
         if throttle <= 0:

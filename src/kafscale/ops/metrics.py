@@ -24,13 +24,12 @@ from prometheus_client.registry import Collector
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol import legacy_records, records
+from kafscale.protocol.api_keys import ApiKey
 
 if TYPE_CHECKING:
     from kafscale.broker.app import Broker
 
 log = logging.getLogger("kafscale.ops")
-
-PRODUCE, FETCH = 0, 1
 
 # Request latency buckets: a produce waits for an object-store upload (ms on a local disk,
 # tens to hundreds of ms on S3); a fetch long-polls up to max.wait.ms (500 ms by default).
@@ -189,7 +188,7 @@ class BrokerMetrics:
         """Register on the server's Produce and Fetch response hooks and the log manager's
         flush hooks; `remove_taps` unregisters."""
         self.remove_taps()
-        self._response_hooks = {PRODUCE: _never_raising(self.account_produce), FETCH: _never_raising(self.account_fetch)}
+        self._response_hooks = {ApiKey.PRODUCE: _never_raising(self.account_produce), ApiKey.FETCH: _never_raising(self.account_fetch)}
         for key, hook in self._response_hooks.items():
             self.broker.server.response_hooks.setdefault(key, []).append(hook)
         self.broker.logs.flush_hooks.append(self.on_flush)

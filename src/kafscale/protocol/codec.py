@@ -19,6 +19,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
 from kafscale.protocol import validate, varint
+from kafscale.protocol.api_keys import ApiKey
 
 _I16I16I32 = struct.Struct(">hhi")
 _I32 = struct.Struct(">i")
@@ -119,7 +120,7 @@ def decode_body(api_key: int, version: int, payload: memoryview, offset: int) ->
 
 def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> list[bytes]:
     """Frame a response: returns buffers to write as they are (length prefix first)."""
-    flexible_header = api_key != 18 and bool(response.__flexible__)
+    flexible_header = api_key != ApiKey.API_VERSIONS and bool(response.__flexible__)
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
     buf.write(_I32.pack(correlation_id))
@@ -163,7 +164,7 @@ def decode_response(api_key: int, version: int, payload: bytes) -> tuple[int, An
     cls = schema(api_key, version, "response")
     (correlation_id,) = _I32.unpack_from(payload, 0)
     pos = 4
-    if api_key != 18 and cls.__flexible__:
+    if api_key != ApiKey.API_VERSIONS and cls.__flexible__:
         pos = varint.skip_tagged_fields(memoryview(payload).toreadonly(), pos)
     value, _size = _reader(cls)(memoryview(payload).toreadonly(), pos)
     return correlation_id, value

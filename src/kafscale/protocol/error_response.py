@@ -25,9 +25,9 @@ from typing import Any
 from kio.serial._introspect import EntityField, EntityTupleField, PrimitiveTupleField, classify_field, get_field_tag, is_optional
 
 from kafscale.errors import ErrorCode, KafkaError
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.codec import schema
 
-PRODUCE = 0
 
 # response array field -> request array fields it answers, in order of preference
 _ARRAY_PAIRS = {
@@ -77,7 +77,7 @@ def error_code_for(exc: BaseException) -> int:
 def build(api_key: int, version: int, request: Any, error_code: int) -> Any | None:
     """The kio response for `request` (may be None: nothing to mirror) with `error_code`
     everywhere; None when the request gets no response at all (Produce with acks=0)."""
-    if api_key == PRODUCE and request is not None and getattr(request, "acks", -1) == 0:
+    if api_key == ApiKey.PRODUCE and request is not None and getattr(request, "acks", -1) == 0:
         return None
     return _entity(schema(api_key, version, "response"), request, ErrorCode(error_code), top=True)
 

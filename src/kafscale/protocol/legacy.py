@@ -36,6 +36,7 @@ from kafka.protocol.old import produce as _produce
 from kafka.protocol.old.types import Array, Boolean, Bytes, Int8, Int16, Int32, Int64, Schema, String
 
 from kafscale.protocol import codec, legacy_records
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make
 
 
@@ -326,10 +327,10 @@ def _describe_configs_down(version, old, request, response) -> tuple:
 ADAPTERS: dict[int, Adapter] = {
     a.api_key: a
     for a in (
-        Adapter(0, 0, 3, _classes(_produce, "Produce", range(3)), decoder=_produce_decode),
-        Adapter(1, 0, 4, _classes(_fetch, "Fetch", range(4)), defaults={"max_bytes": 0x7FFFFFFF, "isolation_level": 0}, down=_fetch_down),
-        Adapter(2, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
-        Adapter(8, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
+        Adapter(ApiKey.PRODUCE, 0, 3, _classes(_produce, "Produce", range(3)), decoder=_produce_decode),
+        Adapter(ApiKey.FETCH, 0, 4, _classes(_fetch, "Fetch", range(4)), defaults={"max_bytes": 0x7FFFFFFF, "isolation_level": 0}, down=_fetch_down),
+        Adapter(ApiKey.LIST_OFFSETS, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
+        Adapter(ApiKey.OFFSET_COMMIT, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
                 # v0 has no group generation: a commit outside a group (simple consumers).
                 # Kafka 3.9 kept v0 commits (and answered OffsetFetch v0) in ZooKeeper, apart
                 # from the offsets v1+ see, and a KRaft cluster refused them; here they are the
@@ -338,20 +339,20 @@ ADAPTERS: dict[int, Adapter] = {
                 # commit time (Kafka 3.9 took the client's, which only moves when an
                 # offsets-only group's offset expires: offsets.retention.minutes after it).
                 defaults={"generation_id_or_member_epoch": -1, "member_id": "", "retention_time": -1}),
-        Adapter(9, 0, 1, _classes(_commit, "OffsetFetch", range(1))),
-        Adapter(19, 0, 2, _classes(_admin, "CreateTopics", range(2)), defaults={"validate_only": False}),
-        Adapter(20, 0, 1, _classes(_admin, "DeleteTopics", range(1))),
-        Adapter(23, 0, 2, _classes(_ofle, "OffsetForLeaderEpoch", range(2)), defaults={"current_leader_epoch": -1}),
+        Adapter(ApiKey.OFFSET_FETCH, 0, 1, _classes(_commit, "OffsetFetch", range(1))),
+        Adapter(ApiKey.CREATE_TOPICS, 0, 2, _classes(_admin, "CreateTopics", range(2)), defaults={"validate_only": False}),
+        Adapter(ApiKey.DELETE_TOPICS, 0, 1, _classes(_admin, "DeleteTopics", range(1))),
+        Adapter(ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 2, _classes(_ofle, "OffsetForLeaderEpoch", range(2)), defaults={"current_leader_epoch": -1}),
         # ACLs v0 know literal resource names only (KIP-290 added patterns in v1)
         # v0 is v1 without flexible encoding; kafka.protocol.old has no WriteTxnMarkers
-        Adapter(27, 0, 1, None, json_classes=(_txn.WriteTxnMarkersRequest, _txn.WriteTxnMarkersResponse)),
-        Adapter(29, 0, 1, _classes(_admin, "DescribeAcls", range(1)), defaults={"pattern_type_filter": 3}),
-        Adapter(30, 0, 1, _classes(_admin, "CreateAcls", range(1)), defaults={"resource_pattern_type": 3}),
-        Adapter(31, 0, 1, _classes(_admin, "DeleteAcls", range(1)), defaults={"pattern_type_filter": 3}),
-        Adapter(32, 0, 1, _classes(_admin, "DescribeConfigs", range(1)), defaults={"include_synonyms": False}, down=_describe_configs_down),
+        Adapter(ApiKey.WRITE_TXN_MARKERS, 0, 1, None, json_classes=(_txn.WriteTxnMarkersRequest, _txn.WriteTxnMarkersResponse)),
+        Adapter(ApiKey.DESCRIBE_ACLS, 0, 1, _classes(_admin, "DescribeAcls", range(1)), defaults={"pattern_type_filter": 3}),
+        Adapter(ApiKey.CREATE_ACLS, 0, 1, _classes(_admin, "CreateAcls", range(1)), defaults={"resource_pattern_type": 3}),
+        Adapter(ApiKey.DELETE_ACLS, 0, 1, _classes(_admin, "DeleteAcls", range(1)), defaults={"pattern_type_filter": 3}),
+        Adapter(ApiKey.DESCRIBE_CONFIGS, 0, 1, _classes(_admin, "DescribeConfigs", range(1)), defaults={"include_synonyms": False}, down=_describe_configs_down),
         # v0 and v1 of these are the same bytes ("Version 1 is the same as version 0")
-        Adapter(34, 0, 1, None),
-        Adapter(35, 0, 1, None),
+        Adapter(ApiKey.ALTER_REPLICA_LOG_DIRS, 0, 1, None),
+        Adapter(ApiKey.DESCRIBE_LOG_DIRS, 0, 1, None),
     )
 }
 

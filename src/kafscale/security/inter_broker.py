@@ -18,12 +18,12 @@ import ssl
 from dataclasses import dataclass
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make
 from kafscale.protocol.codec import decode_response, encode_request, schema
 from kafscale.security.scram import MECHANISMS as SCRAM_MECHANISMS, ScramClient, ScramError
 from kafscale.security.tls import load_identity, load_trust
 
-SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 PASSWORD_ENV = "KAFSCALE_INTER_BROKER_SASL_PASSWORD"
 
 
@@ -93,7 +93,7 @@ class InterBrokerSecurity:
         return reader, writer
 
     async def _authenticate(self, reader, writer, client_id: str) -> None:
-        hs = await _call(reader, writer, client_id, SASL_HANDSHAKE, 1, make(schema(SASL_HANDSHAKE, 1, "request"), mechanism=self.mechanism))
+        hs = await _call(reader, writer, client_id, ApiKey.SASL_HANDSHAKE, 1, make(schema(ApiKey.SASL_HANDSHAKE, 1, "request"), mechanism=self.mechanism))
         if hs.error_code != ErrorCode.none:
             raise InterBrokerAuthError(f"the peer does not offer SASL {self.mechanism} (it offers {', '.join(hs.mechanisms)})")
         if self.mechanism == "PLAIN":
@@ -108,7 +108,7 @@ class InterBrokerSecurity:
             raise InterBrokerAuthError(f"SCRAM with the peer failed: {e}") from None
 
     async def _step(self, reader, writer, client_id: str, token: bytes) -> bytes:
-        resp = await _call(reader, writer, client_id, SASL_AUTHENTICATE, 2, make(schema(SASL_AUTHENTICATE, 2, "request"), auth_bytes=token))
+        resp = await _call(reader, writer, client_id, ApiKey.SASL_AUTHENTICATE, 2, make(schema(ApiKey.SASL_AUTHENTICATE, 2, "request"), auth_bytes=token))
         if resp.error_code != ErrorCode.none:
             raise InterBrokerAuthError(f"the peer refused this broker's credentials ({resp.error_message or resp.error_code})")
         return resp.auth_bytes

@@ -44,6 +44,7 @@ from typing import Callable, Iterable
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.store import ConflictError, MetadataStore
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.security.inter_broker import InterBrokerSecurity
 from kafscale.transactions.state import (
     DEFAULT_ID_EXPIRATION_MS,
@@ -60,7 +61,6 @@ from kafscale.transactions.state import (
 
 log = logging.getLogger("kafscale.transactions")
 
-WRITE_TXN_MARKERS = 27
 WRITE_TXN_MARKERS_VERSION = 2  # v2 carries the transaction version (2: the epoch was bumped at the end)
 MARKER_DONE = frozenset({ErrorCode.none, ErrorCode.unknown_topic_or_partition})
 # A partition that has seen a newer epoch of this producer (or a newer coordinator) refuses
@@ -80,9 +80,7 @@ def _inter_broker_security(config) -> InterBrokerSecurity:
     if not hasattr(config, "resolved_listeners"):
         return InterBrokerSecurity(INTER_BROKER_LISTENER)  # a bare config (unit tests of the coordinator)
     return InterBrokerSecurity.from_config(config)
-ADD_PARTITIONS_TO_TXN = 24
 ADD_PARTITIONS_TO_TXN_VERSION = 5  # broker to broker: batched, verify-only or (transactions v2) adding
-ADD_OFFSETS_TO_TXN = 25
 ADD_OFFSETS_TO_TXN_VERSION = 4
 TRANSACTION_VERSION = 2  # the transaction.version feature level finalized by default (a Kafka 4.0 cluster)
 
@@ -515,7 +513,7 @@ class RemoteMarkerWriter:
         from kafscale.protocol.build import nested
         from kafscale.protocol.codec import schema
 
-        cls = schema(WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, "request")
+        cls = schema(ApiKey.WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, "request")
         marker_cls, topic_cls = nested(cls, "WritableTxnMarker"), nested(cls, "WritableTxnMarkerTopic")
         by_topic: dict[str, list[int]] = defaultdict(list)
         for t, p in tps:
@@ -528,7 +526,7 @@ class RemoteMarkerWriter:
             coordinator_epoch=COORDINATOR_EPOCH,
             transaction_version=2 if markers.tv2 else 0,  # Kafka: the client's transaction version
         ),))
-        resp = await self._request((host, port), WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, body)
+        resp = await self._request((host, port), ApiKey.WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION, body)
         out: dict[tuple[str, int], ErrorCode] = {}
         for m in resp.markers:
             for t in m.topics:
@@ -544,13 +542,13 @@ class RemoteMarkerWriter:
         from kafscale.protocol.codec import schema
 
         version = ADD_PARTITIONS_TO_TXN_VERSION
-        cls = schema(ADD_PARTITIONS_TO_TXN, version, "request")
+        cls = schema(ApiKey.ADD_PARTITIONS_TO_TXN, version, "request")
         topic_cls, txn_cls = nested(cls, "AddPartitionsToTxnTopic"), nested(cls, "AddPartitionsToTxnTransaction")
         body = cls(transactions=(txn_cls(
             transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, verify_only=verify_only,
             topics=(topic_cls(name=tp[0], partitions=(tp[1],)),),
         ),))
-        resp = await self._request((host, port), ADD_PARTITIONS_TO_TXN, version, body)
+        resp = await self._request((host, port), ApiKey.ADD_PARTITIONS_TO_TXN, version, body)
         if resp.error_code != ErrorCode.none:
             return ErrorCode(resp.error_code)
         for res in resp.results_by_transaction:
@@ -564,9 +562,9 @@ class RemoteMarkerWriter:
         """AddOffsetsToTxn to the id's coordinator, for a TxnOffsetCommit v5+ (transactions v2)."""
         from kafscale.protocol.codec import schema
 
-        cls = schema(ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, "request")
+        cls = schema(ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, "request")
         body = cls(transactional_id=tid, producer_id=producer_id, producer_epoch=producer_epoch, group_id=group_id)
-        resp = await self._request((host, port), ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, body)
+        resp = await self._request((host, port), ApiKey.ADD_OFFSETS_TO_TXN, ADD_OFFSETS_TO_TXN_VERSION, body)
         return ErrorCode(resp.error_code)
 
     async def _request(self, addr: tuple[str, int], api_key: int, version: int, body):

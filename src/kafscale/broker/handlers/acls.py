@@ -11,12 +11,12 @@ import logging
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, response
 from kafscale.security.acl import (
     CLUSTER_NAME, AclBinding, AclFilter, InvalidAcl, Operation, PatternType, Permission, ResourceType, validate,
 )
 
-DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 log = logging.getLogger("kafscale.authz")
 DISABLED = "No Authorizer is configured on the broker (--authorizer acls turns it on)"
 
@@ -50,7 +50,7 @@ def _bad_filter(f: AclFilter) -> str | None:
 
 
 async def describe_acls(ctx, req):
-    cls = response(DESCRIBE_ACLS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_ACLS, ctx.version)
     authz = ctx.broker.authorizer
     if not authz.enabled:
         return make(cls, throttle_time=0, error_code=ErrorCode.security_disabled, error_message=DISABLED, resources=[])
@@ -71,7 +71,7 @@ async def describe_acls(ctx, req):
 
 
 async def create_acls(ctx, req):
-    cls = response(CREATE_ACLS, ctx.version)
+    cls = response(ApiKey.CREATE_ACLS, ctx.version)
     authz = ctx.broker.authorizer
     if not authz.enabled:
         return make(cls, throttle_time=0, results=[dict(error_code=ErrorCode.security_disabled, error_message=DISABLED) for _ in req.creations])
@@ -100,7 +100,7 @@ async def create_acls(ctx, req):
 
 
 async def delete_acls(ctx, req):
-    cls = response(DELETE_ACLS, ctx.version)
+    cls = response(ApiKey.DELETE_ACLS, ctx.version)
     authz = ctx.broker.authorizer
     if not authz.enabled:
         return make(cls, throttle_time=0, filter_results=[dict(error_code=ErrorCode.security_disabled, error_message=DISABLED, matching_acls=[]) for _ in req.filters])
@@ -129,6 +129,6 @@ async def delete_acls(ctx, req):
 
 
 def register(router):
-    router.register(DESCRIBE_ACLS, describe_acls)
-    router.register(CREATE_ACLS, create_acls)
-    router.register(DELETE_ACLS, delete_acls)
+    router.register(ApiKey.DESCRIBE_ACLS, describe_acls)
+    router.register(ApiKey.CREATE_ACLS, create_acls)
+    router.register(ApiKey.DELETE_ACLS, delete_acls)

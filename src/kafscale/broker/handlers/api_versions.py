@@ -19,9 +19,9 @@ an operator picks the transaction.version level with the flag, on every broker a
 import re
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 
-API_VERSIONS, UPDATE_FEATURES = 18, 57
 METADATA_VERSION = (7, 25, 25)  # (supported min, supported max, finalized level): 3.3-IV3 .. 4.0-IV3
 TRANSACTION_VERSION_MAX = 2
 
@@ -38,7 +38,7 @@ SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9]
 
 
 async def api_versions(ctx, req):
-    cls = response(API_VERSIONS, ctx.version)
+    cls = response(ApiKey.API_VERSIONS, ctx.version)
     if ctx.version >= 3 and not (
         SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_name) and SOFTWARE_NAME_OR_VERSION.fullmatch(req.client_software_version)
     ):
@@ -65,7 +65,7 @@ async def api_versions(ctx, req):
 
 
 async def update_features(ctx, req):
-    cls = response(UPDATE_FEATURES, ctx.version)
+    cls = response(ApiKey.UPDATE_FEATURES, ctx.version)
     outcomes = []
     feats = features(ctx.broker)
     for u in req.feature_updates:
@@ -85,5 +85,5 @@ async def update_features(ctx, req):
 
 
 def register(router):
-    router.register(API_VERSIONS, api_versions)
-    router.register(UPDATE_FEATURES, update_features)
+    router.register(ApiKey.API_VERSIONS, api_versions)
+    router.register(ApiKey.UPDATE_FEATURES, update_features)

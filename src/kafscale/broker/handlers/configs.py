@@ -10,10 +10,10 @@ from kafscale.broker.config import KAFKA_NAMES, BrokerConfig
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
 from kafscale.ops import log_levels
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
 
-DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
 DYNAMIC_BROKER_LOGGER_CONFIG = 6
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -161,7 +161,7 @@ def _wanted(keys, name: str) -> bool:
 
 
 async def describe_configs(ctx, req):
-    cls = response(DESCRIBE_CONFIGS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_CONFIGS, ctx.version)
     res_cls = nested(cls, "DescribeConfigsResult")
     entry_cls = nested(cls, "DescribeConfigsResourceResult")
     syn_cls = nested(cls, "DescribeConfigsSynonym")
@@ -249,7 +249,7 @@ async def _alter(ctx, req, api_key: int, change_for):
                 code, msg = e.code, str(e)
         elif r.resource_type == BROKER:
             code, msg = ErrorCode.invalid_request, "broker configs are read-only; set them with flags or KAFSCALE_* variables"
-        elif r.resource_type == BROKER_LOGGER and api_key == INCREMENTAL_ALTER_CONFIGS:
+        elif r.resource_type == BROKER_LOGGER and api_key == ApiKey.INCREMENTAL_ALTER_CONFIGS:
             try:
                 if r.resource_name != str(ctx.broker.config.broker_id):
                     raise KafkaError(ErrorCode.invalid_request, f"unexpected broker id {r.resource_name!r}: this is broker {ctx.broker.config.broker_id}")
@@ -266,7 +266,7 @@ async def _alter(ctx, req, api_key: int, change_for):
 
 async def alter_configs(ctx, req):
     # AlterConfigs replaces the whole set of dynamic configs of the resource.
-    return await _alter(ctx, req, ALTER_CONFIGS, lambda r: (lambda _old: {c.name: c.value for c in r.configs if c.value is not None}))
+    return await _alter(ctx, req, ApiKey.ALTER_CONFIGS, lambda r: (lambda _old: {c.name: c.value for c in r.configs if c.value is not None}))
 
 
 def _incremental(r):
@@ -298,10 +298,10 @@ def _incremental(r):
 
 
 async def incremental_alter_configs(ctx, req):
-    return await _alter(ctx, req, INCREMENTAL_ALTER_CONFIGS, _incremental)
+    return await _alter(ctx, req, ApiKey.INCREMENTAL_ALTER_CONFIGS, _incremental)
 
 
 def register(router):
-    router.register(DESCRIBE_CONFIGS, describe_configs)
-    router.register(ALTER_CONFIGS, alter_configs)
-    router.register(INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs)
+    router.register(ApiKey.DESCRIBE_CONFIGS, describe_configs)
+    router.register(ApiKey.ALTER_CONFIGS, alter_configs)
+    router.register(ApiKey.INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs)

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import is_internal
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.storage.failures import StorageError
 
-DESCRIBE_TOPIC_PARTITIONS = 75
 MAX_PARTITIONS_PER_RESPONSE = 2000  # Kafka's max.request.partition.size.limit default
 
 
 async def describe_topic_partitions(ctx, req):
-    cls = response(DESCRIBE_TOPIC_PARTITIONS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_TOPIC_PARTITIONS, ctx.version)
     topic_cls, part_cls = nested(cls, "DescribeTopicPartitionsResponseTopic"), nested(cls, "DescribeTopicPartitionsResponsePartition")
     cursor_cls = nested(cls, "Cursor")
     broker, cluster = ctx.broker, ctx.broker.cluster
@@ -59,4 +59,4 @@ async def describe_topic_partitions(ctx, req):
 
 
 def register(router):
-    router.register(DESCRIBE_TOPIC_PARTITIONS, describe_topic_partitions)
+    router.register(ApiKey.DESCRIBE_TOPIC_PARTITIONS, describe_topic_partitions)

@@ -15,9 +15,9 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
 from kafscale.protocol import fetch_response, legacy_records, records
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.storage.failures import StorageError
 
-FETCH = 1
 READ_COMMITTED = 1
 
 
@@ -175,4 +175,4 @@ def _end_of(chunks, offset: int) -> int:
 
 
 def register(router):
-    router.register(FETCH, fetch)
+    router.register(ApiKey.FETCH, fetch)

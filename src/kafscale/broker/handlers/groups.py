@@ -15,21 +15,10 @@ from kafscale.errors import ErrorCode
 from kafscale.groups.coordinator import log_commit_refused
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import has_field, make, response
 from kafscale.security.acl import CLUSTER_NAME, OPERATIONS_OF, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
-
-OFFSET_COMMIT = 8
-OFFSET_FETCH = 9
-FIND_COORDINATOR = 10
-JOIN_GROUP = 11
-HEARTBEAT = 12
-LEAVE_GROUP = 13
-SYNC_GROUP = 14
-DESCRIBE_GROUPS = 15
-LIST_GROUPS = 16
-DELETE_GROUPS = 42
-OFFSET_DELETE = 47
 
 # The metadata store failing under a group API (StorageError: a topic id it could not look
 # up): COORDINATOR_NOT_AVAILABLE, on which clients find the coordinator again and retry.
@@ -99,7 +88,7 @@ async def _group_check(ctx, group_id: str):
 
 
 async def find_coordinator(ctx, req):
-    cls = _response(FIND_COORDINATOR, ctx)
+    cls = _response(ApiKey.FIND_COORDINATOR, ctx)
     key_type = getattr(req, "key_type", COORDINATOR_KEY_GROUP)
     keys = list(req.coordinator_keys) if _has(req, "coordinator_keys") else [req.key]
     entries = []
@@ -154,7 +143,7 @@ def _join_response(cls, version: int, result: JoinResult):
 
 
 async def join_group(ctx, req):
-    cls = _response(JOIN_GROUP, ctx)
+    cls = _response(ApiKey.JOIN_GROUP, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
@@ -183,7 +172,7 @@ async def join_group(ctx, req):
 
 
 async def sync_group(ctx, req):
-    cls = _response(SYNC_GROUP, ctx)
+    cls = _response(ApiKey.SYNC_GROUP, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
@@ -211,7 +200,7 @@ async def sync_group(ctx, req):
 
 
 async def heartbeat(ctx, req):
-    cls = _response(HEARTBEAT, ctx)
+    cls = _response(ApiKey.HEARTBEAT, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
@@ -229,7 +218,7 @@ async def heartbeat(ctx, req):
 
 
 async def leave_group(ctx, req):
-    cls = _response(LEAVE_GROUP, ctx)
+    cls = _response(ApiKey.LEAVE_GROUP, ctx)
     groups = _coordinator(ctx)
     batched = _has(req, "members")  # v3+: several members, per-member results
     identities = [(m.member_id, m.group_instance_id) for m in req.members] if batched else [(req.member_id, None)]
@@ -255,7 +244,7 @@ async def leave_group(ctx, req):
 
 
 async def offset_commit(ctx, req):
-    cls = _response(OFFSET_COMMIT, ctx)
+    cls = _response(ApiKey.OFFSET_COMMIT, ctx)
     groups = _coordinator(ctx)
     by_id = ctx.version >= 10
     resolver = TopicIdResolver(ctx.broker)
@@ -377,7 +366,7 @@ async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_
 
 
 async def offset_fetch(ctx, req):
-    cls = _response(OFFSET_FETCH, ctx)
+    cls = _response(ApiKey.OFFSET_FETCH, ctx)
     groups = _coordinator(ctx)
     resolver = TopicIdResolver(ctx.broker)
     by_id = ctx.version >= 10
@@ -411,7 +400,7 @@ async def offset_fetch(ctx, req):
 
 
 async def offset_delete(ctx, req):
-    cls = _response(OFFSET_DELETE, ctx)
+    cls = _response(ApiKey.OFFSET_DELETE, ctx)
     groups = _coordinator(ctx)
     group_id = req.group_id
     if (error := await _group_check(ctx, group_id)) is not None:
@@ -448,7 +437,7 @@ async def offset_delete(ctx, req):
 
 
 async def describe_groups(ctx, req):
-    cls = _response(DESCRIBE_GROUPS, ctx)
+    cls = _response(ApiKey.DESCRIBE_GROUPS, ctx)
     groups = _coordinator(ctx)
     include_ops = getattr(req, "include_authorized_operations", False)
     out = []
@@ -483,7 +472,7 @@ async def describe_groups(ctx, req):
 
 
 async def list_groups(ctx, req):
-    cls = _response(LIST_GROUPS, ctx)
+    cls = _response(ApiKey.LIST_GROUPS, ctx)
     groups = _coordinator(ctx)
     if groups is None:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
@@ -509,7 +498,7 @@ async def list_groups(ctx, req):
 
 
 async def delete_groups(ctx, req):
-    cls = _response(DELETE_GROUPS, ctx)
+    cls = _response(ApiKey.DELETE_GROUPS, ctx)
     groups = _coordinator(ctx)
     results = []
     for group_id in req.groups_names:
@@ -525,14 +514,11 @@ async def delete_groups(ctx, req):
 
 
 def register(router):
-    router.register(FIND_COORDINATOR, find_coordinator)
-    router.register(JOIN_GROUP, join_group)
-    router.register(HEARTBEAT, heartbeat)
-    router.register(LEAVE_GROUP, leave_group)
-    router.register(SYNC_GROUP, sync_group)
-    router.register(OFFSET_COMMIT, offset_commit)
-    router.register(OFFSET_FETCH, offset_fetch)
-    router.register(DESCRIBE_GROUPS, describe_groups)
-    router.register(LIST_GROUPS, list_groups)
-    router.register(DELETE_GROUPS, delete_groups)
-    router.register(OFFSET_DELETE, offset_delete)
+    handlers = {
+        ApiKey.FIND_COORDINATOR: find_coordinator, ApiKey.JOIN_GROUP: join_group, ApiKey.HEARTBEAT: heartbeat,
+        ApiKey.LEAVE_GROUP: leave_group, ApiKey.SYNC_GROUP: sync_group, ApiKey.OFFSET_COMMIT: offset_commit,
+        ApiKey.OFFSET_FETCH: offset_fetch, ApiKey.DESCRIBE_GROUPS: describe_groups, ApiKey.LIST_GROUPS: list_groups,
+        ApiKey.DELETE_GROUPS: delete_groups, ApiKey.OFFSET_DELETE: offset_delete,
+    }
+    for key, handler in handlers.items():
+        router.register(key, handler)

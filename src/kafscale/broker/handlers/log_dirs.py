@@ -12,10 +12,9 @@ fixed capacity)."""
 from __future__ import annotations
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
-
-ALTER_REPLICA_LOG_DIRS, DESCRIBE_LOG_DIRS = 34, 35
 
 
 def log_dir(broker) -> str:
@@ -38,7 +37,7 @@ async def _owned(broker, wanted) -> dict[str, list[int]]:
 
 
 async def describe_log_dirs(ctx, req):
-    cls = response(DESCRIBE_LOG_DIRS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_LOG_DIRS, ctx.version)
     result_cls, topic_cls, part_cls = nested(cls, "DescribeLogDirsResult"), nested(cls, "DescribeLogDirsTopic"), nested(cls, "DescribeLogDirsPartition")
     broker = ctx.broker
     try:
@@ -64,7 +63,7 @@ async def alter_replica_log_dirs(ctx, req):
     """There is one dir per broker: moving a replica into it is a no-op (Kafka: the replica is
     already there), any other path is LOG_DIR_NOT_FOUND, as Kafka answers for a dir that is
     not in its log.dirs."""
-    cls = response(ALTER_REPLICA_LOG_DIRS, ctx.version)
+    cls = response(ApiKey.ALTER_REPLICA_LOG_DIRS, ctx.version)
     topic_cls, part_cls = nested(cls, "AlterReplicaLogDirTopicResult"), nested(cls, "AlterReplicaLogDirPartitionResult")
     broker, mine = ctx.broker, log_dir(ctx.broker)
     results = []
@@ -92,5 +91,5 @@ async def alter_replica_log_dirs(ctx, req):
 
 
 def register(router):
-    router.register(DESCRIBE_LOG_DIRS, describe_log_dirs)
-    router.register(ALTER_REPLICA_LOG_DIRS, alter_replica_log_dirs)
+    router.register(ApiKey.DESCRIBE_LOG_DIRS, describe_log_dirs)
+    router.register(ApiKey.ALTER_REPLICA_LOG_DIRS, alter_replica_log_dirs)

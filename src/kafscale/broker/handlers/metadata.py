@@ -7,13 +7,12 @@ import logging
 from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import is_internal
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import ZERO_UUID, has_field, make, nested, response
 from kafscale.protocol.error_response import RequestError
 from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import StorageError
 
-METADATA = 3
-DESCRIBE_CLUSTER = 60
 log = logging.getLogger("kafscale.metadata")
 
 
@@ -69,7 +68,7 @@ def _may(ctx, op, name: str, log_denial: bool = True) -> bool:
 
 
 async def metadata(ctx, req):
-    cls = response(METADATA, ctx.version)
+    cls = response(ApiKey.METADATA, ctx.version)
     topic_cls = nested(cls, "MetadataResponseTopic")
     broker = ctx.broker
     results = []
@@ -170,7 +169,7 @@ async def metadata(ctx, req):
 
 
 async def describe_cluster(ctx, req):
-    cls = response(DESCRIBE_CLUSTER, ctx.version)
+    cls = response(ApiKey.DESCRIBE_CLUSTER, ctx.version)
     b_cls = nested(cls, "DescribeClusterBroker")
     cluster = ctx.broker.cluster
     return make(
@@ -187,5 +186,5 @@ async def describe_cluster(ctx, req):
 
 
 def register(router):
-    router.register(METADATA, metadata)
-    router.register(DESCRIBE_CLUSTER, describe_cluster)
+    router.register(ApiKey.METADATA, metadata)
+    router.register(ApiKey.DESCRIBE_CLUSTER, describe_cluster)

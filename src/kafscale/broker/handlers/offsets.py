@@ -6,10 +6,10 @@ import asyncio
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import is_internal
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 
-LIST_OFFSETS, DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH = 2, 21, 23
 LATEST, EARLIEST, MAX_TIMESTAMP, EARLIEST_LOCAL, LATEST_TIERED = -1, -2, -3, -4, -5
 READ_COMMITTED = 1
 
@@ -63,7 +63,7 @@ async def list_offsets(ctx, req):
     async def one(ctx, topic, p):
         return await _list_one(ctx, topic, p, committed)
 
-    return await _each_partition(ctx, req, LIST_OFFSETS, "ListOffsetsTopicResponse", "ListOffsetsPartitionResponse", one)
+    return await _each_partition(ctx, req, ApiKey.LIST_OFFSETS, "ListOffsetsTopicResponse", "ListOffsetsPartitionResponse", one)
 
 
 async def _delete_one(ctx, topic: str, p) -> dict:
@@ -87,14 +87,14 @@ async def _delete_one(ctx, topic: str, p) -> dict:
 
 
 async def delete_records(ctx, req):
-    return await _each_partition(ctx, req, DELETE_RECORDS, "DeleteRecordsTopicResult", "DeleteRecordsPartitionResult", _delete_one)
+    return await _each_partition(ctx, req, ApiKey.DELETE_RECORDS, "DeleteRecordsTopicResult", "DeleteRecordsPartitionResult", _delete_one)
 
 
 async def offset_for_leader_epoch(ctx, req):
     """Each ownership change starts a new epoch at the then high watermark; with one epoch
     known per partition here, the end offset of the current (or any later) epoch is the
     high watermark, and of an unknown older epoch the log start (conservative)."""
-    cls = response(OFFSET_FOR_LEADER_EPOCH, ctx.version)
+    cls = response(ApiKey.OFFSET_FOR_LEADER_EPOCH, ctx.version)
     t_cls, p_cls = nested(cls, "OffsetForLeaderTopicResult"), nested(cls, "EpochEndOffset")
     topics = []
     for t in req.topics:
@@ -119,6 +119,6 @@ async def offset_for_leader_epoch(ctx, req):
 
 
 def register(router):
-    router.register(LIST_OFFSETS, list_offsets)
-    router.register(DELETE_RECORDS, delete_records)
-    router.register(OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch)
+    router.register(ApiKey.LIST_OFFSETS, list_offsets)
+    router.register(ApiKey.DELETE_RECORDS, delete_records)
+    router.register(ApiKey.OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch)

@@ -21,10 +21,10 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol import legacy_records, produce_request, records
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
 
-PRODUCE = 0
 log = logging.getLogger("kafscale.produce")
 
 
@@ -129,7 +129,7 @@ async def produce(ctx, req):
                 r.error = exc.error_code if isinstance(exc, StorageError) else ErrorCode.kafka_storage_error
                 r.message = str(exc)
                 r.base_offset = -1
-    cls = response(PRODUCE, ctx.version)
+    cls = response(ApiKey.PRODUCE, ctx.version)
     topic_cls = nested(cls, "TopicProduceResponse")
     part_cls = nested(cls, "PartitionProduceResponse")
     out = []
@@ -152,4 +152,4 @@ async def produce(ctx, req):
 
 
 def register(router):
-    router.register(PRODUCE, produce, decoder=produce_request.decode)
+    router.register(ApiKey.PRODUCE, produce, decoder=produce_request.decode)

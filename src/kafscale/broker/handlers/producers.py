@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
-INIT_PRODUCER_ID, DESCRIBE_PRODUCERS = 22, 61
 INIT_PRODUCER_ID_MAX_VERSION = 5
 log = logging.getLogger("kafscale.producers")
 
 
 async def init_producer_id(ctx, req):
-    cls = response(INIT_PRODUCER_ID, ctx.version)
+    cls = response(ApiKey.INIT_PRODUCER_ID, ctx.version)
     if req.transactional_id is not None and getattr(ctx.broker, "transactions", None) is not None:
         from kafscale.broker.handlers.transactions import init_producer_id as transactional_init
 
@@ -43,7 +43,7 @@ async def init_producer_id(ctx, req):
 
 
 async def describe_producers(ctx, req):
-    cls = response(DESCRIBE_PRODUCERS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_PRODUCERS, ctx.version)
     t_cls, p_cls, s_cls = nested(cls, "TopicResponse"), nested(cls, "PartitionResponse"), nested(cls, "ProducerState")
     topics = []
     for t in req.topics:
@@ -74,5 +74,5 @@ async def describe_producers(ctx, req):
 def register(router):
     # Up to v5, as Kafka 4.0: v6 is KIP-939's two-phase commit (enable_2pc), which a Kafka
     # 4.0 broker does not know; a v6 request is refused like any unsupported version.
-    router.register(INIT_PRODUCER_ID, init_producer_id, max_version=INIT_PRODUCER_ID_MAX_VERSION)
-    router.register(DESCRIBE_PRODUCERS, describe_producers)
+    router.register(ApiKey.INIT_PRODUCER_ID, init_producer_id, max_version=INIT_PRODUCER_ID_MAX_VERSION)
+    router.register(ApiKey.DESCRIBE_PRODUCERS, describe_producers)

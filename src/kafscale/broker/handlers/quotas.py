@@ -9,16 +9,16 @@ import logging
 from kafscale.errors import ErrorCode
 from kafscale.metadata import quotas
 from kafscale.metadata.store import ConflictError
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
-DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS = 48, 49
 log = logging.getLogger("kafscale.admin")
 _STORE_DOWN = (*STORE_FAILURES, StorageError, ConflictError)
 
 
 async def describe_client_quotas(ctx, req):
-    cls = response(DESCRIBE_CLIENT_QUOTAS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_CLIENT_QUOTAS, ctx.version)
     entry_cls, entity_cls, value_cls = nested(cls, "EntryData"), nested(cls, "EntityData"), nested(cls, "ValueData")
     try:
         matches = quotas.matcher([(c.entity_type, c.match_type, c.match) for c in req.components], req.strict)
@@ -40,7 +40,7 @@ async def describe_client_quotas(ctx, req):
 
 
 async def alter_client_quotas(ctx, req):
-    cls = response(ALTER_CLIENT_QUOTAS, ctx.version)
+    cls = response(ApiKey.ALTER_CLIENT_QUOTAS, ctx.version)
     entry_cls, entity_cls = nested(cls, "EntryData"), nested(cls, "EntityData")
     out = []
     for e in req.entries:
@@ -66,5 +66,5 @@ async def alter_client_quotas(ctx, req):
 
 
 def register(router):
-    router.register(DESCRIBE_CLIENT_QUOTAS, describe_client_quotas)
-    router.register(ALTER_CLIENT_QUOTAS, alter_client_quotas)
+    router.register(ApiKey.DESCRIBE_CLIENT_QUOTAS, describe_client_quotas)
+    router.register(ApiKey.ALTER_CLIENT_QUOTAS, alter_client_quotas)

@@ -18,10 +18,10 @@ with the data in the object store. So:
 from __future__ import annotations
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.failures import StorageError
 
-ELECT_LEADERS, ALTER_PARTITION_REASSIGNMENTS, LIST_PARTITION_REASSIGNMENTS = 43, 45, 46
 PREFERRED, UNCLEAN = 0, 1
 _PLACED = (
     "KafScale places partitions on brokers itself (one owner per partition, moved automatically; "
@@ -43,7 +43,7 @@ def _election(cluster, topic: str, p: int, election_type: int) -> tuple[ErrorCod
 
 
 async def elect_leaders(ctx, req):
-    cls = response(ELECT_LEADERS, ctx.version)
+    cls = response(ApiKey.ELECT_LEADERS, ctx.version)
     topic_cls, part_cls = nested(cls, "ReplicaElectionResult"), nested(cls, "PartitionResult")
     broker, cluster = ctx.broker, ctx.broker.cluster
     election_type = getattr(req, "election_type", PREFERRED)  # v0: preferred only
@@ -76,7 +76,7 @@ async def elect_leaders(ctx, req):
 
 
 async def alter_partition_reassignments(ctx, req):
-    cls = response(ALTER_PARTITION_REASSIGNMENTS, ctx.version)
+    cls = response(ApiKey.ALTER_PARTITION_REASSIGNMENTS, ctx.version)
     topic_cls, part_cls = nested(cls, "ReassignableTopicResponse"), nested(cls, "ReassignablePartitionResponse")
     broker, cluster = ctx.broker, ctx.broker.cluster
     try:
@@ -104,11 +104,11 @@ async def alter_partition_reassignments(ctx, req):
 
 
 async def list_partition_reassignments(ctx, req):
-    cls = response(LIST_PARTITION_REASSIGNMENTS, ctx.version)
+    cls = response(ApiKey.LIST_PARTITION_REASSIGNMENTS, ctx.version)
     return make(cls, throttle_time=0, error_code=ErrorCode.none, error_message=None, topics=())
 
 
 def register(router):
-    router.register(ELECT_LEADERS, elect_leaders)
-    router.register(ALTER_PARTITION_REASSIGNMENTS, alter_partition_reassignments)
-    router.register(LIST_PARTITION_REASSIGNMENTS, list_partition_reassignments)
+    router.register(ApiKey.ELECT_LEADERS, elect_leaders)
+    router.register(ApiKey.ALTER_PARTITION_REASSIGNMENTS, alter_partition_reassignments)
+    router.register(ApiKey.LIST_PARTITION_REASSIGNMENTS, list_partition_reassignments)

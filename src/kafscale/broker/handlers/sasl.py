@@ -12,12 +12,10 @@ from __future__ import annotations
 import logging
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, response
 from kafscale.security import scram
-from kafscale.security.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE
 
-DESCRIBE_USER_SCRAM_CREDENTIALS = 50
-ALTER_USER_SCRAM_CREDENTIALS = 51
 log = logging.getLogger("kafscale.auth")
 
 
@@ -26,7 +24,7 @@ def _address(peer: str) -> str:
 
 
 async def sasl_handshake(ctx, req):
-    cls = response(SASL_HANDSHAKE, ctx.version)
+    cls = response(ApiKey.SASL_HANDSHAKE, ctx.version)
     auth = ctx.broker.auth
     session = ctx.session
     if session is None:
@@ -36,7 +34,7 @@ async def sasl_handshake(ctx, req):
 
 
 async def sasl_authenticate(ctx, req):
-    cls = response(SASL_AUTHENTICATE, ctx.version)
+    cls = response(ApiKey.SASL_AUTHENTICATE, ctx.version)
     session = ctx.session
     if session is None:
         return make(cls, error_code=ErrorCode.illegal_sasl_state, error_message="SaslAuthenticate on a listener without SASL",
@@ -53,7 +51,7 @@ async def sasl_authenticate(ctx, req):
 
 
 async def describe_user_scram_credentials(ctx, req):
-    cls = response(DESCRIBE_USER_SCRAM_CREDENTIALS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ctx.version)
     stored = await ctx.broker.metadata.list_scram_credentials()
     by_user: dict[str, list] = {}
     for (user, mech), doc in sorted(stored.items()):
@@ -78,7 +76,7 @@ async def describe_user_scram_credentials(ctx, req):
 
 
 async def alter_user_scram_credentials(ctx, req):
-    cls = response(ALTER_USER_SCRAM_CREDENTIALS, ctx.version)
+    cls = response(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, ctx.version)
     stored = await ctx.broker.metadata.list_scram_credentials()
     errors: dict[str, tuple[int, str]] = {}
     users = [d.name for d in req.deletions] + [u.name for u in req.upsertions]
@@ -119,7 +117,7 @@ async def alter_user_scram_credentials(ctx, req):
 
 
 def register(router):
-    router.register(SASL_HANDSHAKE, sasl_handshake, max_version=1)
-    router.register(SASL_AUTHENTICATE, sasl_authenticate, max_version=2)
-    router.register(DESCRIBE_USER_SCRAM_CREDENTIALS, describe_user_scram_credentials)
-    router.register(ALTER_USER_SCRAM_CREDENTIALS, alter_user_scram_credentials)
+    router.register(ApiKey.SASL_HANDSHAKE, sasl_handshake, max_version=1)
+    router.register(ApiKey.SASL_AUTHENTICATE, sasl_authenticate, max_version=2)
+    router.register(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, describe_user_scram_credentials)
+    router.register(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, alter_user_scram_credentials)

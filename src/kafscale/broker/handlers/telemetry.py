@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 
 from kafscale.errors import ErrorCode
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, response
 
-GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY = 71, 72
 SUBSCRIPTION_ID = 0  # the empty subscription never changes
 PUSH_INTERVAL_MS = 300_000  # Kafka's default client metrics push interval
 TELEMETRY_MAX_BYTES = 1024 * 1024  # Kafka's telemetry.max.bytes default
@@ -22,7 +22,7 @@ async def get_telemetry_subscriptions(ctx, req):
     if instance is None or instance.int == 0:
         instance = uuid.uuid4()  # as Kafka: the broker assigns the id on the first request
     return make(
-        response(GET_TELEMETRY_SUBSCRIPTIONS, ctx.version),
+        response(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, ctx.version),
         throttle_time=0,
         error_code=ErrorCode.none,
         client_instance_id=instance,
@@ -36,9 +36,9 @@ async def get_telemetry_subscriptions(ctx, req):
 
 
 async def push_telemetry(ctx, req):
-    return make(response(PUSH_TELEMETRY, ctx.version), throttle_time=0, error_code=ErrorCode.none)
+    return make(response(ApiKey.PUSH_TELEMETRY, ctx.version), throttle_time=0, error_code=ErrorCode.none)
 
 
 def register(router):
-    router.register(GET_TELEMETRY_SUBSCRIPTIONS, get_telemetry_subscriptions)
-    router.register(PUSH_TELEMETRY, push_telemetry)
+    router.register(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, get_telemetry_subscriptions)
+    router.register(ApiKey.PUSH_TELEMETRY, push_telemetry)

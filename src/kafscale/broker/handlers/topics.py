@@ -7,15 +7,15 @@ import logging
 from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.metadata import topic_config
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import ZERO_UUID, make, nested, response
 from kafscale.storage.failures import StorageError
 
-CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 19, 20, 37
 log = logging.getLogger("kafscale.admin")
 
 
 async def create_topics(ctx, req):
-    cls = response(CREATE_TOPICS, ctx.version)
+    cls = response(ApiKey.CREATE_TOPICS, ctx.version)
     r_cls = nested(cls, "CreatableTopicResult")
     c_cls = nested(cls, "CreatableTopicConfigs") if ctx.version >= 5 else None
     results = []
@@ -46,7 +46,7 @@ async def create_topics(ctx, req):
 
 
 async def delete_topics(ctx, req):
-    cls = response(DELETE_TOPICS, ctx.version)
+    cls = response(ApiKey.DELETE_TOPICS, ctx.version)
     r_cls = nested(cls, "DeletableTopicResult")
     wanted: list[tuple[str | None, object]] = []
     lookup_failed: dict[object, StorageError] = {}  # topic id -> why it could not be looked up
@@ -101,7 +101,7 @@ async def _check_assignments(broker, name: str, count: int, assignments: list[tu
 
 
 async def create_partitions(ctx, req):
-    cls = response(CREATE_PARTITIONS, ctx.version)
+    cls = response(ApiKey.CREATE_PARTITIONS, ctx.version)
     r_cls = nested(cls, "CreatePartitionsTopicResult")
     results = []
     for t in req.topics:
@@ -118,6 +118,6 @@ async def create_partitions(ctx, req):
 
 
 def register(router):
-    router.register(CREATE_TOPICS, create_topics)
-    router.register(DELETE_TOPICS, delete_topics)
-    router.register(CREATE_PARTITIONS, create_partitions)
+    router.register(ApiKey.CREATE_TOPICS, create_topics)
+    router.register(ApiKey.DELETE_TOPICS, delete_topics)
+    router.register(ApiKey.CREATE_PARTITIONS, create_partitions)

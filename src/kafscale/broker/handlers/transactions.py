@@ -26,26 +26,20 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.groups.coordinator import log_commit_refused
 from kafscale.metadata.store import CommittedOffset
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import has_field, make, response
 from kafscale.security.acl import Operation as Op, ResourceType as Res
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 from kafscale.transactions.state import txn_offset_commit_error
 
-INIT_PRODUCER_ID = 22
-ADD_PARTITIONS_TO_TXN = 24
-ADD_OFFSETS_TO_TXN = 25
-END_TXN = 26
-TXN_OFFSET_COMMIT = 28
-DESCRIBE_TRANSACTIONS = 65
-LIST_TRANSACTIONS = 66
-TRANSACTION_APIS = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT, DESCRIBE_TRANSACTIONS, LIST_TRANSACTIONS)
+TRANSACTION_APIS = (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS)
 
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
 STORE_DOWN = (*STORE_FAILURES, StorageError)
 log = logging.getLogger("kafscale.transactions")
 
 # From which version each API knows PRODUCER_FENCED (KIP-588); older ones get INVALID_PRODUCER_EPOCH.
-PRODUCER_FENCED_SINCE = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2, TXN_OFFSET_COMMIT: 3}
+PRODUCER_FENCED_SINCE = {ApiKey.INIT_PRODUCER_ID: 4, ApiKey.ADD_PARTITIONS_TO_TXN: 2, ApiKey.ADD_OFFSETS_TO_TXN: 2, ApiKey.END_TXN: 2, ApiKey.TXN_OFFSET_COMMIT: 3}
 
 
 def _ms(value) -> int:
@@ -87,10 +81,10 @@ def _check(ctx, tid: str | None) -> ErrorCode | None:
 
 async def init_producer_id(ctx, req):
     """InitProducerId with a transactional id (producers.py hands these over)."""
-    cls = response(INIT_PRODUCER_ID, ctx.version)
+    cls = response(ApiKey.INIT_PRODUCER_ID, ctx.version)
 
     def answer(error: ErrorCode, pid: int = -1, epoch: int = -1):
-        return make(cls, throttle_time=0, error_code=_for_version(INIT_PRODUCER_ID, ctx.version, error),
+        return make(cls, throttle_time=0, error_code=_for_version(ApiKey.INIT_PRODUCER_ID, ctx.version, error),
                     producer_id=pid, producer_epoch=epoch)
 
     tid = req.transactional_id
@@ -148,10 +142,10 @@ def _topic_results(errors: dict[tuple[str, int], ErrorCode], fix) -> list[dict]:
 
 
 async def add_partitions_to_txn(ctx, req):
-    cls = response(ADD_PARTITIONS_TO_TXN, ctx.version)
+    cls = response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.version)
 
     def fix(e):
-        return _for_version(ADD_PARTITIONS_TO_TXN, ctx.version, e)
+        return _for_version(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.version, e)
 
     if not has_field(req, "transactions"):  # v0-v3: one transaction, from a client
         try:
@@ -172,7 +166,7 @@ async def add_partitions_to_txn(ctx, req):
 
 
 async def add_offsets_to_txn(ctx, req):
-    cls = response(ADD_OFFSETS_TO_TXN, ctx.version)
+    cls = response(ApiKey.ADD_OFFSETS_TO_TXN, ctx.version)
     tid = req.transactional_id
     error = _check(ctx, tid)
     if error is None:
@@ -183,18 +177,18 @@ async def add_offsets_to_txn(ctx, req):
                 error = await _txns(ctx).add_partitions(tid, req.producer_id, req.producer_epoch, groups=[req.group_id])
             except STORE_DOWN:
                 error = ErrorCode.coordinator_not_available
-    return make(cls, throttle_time=0, error_code=_for_version(ADD_OFFSETS_TO_TXN, ctx.version, error))
+    return make(cls, throttle_time=0, error_code=_for_version(ApiKey.ADD_OFFSETS_TO_TXN, ctx.version, error))
 
 
 # -- EndTxn ---------------------------------------------------------------------------------------
 
 
 async def end_txn(ctx, req):
-    cls = response(END_TXN, ctx.version)
+    cls = response(ApiKey.END_TXN, ctx.version)
     tid = req.transactional_id
 
     def answer(error: ErrorCode, pid: int = -1, epoch: int = -1):
-        return make(cls, throttle_time=0, error_code=_for_version(END_TXN, ctx.version, error),
+        return make(cls, throttle_time=0, error_code=_for_version(ApiKey.END_TXN, ctx.version, error),
                     producer_id=pid, producer_epoch=epoch)
 
     if (error := _check(ctx, tid)) is not None:
@@ -215,7 +209,7 @@ async def end_txn(ctx, req):
 async def txn_offset_commit(ctx, req):
     """Offsets of a transaction: held pending per (group, producer) until it ends. Answered
     by the group's coordinator, like OffsetCommit."""
-    cls = response(TXN_OFFSET_COMMIT, ctx.version)
+    cls = response(ApiKey.TXN_OFFSET_COMMIT, ctx.version)
     groups = ctx.broker.groups
     group_id = req.group_id
     resolver = TopicIdResolver(ctx.broker)
@@ -270,13 +264,13 @@ async def txn_offset_commit(ctx, req):
                     )
         if refused:
             log_commit_refused("TxnOffsetCommit", group_id, member_id, instance_id,
-                               _for_version(TXN_OFFSET_COMMIT, ctx.version, error), refused)
+                               _for_version(ApiKey.TXN_OFFSET_COMMIT, ctx.version, error), refused)
     except STORE_DOWN as e:
         error = ErrorCode.coordinator_not_available
         rows = [(t.name, p.partition_index, None) for t in req.topics for p in t.partitions]
         log_commit_refused("TxnOffsetCommit", group_id, getattr(req, "member_id", ""), getattr(req, "group_instance_id", None),
                            error, f"metadata store unavailable: {e}")
-    error = _for_version(TXN_OFFSET_COMMIT, ctx.version, error)
+    error = _for_version(ApiKey.TXN_OFFSET_COMMIT, ctx.version, error)
     by_topic: dict[str, list] = {}
     for topic, partition, err in rows:
         by_topic.setdefault(topic, []).append(dict(partition_index=partition, error_code=error if err is None else err))
@@ -287,7 +281,7 @@ async def txn_offset_commit(ctx, req):
 
 
 async def describe_transactions(ctx, req):
-    cls = response(DESCRIBE_TRANSACTIONS, ctx.version)
+    cls = response(ApiKey.DESCRIBE_TRANSACTIONS, ctx.version)
     states = []
     for tid in req.transactional_ids:
         entry = dict(transactional_id=tid, transaction_state="", transaction_timeout=0, transaction_start_time=NO_TIMESTAMP,
@@ -321,7 +315,7 @@ async def list_transactions(ctx, req):
 
     from kafscale.transactions.state import TxnState
 
-    cls = response(LIST_TRANSACTIONS, ctx.version)
+    cls = response(ApiKey.LIST_TRANSACTIONS, ctx.version)
     known = {s.value for s in TxnState}
     state_filters = list(getattr(req, "state_filters", ()) or ())
     unknown = [s for s in state_filters if s not in known]
@@ -360,9 +354,9 @@ async def list_transactions(ctx, req):
 
 
 def register(router):
-    router.register(ADD_PARTITIONS_TO_TXN, add_partitions_to_txn)
-    router.register(ADD_OFFSETS_TO_TXN, add_offsets_to_txn)
-    router.register(END_TXN, end_txn)
-    router.register(TXN_OFFSET_COMMIT, txn_offset_commit)
-    router.register(DESCRIBE_TRANSACTIONS, describe_transactions)
-    router.register(LIST_TRANSACTIONS, list_transactions)
+    router.register(ApiKey.ADD_PARTITIONS_TO_TXN, add_partitions_to_txn)
+    router.register(ApiKey.ADD_OFFSETS_TO_TXN, add_offsets_to_txn)
+    router.register(ApiKey.END_TXN, end_txn)
+    router.register(ApiKey.TXN_OFFSET_COMMIT, txn_offset_commit)
+    router.register(ApiKey.DESCRIBE_TRANSACTIONS, describe_transactions)
+    router.register(ApiKey.LIST_TRANSACTIONS, list_transactions)

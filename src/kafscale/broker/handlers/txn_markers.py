@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
+from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
 from kafscale.storage.txn import TxnMarker
-
-WRITE_TXN_MARKERS = 27
 
 
 async def write_txn_markers(ctx, req):
@@ -29,7 +28,7 @@ async def write_txn_markers(ctx, req):
     # The markers of different producers are independent: written at once, each answered
     # when durable (one marker's partitions share their flushes with other appends).
     results = await asyncio.gather(*(logs.write_txn_markers(m) for m in markers))
-    cls = response(WRITE_TXN_MARKERS, ctx.version)
+    cls = response(ApiKey.WRITE_TXN_MARKERS, ctx.version)
     m_cls, t_cls, p_cls = nested(cls, "WritableTxnMarkerResult"), nested(cls, "WritableTxnMarkerTopicResult"), nested(cls, "WritableTxnMarkerPartitionResult")
     out = []
     for m, result in zip(req.markers, results):
@@ -42,4 +41,4 @@ async def write_txn_markers(ctx, req):
 
 
 def register(router):
-    router.register(WRITE_TXN_MARKERS, write_txn_markers)
+    router.register(ApiKey.WRITE_TXN_MARKERS, write_txn_markers)
