@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from kafscale.backup.guard import refuse_lost_metadata
+from kafscale.backup.snapshot import SnapshotStore
+from kafscale.backup.writer import SnapshotWriter
 from kafscale.broker import topics
 from kafscale.broker.auth import Authenticator
 from kafscale.broker.authz import BrokerAuthorizer
@@ -71,11 +74,19 @@ class Broker:
             window_ms=max(1, config.quota_window_size_seconds) * 1000, samples=max(2, config.quota_window_num),
         )
         self.server = KafkaServer(self, config)
+        self.backup_store = open_store(config.metadata_backup) if config.metadata_backup else self.store
+        self.snapshots = SnapshotWriter(
+            self.metadata.kv, SnapshotStore(self.backup_store, config.namespace), self.cluster, config.broker_id,
+            config.metadata_snapshot_interval_ms / 1000, config.metadata_snapshots_keep,
+        )
         self.ops = None
         self.registry = None  # the schema registry (--schema-registry), registry/server.py
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
+        # An empty metadata store over a namespace holding data: restore or stop, never
+        # start empty (raises MetadataLost).
+        await refuse_lost_metadata(self.metadata.kv, self.store, self.snapshots.snapshots, self.config)
         # Before anything reads groups: stores written before keys were escaped.
         await self.metadata.migrate_legacy_keys()
         await self.cluster.start()
@@ -88,6 +99,7 @@ class Broker:
         await self.authorizer.start()
         await self.quotas.start()
         await self.server.start()
+        await self.snapshots.start()
         self.ops = await start_ops(self)
         if self.config.schema_registry:
             from kafscale.registry.server import start_registry
@@ -106,13 +118,19 @@ class Broker:
             await self.transactions.stop()  # markers in flight resume on the next coordinator
         await self.logs.stop()
         await self.groups.stop()
+        await self.snapshots.stop()  # the last snapshot holds every flushed segment
         await self.server.close()
         await self.authorizer.stop()
         await self.quotas.stop()
         await self.cluster.stop()
+        await self.close_stores()
+        self.stopped.set()
+
+    async def close_stores(self) -> None:
         await self.metadata.close()
         await self.store.close()
-        self.stopped.set()
+        if self.backup_store is not self.store:
+            await self.backup_store.close()
 
     async def txn_produce_check(self, transactional_id: str, producer_id: int, producer_epoch: int,
                                 topic: str, partition: int, produce_version: int = 0):

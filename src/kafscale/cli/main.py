@@ -16,6 +16,7 @@ log = logging.getLogger("kafscale")
 
 
 def _run_broker(args: argparse.Namespace) -> int:
+    from kafscale.backup.guard import MetadataLost
     from kafscale.broker.app import Broker
     from kafscale.cluster.membership import BrokerIdInUse
     from kafscale.ops import logging_setup
@@ -38,10 +39,9 @@ def _run_broker(args: argparse.Namespace) -> int:
         broker = Broker(cfg)
         try:
             await broker.start()
-        except BrokerIdInUse as e:
+        except (BrokerIdInUse, MetadataLost) as e:
             log.error("refusing to start: %s", e)
-            await broker.metadata.close()
-            await broker.store.close()
+            await broker.close_stores()
             return 1
         # Everything loaded so far (kio schemas, modules, config) lives as long as the
         # process: keep it out of the cyclic GC's full collections.
@@ -80,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a broker")
     broker_config.add_arguments(b)
     b.set_defaults(func=_run_broker)
-    from kafscale.cli import cluster, groups, records, security, topics
+    from kafscale.cli import cluster, groups, metadata, records, security, topics
     from kafscale.pipeline import cli as pipeline_cli
 
-    for family in (topics, groups, records, cluster, security, pipeline_cli):
+    for family in (topics, groups, records, cluster, security, metadata, pipeline_cli):
         family.add_commands(sub)
     return parser
 

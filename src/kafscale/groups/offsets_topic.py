@@ -113,3 +113,41 @@ def group_metadata_record(group_id: str, doc: dict) -> Record:
 
 def group_tombstone(group_id: str) -> Record:
     return group_metadata_key(group_id), None
+
+
+# -- reading them back (metadata restore: offsets committed after the newest snapshot) ---------
+
+
+def _read_string(buf: bytes, pos: int) -> tuple[str | None, int]:
+    (n,) = _I16.unpack_from(buf, pos)
+    if n < 0:
+        return None, pos + 2
+    return bytes(buf[pos + 2 : pos + 2 + n]).decode(), pos + 2 + n
+
+
+def read_offset_commit_key(key: bytes) -> tuple[str, str, int] | None:
+    """(group, topic, partition) of an OffsetCommitKey (v0/v1); None for any other key
+    (GroupMetadataKey, v2)."""
+    (version,) = _I16.unpack_from(key, 0)
+    if version not in (0, 1):
+        return None
+    group_id, pos = _read_string(key, 2)
+    topic, pos = _read_string(key, pos)
+    (partition,) = _I32.unpack_from(key, pos)
+    return group_id or "", topic or "", partition
+
+
+def read_offset_commit_value(value: bytes) -> CommittedOffset:
+    """An OffsetCommitValue v0-v3 (Kafka's non-flexible versions). Raises ValueError for
+    other versions, struct.error for a value cut short."""
+    (version,) = _I16.unpack_from(value, 0)
+    if not 0 <= version <= 3:
+        raise ValueError(f"OffsetCommitValue version {version} is not read here")
+    (offset,) = _I64.unpack_from(value, 2)
+    pos, epoch = 10, -1
+    if version >= 3:
+        (epoch,) = _I32.unpack_from(value, pos)
+        pos += 4
+    metadata, pos = _read_string(value, pos)
+    (commit_ms,) = _I64.unpack_from(value, pos)
+    return CommittedOffset(offset, epoch, metadata or "", commit_ms)

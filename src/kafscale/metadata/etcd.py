@@ -200,6 +200,14 @@ class EtcdKV(KV):
         return KeyValue(key, bytes(kv.value), kv.version)
 
     async def range(self, prefix: str) -> list[KeyValue]:
+        return (await self._range_at_revision(prefix))[1]
+
+    async def read_all(self) -> tuple[int, list[KeyValue]]:
+        return await self._range_at_revision("")
+
+    async def _range_at_revision(self, prefix: str) -> tuple[int, list[KeyValue]]:
+        """(revision, keys under prefix): every page is read at the first page's revision,
+        so the whole range is one consistent view of the store."""
         start = self._prefix_bytes(prefix)
         end = _range_end(start)
         out: list[KeyValue] = []
@@ -211,10 +219,10 @@ class EtcdKV(KV):
                 return await rpc.KVStub(ch).Range(req, timeout=timeout)
 
             resp = await self._call(f"range {prefix}", go)
+            revision = revision or resp.header.revision
             out.extend(KeyValue(self._unk(kv.key), bytes(kv.value), kv.version) for kv in resp.kvs)
             if not resp.more or not resp.kvs:
-                return out
-            revision = resp.header.revision
+                return revision, out
             start = bytes(resp.kvs[-1].key) + b"\0"
 
     async def commit(self, txn: Txn) -> bool:

@@ -52,6 +52,12 @@ class KV(abc.ABC):
     async def commit(self, txn: Txn) -> bool:
         """Apply txn atomically; False (and nothing applied) if a compare failed."""
 
+    async def read_all(self) -> tuple[int, list[KeyValue]]:
+        """(revision, every key of this store sorted by key) in ONE consistent read: what a
+        metadata snapshot holds. The revision is the backend's (etcd's store revision; 0 on
+        SQLite, which has none) and only labels the snapshot."""
+        return 0, await self.range("")
+
     async def close(self) -> None:
         pass
 
@@ -80,6 +86,7 @@ class SqliteKV(KV):
         return KeyValue(key, bytes(row[0]), row[1]) if row else None
 
     async def range(self, prefix: str) -> list[KeyValue]:
+        # One SELECT is one read transaction: consistent across keys (read_all relies on it).
         rows = self._db.execute(
             "SELECT key, value, version FROM kv WHERE key >= ? AND key < ? ORDER BY key",
             (prefix, prefix + "\U0010ffff"),

@@ -342,6 +342,11 @@ class _LiveCollector(Collector):
         yield lso
         yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=unflushed)
 
+        snapshots = getattr(b, "snapshots", None)
+        age = snapshots.age_seconds() if snapshots is not None else None
+        if age is not None:
+            yield GaugeMetricFamily("kafscale_metadata_snapshot_age_seconds", "Age of the newest metadata snapshot in the backup location (docs/operations.md: alert when it exceeds a few snapshot intervals)", value=age)
+
         h = m.health
         for key, name, doc in (
             ("ready", "kafscale_ready", "1 when /readyz answers 200 (last check)"),

@@ -50,6 +50,24 @@ def replay(producers: ProducerStateTable, data, positions, now_ms: int) -> tuple
     return tuple(aborted)
 
 
+# What read_checked raises for an object that cannot be adopted.
+UNUSABLE_SEGMENT = (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError)
+
+
+async def read_checked(store: ObjectStore, key: str) -> tuple[segment.DecodedSegment, list[int]]:
+    """A segment object not (yet) in the metadata, read whole and checked before adoption:
+    header, footer, the CRC32C of all batches and of each batch; (the decoded segment, the
+    position of each batch in its `batches`). Raises one of UNUSABLE_SEGMENT."""
+    decoded = segment.decode(await store.get(key), name=key)
+    body = decoded.batches
+    positions = []
+    for pos, h in records.iter_batches(body):  # each batch must be intact too
+        if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
+            raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
+        positions.append(pos)
+    return decoded, positions
+
+
 async def recover(
     store: ObjectStore,
     metadata: MetadataStore,
@@ -95,14 +113,9 @@ async def recover(
             break
         key = segment.segment_key(namespace, st.topic, st.partition, base)
         try:
-            decoded = segment.decode(await store.get(key), name=key)
+            decoded, positions = await read_checked(store, key)
             body = decoded.batches
-            positions = []
-            for pos, h in records.iter_batches(body):  # each batch must be intact too
-                if records.crc32c(body[pos + records.CRC_START : pos + h.size]) != h.crc:
-                    raise segment.SegmentFormatError(f"{key}: batch at offset {h.base_offset} fails its CRC32C")
-                positions.append(pos)
-        except (segment.SegmentFormatError, ObjectNotFound, records.InvalidRecordError) as e:
+        except UNUSABLE_SEGMENT as e:
             log.warning("recovery: deleting unusable uncommitted segment %s: %s", key, e, extra={"topic": st.topic, "partition": st.partition})
             # Never acknowledged, and segments are created only where no object is:
             # left in place it would refuse every flush at the high watermark.

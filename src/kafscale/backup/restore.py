@@ -1,0 +1,356 @@
+"""Rebuild an empty metadata store from the newest snapshot and the bucket itself.
+
+`restore(...)` (behind `kafscale metadata restore`, and `kafscale broker
+--metadata-auto-restore`):
+
+1. refuses a store holding any key but the lease-bound ones, unless `force` (then they are
+   deleted first); marks the store with RESTORING so no broker starts on half of it;
+2. loads the newest snapshot that passes its checks (or the one asked for; a damaged one
+   is reported and the previous one used), or none: restore from the bucket alone;
+3. lists the namespace once and reconciles every partition of every topic with its
+   objects (reconcile.py); topics the snapshot does not know are discovered from the key
+   layout (partition count from the keys, configs at their defaults: reported);
+4. brings committed offsets up to date from the `__consumer_offsets` records in the bucket
+   that are newer than the snapshot (latest per group/topic/partition; tombstones delete;
+   records of aborted or unfinished transactions ignored);
+5. moves the producer-id block past every id the bucket shows (and a margin for ids handed
+   out but not yet used), and each transactional producer's epoch up to the highest the
+   bucket shows, so no restored broker hands out an id or epoch twice;
+6. writes it all, topics last, and removes the RESTORING mark.
+
+Brokers must be stopped while it runs (a broker refuses to start while RESTORING is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from kafscale.backup.reconcile import PartitionOutcome, reconcile_partition
+from kafscale.backup.snapshot import Snapshot, SnapshotStore, is_lease_bound
+from kafscale.groups import offsets_topic
+from kafscale.metadata import keys
+from kafscale.metadata.internal_topics import OFFSETS_TOPIC, offsets_topic_configs
+from kafscale.metadata.kv import KV, Txn
+from kafscale.metadata.segments import SegmentInfo
+from kafscale.metadata.store import CommittedOffset, MetadataStore, PartitionState, TopicMeta, _dump, _segment_json
+from kafscale.protocol import records
+from kafscale.storage import segment
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
+
+log = logging.getLogger("kafscale.backup")
+
+RESTORING = "/restore-in-progress"
+PUTS_PER_TXN = 100  # below etcd's default --max-txn-ops (128)
+PARTITIONS_AT_ONCE = 16
+PRODUCER_ID_MARGIN = 1_000_000  # ids possibly handed out after the snapshot, never written
+# __consumer_offsets records are read from segments whose newest record is at most this
+# much older than the snapshot: a transaction's offsets are written when it starts (up to
+# Kafka's 15 min transaction.max.timeout.ms before its commit marker), clocks differ.
+OFFSETS_LOOKBACK_MS = 20 * 60 * 1000
+
+
+class RestoreRefused(RuntimeError):
+    """Restore would change a store that is not empty (or one another restore is filling)."""
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    snapshot: str | None = None
+    snapshot_created: str | None = None
+    snapshot_problems: list[str] = field(default_factory=list)
+    topics: int = 0
+    topics_from_snapshot: int = 0
+    topics_discovered: list[str] = field(default_factory=list)  # configs at defaults
+    topics_grown: list[str] = field(default_factory=list)  # partitions added after the snapshot
+    partitions: int = 0
+    segments_kept: int = 0
+    segments_replaced: int = 0
+    segments_dropped: int = 0
+    segments_adopted: int = 0
+    quarantined: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    offsets_from_snapshot: int = 0
+    offsets_recovered: int = 0  # from __consumer_offsets records newer than the snapshot
+    offsets_deleted: int = 0  # by tombstones newer than the snapshot
+    transactions_aborted: int = 0
+    transactions_committed: int = 0
+    keys_written: int = 0
+    object_requests: int = 0
+    seconds: float = 0.0
+    unknown: list[str] = field(default_factory=list)  # what could not be known
+
+    def lines(self) -> list[str]:
+        src = f"snapshot {self.snapshot} ({self.snapshot_created})" if self.snapshot else "no snapshot: the bucket alone"
+        out = [f"restored from {src} and the bucket in {self.seconds:.1f}s"]
+        out += [f"  note: {p}" for p in self.snapshot_problems]
+        out.append(f"topics: {self.topics} ({self.topics_from_snapshot} from the snapshot, {len(self.topics_discovered)} discovered in the bucket)")
+        if self.topics_discovered:
+            out.append(f"  configs at defaults (not in any snapshot): {', '.join(self.topics_discovered)}")
+        if self.topics_grown:
+            out.append(f"  partitions added after the snapshot, counted from the keys: {', '.join(self.topics_grown)}")
+        out.append(f"partitions: {self.partitions}")
+        out.append(
+            f"segments: {self.segments_kept} as listed, {self.segments_replaced} replaced by merged/compacted objects, "
+            f"{self.segments_adopted} adopted from the bucket, {self.segments_dropped} dropped (deleted since)"
+        )
+        out.append(f"committed offsets: {self.offsets_from_snapshot} from the snapshot, {self.offsets_recovered} newer from __consumer_offsets, {self.offsets_deleted} deleted by newer tombstones")
+        out.append(f"open transactions closed: {self.transactions_aborted} aborted, {self.transactions_committed} committed (coordinator had decided)")
+        out += [f"  problem: {p}" for p in self.problems]
+        out += [f"  quarantined: {q}" for q in self.quarantined]
+        out += [f"  not known: {u}" for u in self.unknown]
+        out.append(f"keys written: {self.keys_written}; object-store requests: {self.object_requests}")
+        return out
+
+    def to_doc(self) -> dict:
+        return asdict(self)
+
+
+def _split_partition_key(key: str, root: str) -> tuple[str, int, str]:
+    """(topic, partition, rest) of a /partitions/ or /segments/ key."""
+    parts = key[len(root) :].split("/")
+    return keys.unescape(parts[0]), int(parts[1]), "/".join(parts[2:])
+
+
+class _Loaded:
+    """The snapshot's entries, sorted into what restore changes and what it passes through."""
+
+    def __init__(self, snap: Snapshot | None):
+        self.topics: dict[str, TopicMeta] = {}
+        self.partitions: dict[tuple[str, int], PartitionState] = {}
+        self.offsets: dict[tuple[str, str, int], CommittedOffset] = {}
+        self.transactions: dict[str, dict] = {}
+        self.producer_ids = 0
+        self.other: list[tuple[str, bytes]] = []
+        if snap is None:
+            return
+        segs: dict[tuple[str, int], list[SegmentInfo]] = {}
+        for key, value in snap.entries:
+            if is_lease_bound(key) or key == RESTORING:
+                continue
+            if key.startswith(keys.TOPICS):
+                meta = TopicMeta(**json.loads(value))
+                self.topics[meta.name] = meta
+            elif key.startswith(keys.PARTITIONS):
+                t, p, _ = _split_partition_key(key, keys.PARTITIONS)
+                self.partitions[(t, p)] = PartitionState(t, p, **json.loads(value))
+            elif key.startswith(keys.SEGMENTS):
+                t, p, _ = _split_partition_key(key, keys.SEGMENTS)
+                segs.setdefault((t, p), []).append(SegmentInfo(**json.loads(value)))
+            elif key.startswith(keys.OFFSETS):
+                group_id = keys.unescape(key[len(keys.OFFSETS) :].split("/", 1)[0])
+                t, p = keys.offset_partition_of(key)
+                self.offsets[(group_id, t, p)] = CommittedOffset(**json.loads(value))
+            elif key.startswith(keys.TRANSACTIONS):
+                self.transactions[keys.transactional_id_of(key)] = json.loads(value)
+            elif key == keys.PRODUCER_IDS:
+                self.producer_ids = int(value)
+            else:
+                self.other.append((key, value))
+        for (t, p), infos in segs.items():
+            st = self.partitions.setdefault((t, p), PartitionState(t, p))
+            st.segments = sorted(infos, key=lambda s: s.base_offset)
+
+
+async def check_store(kv: KV) -> list[str]:
+    """The keys that make the store non-empty for a restore (lease-bound ones do not count)."""
+    _rev, kvs = await kv.read_all()
+    return [e.key for e in kvs if not is_lease_bound(e.key)]
+
+
+async def namespace_holds_data(store: ObjectStore, namespace: str) -> bool:
+    return bool(await store.list(f"{namespace}/"))
+
+
+async def restore(
+    kv: KV,
+    store: ObjectStore,
+    snapshots: SnapshotStore,
+    namespace: str,
+    *,
+    snapshot_id: str | None = None,
+    use_snapshots: bool = True,
+    force: bool = False,
+    fence_epochs: bool = True,
+) -> RestoreReport:
+    started = time.monotonic()
+    report = RestoreReport()
+    existing = await check_store(kv)
+    if RESTORING in existing and not force:
+        raise RestoreRefused("another restore is under way (or one was interrupted: run again with --force)")
+    if existing and not force:
+        raise RestoreRefused(f"the metadata store is not empty ({len(existing)} keys, e.g. {existing[0]}); nothing was changed (--force replaces them)")
+    if existing:
+        for i in range(0, len(existing), PUTS_PER_TXN):
+            await kv.commit(Txn(deletes=existing[i : i + PUTS_PER_TXN]))
+    if not await kv.commit(Txn(compares=[(RESTORING, 0)], puts=[(RESTORING, _dump({"started_ms": int(time.time() * 1000)}))])):
+        raise RestoreRefused("another restore started at the same moment")
+
+    snap: Snapshot | None = None
+    if snapshot_id is not None:
+        snap = await snapshots.load(snapshot_id)  # ObjectNotFound / SnapshotCorrupt: the caller reports it
+    elif use_snapshots:
+        snap = await snapshots.load_newest(report.snapshot_problems)
+    loaded = _Loaded(snap)
+    if snap is not None:
+        report.snapshot, report.snapshot_created = snap.info.id, snap.info.created_iso
+    else:
+        report.unknown += [
+            "topic configs and ids (topics get their defaults and new ids)",
+            "ACLs, SCRAM users, client quotas, group membership and transactional ids",
+        ]
+
+    # One listing of the namespace: every partition's segment objects.
+    listing = await store.list(f"{namespace}/")
+    report.object_requests += 1 + len(listing) // 1000
+    pattern = segment.segment_key_pattern(namespace)
+    bases: dict[tuple[str, int], list[int]] = {}
+    for k in listing:
+        m = pattern.fullmatch(k)
+        if m:
+            bases.setdefault((m.group(1), int(m.group(2))), []).append(int(m.group(3)))
+
+    topics = dict(loaded.topics)
+    report.topics_from_snapshot = len(topics)
+    counts: dict[str, int] = {}
+    for t, p in bases:
+        counts[t] = max(counts.get(t, 0), p + 1)
+    for t, n in sorted(counts.items()):
+        meta = topics.get(t)
+        if meta is None:
+            configs = offsets_topic_configs() if t == OFFSETS_TOPIC else {}
+            topics[t] = TopicMeta(name=t, partitions=n, topic_id=str(uuid.uuid4()), configs=configs)
+            report.topics_discovered.append(t)
+        elif n > meta.partitions:
+            meta.partitions = n
+            report.topics_grown.append(t)
+    report.topics = len(topics)
+
+    txn_docs = {doc["producer_id"]: doc for doc in loaded.transactions.values()}
+
+    def commit_decided(pid: int, epoch: int) -> bool:
+        doc = txn_docs.get(pid)
+        return doc is not None and doc.get("producer_epoch") == epoch and doc.get("state") in ("PrepareCommit", "CompleteCommit")
+
+    sem = asyncio.Semaphore(PARTITIONS_AT_ONCE)
+
+    async def one(t: str, p: int) -> PartitionOutcome:
+        async with sem:
+            return await reconcile_partition(store, namespace, t, p, loaded.partitions.get((t, p)), sorted(bases.get((t, p), [])), commit_decided, fence_epochs)
+
+    work = [(m.name, p) for m in topics.values() for p in range(m.partitions)]
+    outcomes = await asyncio.gather(*(one(t, p) for t, p in work))
+    producer_epochs: dict[int, int] = {}
+    for o in outcomes:
+        report.partitions += 1
+        report.segments_kept += o.kept
+        report.segments_replaced += o.replaced
+        report.segments_dropped += o.dropped
+        report.segments_adopted += o.adopted
+        report.quarantined += o.quarantined
+        report.problems += o.problems
+        report.object_requests += o.requests
+        for _pid, _epoch, commit in o.markers:
+            if commit:
+                report.transactions_committed += 1
+            else:
+                report.transactions_aborted += 1
+        for pid, epoch in o.producer_epochs.items():
+            producer_epochs[pid] = max(producer_epochs.get(pid, -1), epoch)
+
+    # Committed offsets newer than the snapshot, from __consumer_offsets.
+    offsets = dict(loaded.offsets)
+    report.offsets_from_snapshot = len(offsets)
+    offsets_parts = [o.state for o in outcomes if o.state.topic == OFFSETS_TOPIC]
+    since = snap.info.created_ms - OFFSETS_LOOKBACK_MS if snap is not None else None
+    latest, reads = await _latest_offset_records(store, namespace, offsets_parts, since)
+    report.object_requests += reads
+    for k, (value, when) in latest.items():
+        current = offsets.get(k)
+        if value is None:
+            if current is not None and when >= current.commit_ms:
+                del offsets[k]
+                report.offsets_deleted += 1
+        elif current is None or value.commit_ms > current.commit_ms or (value.commit_ms == current.commit_ms and value != current):
+            offsets[k] = value
+            report.offsets_recovered += 1
+
+    # Producer ids and epochs: never hand one out twice.
+    next_pid = max([loaded.producer_ids, *(pid + 1 for pid in producer_epochs)]) + PRODUCER_ID_MARGIN
+    for doc in loaded.transactions.values():
+        seen = producer_epochs.get(doc.get("producer_id", -1))
+        if seen is not None and seen > doc.get("producer_epoch", -1):
+            doc["producer_epoch"] = seen
+
+    puts: list[tuple[str, bytes]] = list(loaded.other)
+    for o in outcomes:
+        st = o.state
+        puts.append((keys.partition(st.topic, st.partition), _dump(MetadataStore.state_doc(st))))
+        puts += [(keys.segment(st.topic, st.partition, s.base_offset), _segment_json(s)) for s in st.segments]
+    puts += [(keys.offset(g, t, p), _dump(asdict(o))) for (g, t, p), o in offsets.items()]
+    puts += [(keys.transaction(tid), _dump(doc)) for tid, doc in loaded.transactions.items()]
+    puts.append((keys.PRODUCER_IDS, str(next_pid).encode()))
+    # Topics last: a store without topic keys is an empty store to a starting broker.
+    puts += [(keys.topic(m.name), _dump(asdict(m))) for m in topics.values()]
+    for i in range(0, len(puts), PUTS_PER_TXN):
+        await kv.commit(Txn(puts=puts[i : i + PUTS_PER_TXN]))
+    report.keys_written = len(puts)
+    await kv.commit(Txn(deletes=[RESTORING]))
+    report.seconds = time.monotonic() - started
+    for line in report.lines():
+        log.info("restore: %s", line)
+    return report
+
+
+async def _latest_offset_records(store: ObjectStore, namespace: str, parts: list[PartitionState], since_ms: int | None):
+    """{(group, topic, partition): (CommittedOffset or None for a tombstone, time)} from the
+    segments of `__consumer_offsets` with records from `since_ms` on (all: None); records
+    of transactions not committed in the log are left out. Returns (that, object reads)."""
+    latest: dict[tuple[str, str, int], tuple[CommittedOffset | None, int]] = {}
+    reads = 0
+    for st in parts:
+        pending: dict[int, list] = {}  # producer id -> its open transaction's records
+        for seg in st.segments:
+            if since_ms is not None and seg.max_timestamp < since_ms:
+                continue
+            key = segment.segment_key(namespace, st.topic, st.partition, seg.base_offset)
+            try:
+                decoded = segment.decode(await store.get(key), name=key)
+            except (ObjectNotFound, segment.SegmentFormatError) as e:
+                log.warning("restore: cannot read %s for committed offsets: %s", key, e)
+                continue
+            finally:
+                reads += 1
+            body = decoded.batches
+            for pos, h in records.iter_batches(body):
+                if h.is_control:
+                    kind, _ = records.read_control(body, pos, h)
+                    done = pending.pop(h.producer_id, [])
+                    if kind == records.CONTROL_COMMIT:
+                        for k, v in done:
+                            latest[k] = v
+                    continue
+                found = []
+                try:
+                    for rec in records.decode_records(body, pos, h):
+                        if rec.key is None:
+                            continue
+                        gtp = offsets_topic.read_offset_commit_key(rec.key)
+                        if gtp is None:
+                            continue
+                        value = offsets_topic.read_offset_commit_value(rec.value) if rec.value is not None else None
+                        found.append((gtp, (value, value.commit_ms if value is not None else h.max_timestamp)))
+                except (ValueError, struct.error, records.InvalidRecordError) as e:
+                    log.warning("restore: skipping an unreadable batch of %s at offset %d: %s", key, h.base_offset, e)
+                    continue
+                if h.is_transactional:
+                    pending.setdefault(h.producer_id, []).extend(found)
+                else:
+                    for k, v in found:
+                        latest[k] = v
+    return latest, reads
