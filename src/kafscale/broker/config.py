@@ -225,9 +225,12 @@ def _parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"not a boolean: {s!r}")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per BrokerConfig field; the default comes from KAFSCALE_<NAME> if set."""
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One flag per BrokerConfig field (`only`: just these fields, for commands that open a
+    broker's stores); the default comes from KAFSCALE_<NAME> if set."""
     for f in fields(BrokerConfig):
+        if only is not None and f.name not in only:
+            continue
         flag = "--" + f.name.replace("_", "-")
         env = "KAFSCALE_" + f.name.upper()
         kind = _parse_bool if f.type in (bool, "bool") else int if f.type in (int, "int") else str
@@ -238,6 +241,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, action="append", default=[default] if default is not None else None, help=help_text)
             continue
         parser.add_argument(flag, dest=f.name, type=kind, default=kind(default) if default is not None else None, help=help_text)
+
+
+# The flags that say where a broker's stores are: commands that open them directly
+# (`kafscale metadata ...`) take exactly these.
+STORE_FLAGS = ("data_dir", "storage", "namespace", "metadata", "metadata_prefix", "metadata_backup", "metadata_snapshots_keep")
 
 
 def from_args(ns: argparse.Namespace) -> BrokerConfig:

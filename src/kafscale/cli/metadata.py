@@ -119,7 +119,7 @@ def add_commands(sub) -> None:
 
     def leaf(name: str, fn, help_text: str) -> argparse.ArgumentParser:
         p = ms.add_parser(name, help=help_text, description=help_text)
-        broker_config.add_arguments(p)  # the broker's own storage/metadata flags
+        broker_config.add_arguments(p, only=broker_config.STORE_FLAGS)  # the broker's own flags for its stores
         p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=_run(fn))
         return p
