@@ -8,6 +8,8 @@ consumer_byte_rate (integral, bytes/s), request_percentage and controller_mutati
 (fractional) for user/client-id; connection_creation_rate (integral) for ip. Every value
 must be > 0. Enforced by broker/quota_manager.py (producer_byte_rate, consumer_byte_rate,
 request_percentage); controller_mutation_rate and connection_creation_rate are stored only.
+
+DescribeClientQuotas answers in Kafka's order (`kafka_order`), which clients compare exactly.
 """
 
 from __future__ import annotations
@@ -120,3 +122,51 @@ def matcher(components, strict: bool):
         return all(k in d and d[k] == v for k, v in exact.items()) and all(k in d for k in specified)
 
     return matches
+
+
+# -- Kafka's answer order -----------------------------------------------------------------
+#
+# A Kafka broker answers DescribeClientQuotas from its metadata image, where an entity is a
+# java.util.HashMap of type -> name (ClientQuotaImage.dataToEntity: a default HashMap) and
+# its quotas a HashMap of key -> value that each metadata delta rebuilds (ClientQuotaDelta:
+# the changed keys gathered in a default HashMap, then put into a HashMap sized by the
+# previous image, 0 for a new entity). Components and values come out in those maps'
+# iteration order. That order depends on the entity's history (a key added later to a
+# bucket shared with an older key follows it); KafScale keeps no history and answers as
+# Kafka does for an entity loaded in one delta: one AlterClientQuotas, or after a restart.
+# Entries (whole entities) come sorted: Kafka's entry order depends on the image's whole
+# history and on the filter.
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String.hashCode (31 * h + each UTF-16 code unit), as an unsigned 32-bit int."""
+    units = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + (units[i] << 8 | units[i + 1])) & 0xFFFFFFFF
+    return h
+
+
+def java_hashmap_order(keys, initial_capacity: int | None = None) -> list[str]:
+    """The iteration order of a java.util.HashMap of String keys after `keys` are put in this
+    order into `new HashMap<>()` (None) or `new HashMap<>(initial_capacity)`: by bucket (the
+    hash with its high half folded into the low, masked by the table size), ties in
+    insertion order. The table starts at 16, or at the power of two >= initial_capacity (at
+    least 1), and doubles once the map holds more than 3/4 of it."""
+    order: list[str] = []
+    for key in keys:
+        if key not in order:
+            order.append(key)
+    capacity = 16 if initial_capacity is None else 1 << max(initial_capacity - 1, 0).bit_length()
+    while len(order) > capacity * 3 // 4:
+        capacity *= 2
+    # Splitting a bucket on a resize keeps its entries' order, so the final table decides.
+    return sorted(order, key=lambda k: (java_string_hash(k) ^ java_string_hash(k) >> 16) & (capacity - 1))
+
+
+def kafka_order(entity: Entity, values: dict[str, float]) -> tuple[Entity, list[tuple[str, float]]]:
+    """An entity's components and its (key, value) pairs in the order Kafka answers them."""
+    names = dict(entity)
+    changed = java_hashmap_order(values)  # the delta's HashMap of changed keys
+    return (tuple((kind, names[kind]) for kind in java_hashmap_order(names)),
+            [(key, values[key]) for key in java_hashmap_order(changed, initial_capacity=0)])

@@ -27,16 +27,16 @@ async def describe_client_quotas(ctx, req):
         return make(cls, throttle_time=0, error_code=e.code, error_message=str(e), entries=None)
     except _STORE_DOWN as e:
         return make(cls, throttle_time=0, error_code=ErrorCode.request_timed_out, error_message=f"metadata store unavailable: {e}", entries=None)
-    entries = tuple(
-        make(
-            entry_cls,
-            entity=tuple(make(entity_cls, entity_type=k, entity_name=n) for k, n in entity),
-            values=tuple(make(value_cls, key=k, value=v) for k, v in sorted(values.items())),
-        )
-        for entity, values in sorted(stored, key=lambda e: repr(e[0]))
-        if matches(entity)
-    )
-    return make(cls, throttle_time=0, error_code=ErrorCode.none, error_message=None, entries=entries)
+    entries = []
+    for entity, values in sorted(stored, key=lambda e: repr(e[0])):
+        if matches(entity):
+            components, pairs = quotas.kafka_order(entity, values)
+            entries.append(make(
+                entry_cls,
+                entity=tuple(make(entity_cls, entity_type=k, entity_name=n) for k, n in components),
+                values=tuple(make(value_cls, key=k, value=v) for k, v in pairs),
+            ))
+    return make(cls, throttle_time=0, error_code=ErrorCode.none, error_message=None, entries=tuple(entries))
 
 
 async def alter_client_quotas(ctx, req):
