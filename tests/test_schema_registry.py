@@ -227,3 +227,72 @@ def test_tls_and_basic_auth(tmp_path):
             requests.get(f"http://localhost:{port}/subjects", timeout=5).json()
     finally:
         b.stop()
+
+
+def _produce_errors(bootstrap: str, topic: str, items, **conf) -> list:
+    """The delivery errors (None: delivered) of each (key, value), produced one by one."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0, **conf})
+    out = []
+    for key, value in items:
+        got = []
+        p.produce(topic, key=key, value=value, on_delivery=lambda err, _m: got.append(err))
+        p.flush(15)
+        assert got, "no delivery report"
+        out.append(got[0])
+    return out
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_produce_validation(registry, topic_name, compression):
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import NewTopic
+
+    b, url = registry
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 1, config={"confluent.value.schema.validation": "true"})])[topic_name].result(15)
+    plain = f"{topic_name}-plain"
+    admin.create_topics([NewTopic(plain, 1)])[plain].result(15)
+    client = SchemaRegistryClient({"url": url})
+    serializer = AvroSerializer(client, USER_V1)
+    good = serializer({"name": "ada", "favorite_number": 7}, SerializationContext(topic_name, MessageField.VALUE))
+    other_id = client.register_schema(f"{topic_name}-other", Schema(USER_V2, "AVRO"))  # registered, but not for this topic
+    unregistered = b"\x00" + other_id.to_bytes(4, "big") + good[5:]
+    errors = _produce_errors(b.bootstrap, topic_name, [(None, good), (b"k", b"plain text"), (None, unregistered), (b"k", None), (None, b"\x00\x00")],
+                             **{"compression.type": compression})
+    codes = [e.code() if e is not None else None for e in errors]
+    assert codes == [None, KafkaError.INVALID_RECORD, KafkaError.INVALID_RECORD, None, KafkaError.INVALID_RECORD]
+    # A topic without the config takes anything.
+    assert _produce_errors(b.bootstrap, plain, [(None, b"plain text")]) == [None]
+    # Only the valid record and the tombstone are in the log.
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": topic_name, "auto.offset.reset": "earliest"})
+    c.subscribe([topic_name])
+    values = []
+    try:
+        while len(values) < 2:
+            m = c.poll(10)
+            assert m is not None and m.error() is None
+            values.append(m.value())
+    finally:
+        c.close()
+    assert values == [good, None]
+
+
+def test_key_validation_and_config_checks(registry, topic_name):
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    b, url = registry
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    bad = admin.create_topics([NewTopic(f"{topic_name}-bad", 1, config={"confluent.key.schema.validation": "maybe"})])[f"{topic_name}-bad"]
+    with pytest.raises(Exception) as e:
+        bad.result(15)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG
+    admin.create_topics([NewTopic(topic_name, 1)])[topic_name].result(15)
+    assert _produce_errors(b.bootstrap, topic_name, [(b"raw-key", b"v")]) == [None]
+    entry = ConfigEntry("confluent.key.schema.validation", "true", incremental_operation=AlterConfigOpType.SET)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic_name, incremental_configs=[entry])
+    admin.incremental_alter_configs([res])[res].result(15)
+    key_id = SchemaRegistryClient({"url": url}).register_schema(f"{topic_name}-key", Schema('"string"', "AVRO"))
+    key = b"\x00" + key_id.to_bytes(4, "big") + b"\x06abc"
+    wait_until(lambda: _produce_errors(b.bootstrap, topic_name, [(b"raw-key", b"v")])[0] is not None, 10, "the altered config to apply")
+    assert _produce_errors(b.bootstrap, topic_name, [(key, b"any value"), (None, b"v")]) == [None, None]

@@ -26,6 +26,8 @@ from kafscale.storage.logs import LogManager
 from kafscale.storage.objectstore import open_store
 from kafscale.ops.http import start_ops
 from kafscale.protocol import build
+from kafscale.registry.service import SCHEMAS_TOPIC, SCHEMAS_TOPIC_CONFIGS, RegistryService
+from kafscale.registry.validation import ProduceValidator
 from kafscale.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger("kafscale.broker")
@@ -80,7 +82,11 @@ class Broker:
             config.metadata_snapshot_interval_ms / 1000, config.metadata_snapshots_keep,
         )
         self.ops = None
-        self.registry = None  # the schema registry (--schema-registry), registry/server.py
+        # The schema registry's state (any broker: produce validation reads it) and its
+        # REST API (--schema-registry, registry/server.py).
+        self.schemas = RegistryService(self, lambda: topics.create(self, SCHEMAS_TOPIC, 1, dict(SCHEMAS_TOPIC_CONFIGS)))
+        self.schema_validator = ProduceValidator(self.schemas)
+        self.registry = None
         self.stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -103,9 +109,8 @@ class Broker:
         self.ops = await start_ops(self)
         if self.config.schema_registry:
             from kafscale.registry.server import start_registry
-            from kafscale.registry.service import SCHEMAS_TOPIC, SCHEMAS_TOPIC_CONFIGS
 
-            self.registry = await start_registry(self, lambda: topics.create(self, SCHEMAS_TOPIC, 1, dict(SCHEMAS_TOPIC_CONFIGS)))
+            self.registry = await start_registry(self, self.schemas)
 
     async def stop(self) -> None:
         """Stop accepting, flush every buffer, release everything."""

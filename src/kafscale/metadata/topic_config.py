@@ -178,6 +178,12 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("compression.gzip.level", "-1", INT, _gzip_level, "gzip level used when the broker compresses with gzip." + _STORED + " (batches are never re-compressed).", ("compression.gzip.level",)),
         ConfigDef("compression.lz4.level", "9", INT, between(1, 17), "lz4 level used when the broker compresses with lz4." + _STORED + " (batches are never re-compressed).", ("compression.lz4.level",)),
         ConfigDef("compression.zstd.level", "3", INT, between(-131072, 22), "zstd level used when the broker compresses with zstd." + _STORED + " (batches are never re-compressed).", ("compression.zstd.level",)),
+        ConfigDef("confluent.key.schema.validation", "false", BOOLEAN, None,
+                  "Confluent Server's and Redpanda's name: every non-null record key must start with the magic byte 0 and the id of a schema registered "
+                  "(live) under the subject <topic>-key in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED),
+        ConfigDef("confluent.value.schema.validation", "false", BOOLEAN, None,
+                  "Confluent Server's and Redpanda's name: every non-null record value must start with the magic byte 0 and the id of a schema registered "
+                  "(live) under the subject <topic>-value in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED),
         ConfigDef("delete.retention.ms", "86400000", LONG, at_least(0), "How long a tombstone (a record with a null value) of a compacted topic is kept after the compactor first rewrote the segment holding it; "
                   "then it is removed. A consumer reading from the beginning sees a deleted key's tombstone if it reaches it within this time.",
                   ("log.cleaner.delete.retention.ms",), ENFORCED),
@@ -400,6 +406,13 @@ class LogSettings:
     delete_retention_ms: int = 86_400_000
     # message.downconversion.enable: Fetch v0-v3 served by down-converting (protocol/legacy.py)
     downconversion: bool = True
+    # confluent.{key,value}.schema.validation: records carry a registered schema id (registry/validation.py)
+    key_schema_validation: bool = False
+    value_schema_validation: bool = False
+
+    @property
+    def schema_validation(self) -> bool:
+        return self.key_schema_validation or self.value_schema_validation
 
     @classmethod
     def from_configs(cls, configs: dict[str, str], broker_static: dict[str, str] | None = None) -> "LogSettings":
@@ -423,4 +436,6 @@ class LogSettings:
             int(c["max.compaction.lag.ms"]),
             int(c["delete.retention.ms"]),
             c["message.downconversion.enable"] == "true",
+            c["confluent.key.schema.validation"] == "true",
+            c["confluent.value.schema.validation"] == "true",
         )

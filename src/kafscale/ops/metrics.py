@@ -293,6 +293,7 @@ class _LiveCollector(Collector):
                 ops.add_metric([op], stats[key])
         yield ops
         yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
+        yield CounterMetricFamily("kafscale_schema_check_decompressions", "Compressed record batches produce decompressed to check the schema ids of records sent to topics with confluent.key/value.schema.validation (0 unless compressed batches go to such topics)", value=records.schema_check_decompressions)
         yield CounterMetricFamily("kafscale_key_check_decompressions", "Compressed record batches produce decompressed to check that every record sent to a compacted topic has a key (Kafka's rule; 0 unless compressed batches go to topics with cleanup.policy compact)", value=records.key_check_decompressions)
         conversions = CounterMetricFamily("kafscale_record_conversions", "Record sets re-encoded between message formats by this broker process: 'up' a Produce v0-v2 message set (magic 0/1) into a v2 batch on append, 'down' a stored v2 batch into a message set for a Fetch v0-v3 (the only re-encoding the broker does)", labels=["direction"])
         conversions.add_metric(["up"], legacy_records.up_conversions)

@@ -17,7 +17,7 @@ from typing import Iterator
 import crc32c as _crc32c
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol.varint import VarintError, read_varlong
+from kafscale.protocol.varint import BufferUnderflow, VarintError, native_varlong, read_varlong
 
 LONG_MAX = (1 << 63) - 1
 
@@ -205,49 +205,80 @@ def check_keys(data, headers: list[BatchHeader], partition: str) -> None:
     is decompressed first (counted in `key_check_decompressions`, not in `decompressions`).
     Control batches are not checked (their records always have a key)."""
     global key_check_decompressions
+    for header, body in batch_bodies(data, headers):
+        if header.compression != COMPRESSION_NONE:
+            key_check_decompressions += 1
+        missing = _keyless_records(body, header.record_count)
+        if missing:
+            raise rejected_records([(i, f"Compacted topic cannot accept message without key in topic partition {partition}") for i in missing])
+
+
+def batch_bodies(data, headers: list[BatchHeader]) -> Iterator[tuple[BatchHeader, object]]:
+    """(header, records body) of every batch with records that is not a control batch; a
+    compressed body decompressed (callers count that), an uncompressed one a read-only view."""
     view = memoryview(data).toreadonly()
     pos = 0
     for header in headers:
         if not header.is_control and header.record_count > 0:
             body = view[pos + HEADER_SIZE : pos + header.size]
             if header.compression != COMPRESSION_NONE:
-                key_check_decompressions += 1
                 try:
                     body = _decompress(header.compression, body)
                 except Exception:  # noqa: BLE001 - whatever the codec library raises on bad input
                     raise InvalidRecordError("compressed record batch does not decompress", ErrorCode.corrupt_message) from None
-            missing = _keyless_records(body, header.record_count)
-            if missing:
-                errors = tuple((i, f"Compacted topic cannot accept message without key in topic partition {partition}") for i in missing)
-                shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
-                raise InvalidRecordError(
-                    f"One or more records have been rejected due to {len(errors)} record errors in total, and only showing the first three errors at most: [{shown}]",
-                    ErrorCode.invalid_record,
-                    errors,
-                )
+            yield header, body
         pos += header.size
+
+
+def rejected_records(errors: list[tuple[int, str]]) -> InvalidRecordError:
+    """INVALID_RECORD with Kafka's record_errors (batch index, message) and its message."""
+    errors = tuple(errors)
+    shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+    return InvalidRecordError(
+        f"One or more records have been rejected due to {len(errors)} record errors in total, and only showing the first three errors at most: [{shown}]",
+        ErrorCode.invalid_record,
+        errors,
+    )
+
+
+def record_keys_values(body, count: int) -> Iterator[tuple[int, object, object]]:
+    """(index, key, value) of each record of a batch body (decompressed), as views into it
+    (None for a null key or value), without decoding headers. One-byte varints (most
+    record fields) are decoded inline, longer ones by kio's reader."""
+    body = memoryview(body).toreadonly()  # slices are views; kio's varint reader takes read-only buffers
+    end = len(body)
+    native = native_varlong
+
+    def varlong(q: int) -> tuple[int, int]:
+        b = body[q]
+        if b < 0x80:
+            return (b >> 1) ^ -(b & 1), q + 1
+        v, size = native(body, q)
+        return v, q + size
+
+    p = 0
+    try:
+        for i in range(count):
+            length, q = varlong(p)
+            rec_end = q + length
+            _ts_delta, q = varlong(q + 1)  # after the attributes byte
+            _offset_delta, q = varlong(q)
+            key_length, q = varlong(q)
+            key = body[q : q + key_length] if key_length >= 0 else None
+            value_length, q = varlong(q + max(key_length, 0))
+            value = body[q : q + value_length] if value_length >= 0 else None
+            q += max(value_length, 0)
+            if length < 0 or rec_end > end or q > rec_end:
+                raise InvalidRecordError(f"record {i} of a batch overruns its batch", ErrorCode.corrupt_message)
+            yield i, key, value
+            p = rec_end
+    except (IndexError, ValueError, BufferUnderflow):
+        raise InvalidRecordError("malformed record in a record batch", ErrorCode.corrupt_message) from None
 
 
 def _keyless_records(body, count: int) -> list[int]:
     """Indexes of the records in a batch body (decompressed) whose key is null."""
-    missing = []
-    p, end = 0, len(body)
-    try:
-        for i in range(count):
-            length, p = read_varlong(body, p)
-            rec_end = p + length
-            q = p + 1  # attributes
-            _ts_delta, q = read_varlong(body, q)
-            _offset_delta, q = read_varlong(body, q)
-            key_length, q = read_varlong(body, q)
-            if length < 0 or rec_end > end or q > rec_end:
-                raise InvalidRecordError(f"record {i} of a batch overruns its batch", ErrorCode.corrupt_message)
-            if key_length < 0:
-                missing.append(i)
-            p = rec_end
-    except VarintError:
-        raise InvalidRecordError("malformed record in a record batch", ErrorCode.corrupt_message) from None
-    return missing
+    return [i for i, key, _value in record_keys_values(body, count) if key is None]
 
 
 def patch_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
@@ -315,6 +346,9 @@ decompressions = 0
 # topic has a key (check_keys): the one check that looks inside compressed batches on the
 # produce path, for compacted topics only (kafscale_key_check_decompressions_total).
 key_check_decompressions = 0
+# Likewise for the schema-id check of topics with confluent.{key,value}.schema.validation
+# (registry/validation.py; kafscale_schema_check_decompressions_total).
+schema_check_decompressions = 0
 
 
 def decompress(codec: int, data, counted: bool = True) -> bytes:

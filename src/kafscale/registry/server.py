@@ -9,7 +9,7 @@ listener is up, `await self.registry.stop()` first thing on shutdown.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from kafscale.registry.rest import RegistryApi
 from kafscale.registry.service import RegistryService
@@ -37,15 +37,12 @@ class RegistryHandle:
         await self.runner.cleanup()
 
 
-async def start_registry(broker: "Broker", create_topic: Callable[[], Awaitable[object]]) -> RegistryHandle:
-    """Serve the registry on --schema-registry. `create_topic` creates `_schemas` (the
-    broker's own topic creation, markers and all); it may raise KafkaError
-    TOPIC_ALREADY_EXISTS."""
+async def start_registry(broker: "Broker", service: RegistryService) -> RegistryHandle:
+    """Serve `service` (the broker's registry state) on --schema-registry."""
     from aiohttp import web
 
     config = broker.config
     host, port = config.split_hostport(config.schema_registry)
-    service = RegistryService(broker, create_topic)
     api = RegistryApi(service, getattr(config, "schema_registry_basic_auth", ""))
     app = web.Application(middlewares=[api.middleware()], client_max_size=16 << 20)
     app.add_routes(api.routes())

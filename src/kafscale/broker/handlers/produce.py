@@ -1,7 +1,8 @@
 """Produce (0): validate each batch (magic, CRC32C, size), assign offsets in place, and
 answer once the flush that holds the batches is durable. Batches are never decompressed,
-except to check record timestamps on topics that limit them (message.timestamp.*.max.ms)
-and record keys on compacted topics (records.check_keys).
+except to check record timestamps on topics that limit them (message.timestamp.*.max.ms),
+record keys on compacted topics (records.check_keys) and schema ids on topics with
+confluent.{key,value}.schema.validation (registry/validation.py).
 
 Transactional batches (a request with a transactional id) are appended like any batch;
 the partition opens the producer's transaction on it (storage/producers.py). The
@@ -61,6 +62,8 @@ async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _Pa
             records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
         if lg.settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
             records.check_keys(buf, headers, f"{topic}-{index}")
+        if lg.settings.schema_validation:  # confluent.{key,value}.schema.validation (registry/validation.py)
+            await broker.schema_validator.check(topic, buf, headers, lg.settings.key_schema_validation, lg.settings.value_schema_validation)
         if transactional_id is None and any(h.is_transactional for h in headers):
             # As Kafka: transactional records need the request's transactional id (the
             # one authorized to write them).
