@@ -12,7 +12,8 @@ from botocore.exceptions import ClientError
 
 from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
-from kafscale.metadata.kv import MetadataUnavailable, Txn, open_kv
+from kafscale.metadata.backends import open_kv
+from kafscale.metadata.kv import MetadataUnavailable, Txn
 from kafscale.metadata.store import (
     CommittedOffset,
     ConflictError,
@@ -20,7 +21,9 @@ from kafscale.metadata.store import (
     TopicExistsError,
     TopicMeta,
 )
-from kafscale.storage.objectstore import LocalObjectStore, ObjectNotFound, ObjectStoreError, open_store
+from kafscale.storage.backends import open_store
+from kafscale.storage.local_store import LocalObjectStore
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStoreError
 from kafscale.storage.s3 import S3ObjectStore
 from kafscale.storage.segment import SegmentInfo
 from tests.support.servers import free_port, start_etcd, start_moto

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from kafscale.storage.objectstore import open_store
+from kafscale.storage.backends import open_store
 from tests.support.broker import BrokerProcess
 from tests.support.compaction import Model, broker_args, create_topic, metrics, produce, read_all
 from tests.support.wait import wait_until

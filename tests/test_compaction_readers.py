@@ -12,12 +12,12 @@ import pytest
 
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import merger
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import open_store
+from kafscale.storage.backends import open_store
 from tests.support.wait import wait_until_async
 
 

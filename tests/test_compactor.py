@@ -9,13 +9,13 @@ import time
 
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import cleaner, segment
 from kafscale.storage.cache import SegmentView
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import LocalObjectStore
+from kafscale.storage.local_store import LocalObjectStore
 
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
 

@@ -23,13 +23,14 @@ from kio.schema.errors import ErrorCode
 
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.failures import StorageError
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import ObjectExistsError, open_store
+from kafscale.storage.backends import open_store
+from kafscale.storage.objectstore import ObjectExistsError
 from kafscale.storage.s3 import S3ObjectStore
 from tests.support.broker import BrokerProcess
 

@@ -640,7 +640,7 @@ async def test_expiry_and_offset_delete_write_tombstones(tmp_path):
     from types import SimpleNamespace
 
     from kafscale.groups.coordinator import GroupCoordinator
-    from kafscale.metadata.kv import SqliteKV
+    from kafscale.metadata.sqlite import SqliteKV
     from kafscale.metadata.store import MetadataStore
 
     store = MetadataStore(SqliteKV(tmp_path / "m.sqlite"))
@@ -683,7 +683,7 @@ async def test_pipeline_patterns_leave_the_internal_topic_out(tmp_path):
     pattern subscription leaves them out); subscribe names it explicitly."""
     from kafscale.pipeline.segments import list_topics
     from kafscale.storage import segment
-    from kafscale.storage.objectstore import open_store
+    from kafscale.storage.backends import open_store
 
     store = open_store(f"file://{tmp_path}/objects")
     try:

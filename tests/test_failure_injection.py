@@ -23,11 +23,11 @@ import uuid
 import pytest
 from kio.schema.errors import ErrorCode
 
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.objectstore import open_store
+from kafscale.storage.backends import open_store
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, decode_response, error_code, req
 from tests.support.servers import ETCD_BIN, start_etcd, start_moto

@@ -648,7 +648,7 @@ class FakeClock:
 
 @pytest.fixture
 def store(tmp_path):
-    from kafscale.metadata.kv import SqliteKV
+    from kafscale.metadata.sqlite import SqliteKV
     from kafscale.metadata.store import MetadataStore
 
     return MetadataStore(SqliteKV(tmp_path / "meta.db"))
@@ -829,7 +829,7 @@ class _FakeBroker:
         from kafscale.broker.config import BrokerConfig
         from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
         from kafscale.storage.logs import LogManager
-        from kafscale.storage.objectstore import LocalObjectStore
+        from kafscale.storage.local_store import LocalObjectStore
 
         self.metadata = store
         self.cluster = SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092))

@@ -305,7 +305,7 @@ def test_merger_deletes_the_oldest_early_only_over_the_cap_and_after_the_short_g
 
 
 async def test_merger_retries_a_failed_delete(tmp_path):
-    from kafscale.storage.objectstore import LocalObjectStore
+    from kafscale.storage.local_store import LocalObjectStore
 
     class FailingOnce(LocalObjectStore):
         failures = 1

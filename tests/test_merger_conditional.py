@@ -22,7 +22,8 @@ import pytest
 from kafscale.metadata.store import ConflictError, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import merger, segment
-from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound, open_store
+from kafscale.storage.backends import open_store
+from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 from kafscale.storage.s3 import S3ObjectStore
 from tests.support.broker import BrokerProcess
 from tests.test_conditional_segments import NAMESPACE, _AnswerDroppingProxy, _append, _backend, _close, _consume_all, _manager

@@ -22,7 +22,8 @@ from kafka.structs import OffsetAndMetadata
 
 from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
-from kafscale.metadata.kv import SqliteKV, Txn
+from kafscale.metadata.kv import Txn
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import CommittedOffset, MetadataStore
 
 HOSTILE_NAMES = [

@@ -301,10 +301,10 @@ def _restart_checks(b: BrokerProcess, t: int, survivors: list[Rec], adopted: lis
 def _manager(data_dir, storage: str | None = None):
     from kafscale.broker.config import BrokerConfig
     from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
-    from kafscale.metadata.kv import SqliteKV
+    from kafscale.metadata.sqlite import SqliteKV
     from kafscale.metadata.store import MetadataStore
     from kafscale.storage.logs import LogManager
-    from kafscale.storage.objectstore import open_store
+    from kafscale.storage.backends import open_store
 
     storage = storage or f"file://{data_dir}/objects"
     cfg = BrokerConfig(data_dir=str(data_dir), http="", merge_interval_ms=0, storage=storage)
@@ -483,7 +483,7 @@ def test_ownership_takeover_over_a_gappy_log(etcd_server, moto_server, tmp_path)
     import signal
     import uuid
 
-    from kafscale.storage.objectstore import open_store
+    from kafscale.storage.backends import open_store
     from tests.support.gaps import write_partition
 
     tag = uuid.uuid4().hex[:10]

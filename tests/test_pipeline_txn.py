@@ -14,7 +14,7 @@ pytest.importorskip("pyspark")
 
 from kafscale.metadata.store import TopicMeta  # noqa: E402
 from kafscale.pipeline import segments as seg  # noqa: E402
-from kafscale.storage.objectstore import LocalObjectStore  # noqa: E402
+from kafscale.storage.local_store import LocalObjectStore  # noqa: E402
 from kafscale.storage.txn import TxnMarker  # noqa: E402
 from tests.test_txn_partition import PID_A, PID_B, _manager, _produce, plain_batch, txn_batch  # noqa: E402
 

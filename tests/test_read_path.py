@@ -8,13 +8,13 @@ import time
 
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import reader as reader_mod
 from kafscale.storage import segment
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import LocalObjectStore
+from kafscale.storage.local_store import LocalObjectStore
 from tests.support.wait import wait_until_async
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from kafscale.cluster.membership import BrokerNode, Cluster
 from kafscale.errors import ErrorCode
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import CommittedOffset, MetadataStore
 from kafscale.protocol import codec
 from kafscale.protocol.build import make, response

@@ -16,11 +16,11 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.errors import ErrorCode
-from kafscale.metadata.kv import SqliteKV
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import LocalObjectStore
+from kafscale.storage.local_store import LocalObjectStore
 from kafscale.storage.txn import TxnMarker
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req

@@ -30,10 +30,12 @@ from pathlib import Path
 
 import crc32c
 
-from kafscale.metadata.kv import SqliteKV, open_kv
+from kafscale.metadata.backends import open_kv
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.storage import segment
-from kafscale.storage.objectstore import LocalObjectStore, open_store
+from kafscale.storage.backends import open_store
+from kafscale.storage.local_store import LocalObjectStore
 
 DELETE_HORIZON = 0x40  # KIP-534 attributes bit
 PRODUCER_ID = 7001

@@ -18,12 +18,12 @@ from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.groups.coordinator import GroupCoordinator
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC
-from kafscale.metadata.kv import open_kv
+from kafscale.metadata.backends import open_kv
 from kafscale.metadata.producer_ids import ProducerIdAllocator
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.storage.logs import LogManager
-from kafscale.storage.objectstore import open_store
+from kafscale.storage.backends import open_store
 from kafscale.ops.http import start_ops
 from kafscale.protocol import build
 from kafscale.registry.service import SCHEMAS_TOPIC, SCHEMAS_TOPIC_CONFIGS, RegistryService
@@ -36,12 +36,12 @@ log = logging.getLogger("kafscale.broker")
 class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.metadata = MetadataStore(open_kv(config.metadata, config.data_dir, config.metadata_prefix))
-        self.store = open_store(config.storage)
+        self.metadata = MetadataStore(open_kv(config.metadata_url, config.data_dir, config.metadata_prefix))
+        self.store = open_store(config.storage_url)
         self.listeners, advertised = config.resolved_listeners()
         first = advertised[0]
         local = BrokerNode(config.broker_id, first.host, first.port, endpoints=tuple((a.name, a.host, a.port) for a in advertised))
-        if config.metadata.startswith("etcd://"):
+        if config.metadata_url.is_etcd:
             from kafscale.cluster.etcd_cluster import EtcdCluster
 
             # The cluster stops the logs of partitions it loses. The log manager (built

@@ -6,6 +6,9 @@ import argparse
 import os
 from dataclasses import MISSING, dataclass, field, fields
 
+from kafscale.metadata.url import MetadataURL
+from kafscale.storage.url import StorageURL
+
 
 @dataclass
 class BrokerConfig:
@@ -114,13 +117,16 @@ class BrokerConfig:
             self.advertise = self.listen
         if not self.storage:
             self.storage = "file://" + os.path.abspath(os.path.join(self.data_dir, "objects"))
+        # Parsed once, here; raises ValueError for an unsupported scheme.
+        self.storage_url = StorageURL.parse(self.storage)
+        self.metadata_url = MetadataURL.parse(self.metadata)
         if self.min_flush_interval_ms < 0:
             # A local directory makes an upload cheap, so acknowledge at once. On S3 every
             # upload is billed (one PUT: the segment; a second for its index only from
             # --index-min-bytes on), so a busy partition uploads at most once per flush
             # interval: the spec's cost profile (README: "Latency and S3 cost"). An idle
             # partition still answers at once.
-            self.min_flush_interval_ms = self.flush_interval_ms if self.storage.startswith("s3://") else 0
+            self.min_flush_interval_ms = self.flush_interval_ms if self.storage_url.is_s3 else 0
 
     def resolved_listeners(self):
         """(bound, advertised) listeners; raises security.listeners.ListenerError."""

@@ -4,7 +4,7 @@ We talk gRPC through the protobuf stubs shipped with `aetcd` (`aetcd.rpc`), not 
 `aetcd.Client`: the client has one global timeout, no endpoint failover, no paging and
 no nested transactions, and all of those matter here. The stubs are plain grpc.aio.
 
-Semantics match SqliteKV (kv.py): a key's version is 0 when absent and grows by one per
+Semantics match SqliteKV (sqlite.py): a key's version is 0 when absent and grows by one per
 write; `commit` is ONE etcd transaction guarded by version compares. Two etcd rules
 shape how a Txn is translated:
 
@@ -34,6 +34,7 @@ import grpc
 from aetcd import rpc
 
 from kafscale.metadata.kv import KV, KeyValue, MetadataUnavailable, Txn
+from kafscale.metadata.url import MetadataURL
 
 _PAGE = 1000  # keys per Range page: keeps every response far below gRPC size limits
 _MAX_MSG = 64 * 1024 * 1024
@@ -101,20 +102,12 @@ class EtcdKV(KV):
         self._current = 0  # index of the endpoint that answered last
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "/kafscale", **kwargs) -> "EtcdKV":
+    def from_url(cls, url: MetadataURL | str, prefix: str = "/kafscale", **kwargs) -> "EtcdKV":
         """`etcd://host:port[,host:port...]` (a trailing path is ignored)."""
-        if not url.startswith("etcd://"):
-            raise ValueError(f"not an etcd URL: {url!r}")
-        hosts = url[len("etcd://") :].split("/", 1)[0]
-        endpoints = []
-        for hp in hosts.split(","):
-            hp = hp.strip()
-            if not hp:
-                continue
-            if ":" not in hp.rsplit("]", 1)[-1]:
-                hp += ":2379"
-            endpoints.append(hp)
-        return cls(endpoints, prefix=prefix, **kwargs)
+        parsed = MetadataURL.parse(url) if isinstance(url, str) else url
+        if not parsed.is_etcd:
+            raise ValueError(f"not an etcd URL: {str(url)!r}")
+        return cls(list(parsed.endpoints), prefix=prefix, **kwargs)
 
     # -- plumbing -----------------------------------------------------------------------
 

@@ -266,7 +266,7 @@ class _LiveCollector(Collector):
         cfg = b.config
 
         info = GaugeMetricFamily("kafscale_broker_info", "Static facts about this broker (value 1)", labels=["broker_id", "storage", "metadata"])
-        info.add_metric([str(cfg.broker_id), cfg.storage.split("://", 1)[0] if "://" in cfg.storage else "file", cfg.metadata.split("://", 1)[0]], 1)
+        info.add_metric([str(cfg.broker_id), cfg.storage_url.scheme, cfg.metadata_url.scheme], 1)
         yield info
 
         def counter(name, doc, key):

@@ -39,7 +39,8 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, open_store
+from kafscale.storage.backends import open_store
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 
 log = logging.getLogger("kafscale.pipeline")
 

@@ -511,7 +511,7 @@ async def _metadata_view(cfg: SourceConfig, tps: list[TopicPartition]) -> tuple[
     it is wholly below the start: the objects alone would show the deleted records."""
     if cfg.metadata is None or not tps:
         return None
-    from kafscale.metadata.kv import open_kv
+    from kafscale.metadata.backends import open_kv
     from kafscale.metadata.store import MetadataStore
 
     store = MetadataStore(open_kv(cfg.metadata, ".", cfg.metadata_prefix))

@@ -19,8 +19,10 @@ The rest of storage/, by job:
   compactor.py       log compaction's driver over the object store (docs/compaction.md)
   topic_cache.py     TopicCache: topic metadata and the topic-id table
   failures.py        StorageError, and how store failures become retriable Kafka errors
-  segment.py, cache.py, producers.py, objectstore.py, s3.py: the segment codec, the segment
-                     cache, idempotent-producer sequences, the object-store backends
+  segment.py, cache.py, producers.py: the segment codec, the segment cache,
+                     idempotent-producer sequences
+  objectstore.py     the object-store contract; local_store.py, s3.py its backends;
+                     backends.py open_store(url); url.py StorageURL (--storage parsed once)
 """
 
 from __future__ import annotations

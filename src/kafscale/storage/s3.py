@@ -71,6 +71,7 @@ from aiobotocore.session import get_session
 
 from kafscale.protocol.records import crc32c
 from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
+from kafscale.storage.url import StorageURL
 
 _RETRY_CODES = {
     "SlowDown",
@@ -161,10 +162,10 @@ class S3ObjectStore(ObjectStore):
         self._lock: asyncio.Lock | None = None
 
     @classmethod
-    def from_url(cls, url: str, **kwargs) -> "S3ObjectStore":
-        if not url.startswith("s3://"):
-            raise ValueError(f"not an S3 URL: {url!r}")
-        bucket, _, prefix = url[len("s3://") :].partition("/")
+    def from_url(cls, url: StorageURL | str, **kwargs) -> "S3ObjectStore":
+        parsed = StorageURL.parse(url) if isinstance(url, str) else url
+        if not parsed.is_s3:
+            raise ValueError(f"not an S3 URL: {str(url)!r}")
         env = os.environ
         path_style = env.get("KAFSCALE_S3_PATH_STYLE")
         opts = dict(
@@ -180,7 +181,7 @@ class S3ObjectStore(ObjectStore):
         if env.get("KAFSCALE_S3_MAX_ATTEMPTS"):
             opts["max_attempts"] = int(env["KAFSCALE_S3_MAX_ATTEMPTS"])
         opts.update(kwargs)
-        return cls(bucket, prefix, **opts)
+        return cls(parsed.bucket, parsed.prefix, **opts)
 
     def __repr__(self) -> str:
         where = self.endpoint_url or "aws"

@@ -1,0 +1,289 @@
+"""The local-directory backend of the ObjectStore contract (objectstore.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import itertools
+import os
+from pathlib import Path
+
+from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
+
+# Temp file names: unique per process (pid) and per write (counter); O_EXCL catches the rest.
+_TEMP_NAMES = itertools.count()
+
+
+def _write_all(fd: int, parts: list) -> None:
+    """Write every part at the file position, in one writev when the kernel takes it all."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views[:_IOV_MAX])
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+class LocalObjectStore(ObjectStore):
+    """A directory as object store: the embedded default.
+
+    Writes go to a temp file, are fsynced and renamed into place, so a reader or a crash
+    never sees half an object.
+    """
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"invalid object key {key!r}")
+        return self.root / key
+
+    def _new_temp(self, key: str, parts: list) -> tuple[Path, str]:
+        """(the key's path, a temp file beside it holding `parts`, fsynced): every write
+        goes to a temp file that is fsynced before it takes the key's name, so readers never
+        see half. One open, one writev and one fsync per object: a flush creates an object
+        per segment, many per second on a local disk, so this path is kept lean (no
+        tempfile name generation, no mkdir unless the directory is missing)."""
+        path = self._path(key)
+        tmp = f"{path.parent}/.tmp-{os.getpid()}-{next(_TEMP_NAMES)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
+            _write_all(fd, parts)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self._discard(tmp)
+            raise
+        os.close(fd)
+        return path, tmp
+
+    @staticmethod
+    def _discard(tmp: str) -> None:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+    def _put_sync(self, key: str, parts: list) -> None:
+        path, tmp = self._new_temp(key, parts)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            self._discard(tmp)
+            raise
+
+    async def put(self, key: str, parts: list) -> None:
+        try:
+            await asyncio.to_thread(self._put_sync, key, parts)
+        except OSError as e:
+            raise ObjectStoreError(f"put {key}: {e}") from e
+
+    async def put_many(self, objects: list[tuple[str, list]]) -> None:
+        # One worker-thread hop for the segment and its index, not one each.
+        def put_all() -> None:
+            for key, parts in objects:
+                self._put_sync(key, parts)
+
+        try:
+            await asyncio.to_thread(put_all)
+        except OSError as e:
+            raise ObjectStoreError(f"put {objects[0][0]}: {e}") from e
+
+    def _create_sync(self, key: str, parts: list) -> None:
+        """Temp file, fsync, then link(2) into place: the link fails if the name exists,
+        so of two writers exactly one creates the object, and readers never see half."""
+        path, tmp = self._new_temp(key, parts)
+        try:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                with open(path, "rb") as existing, open(tmp, "rb") as ours:
+                    if existing.read() != ours.read():
+                        raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
+        finally:
+            self._discard(tmp)
+
+    async def create(self, key: str, parts: list) -> None:
+        await self.create_many([(key, parts)])
+
+    async def create_many(self, objects: list[tuple[str, list]]) -> None:
+        # One worker-thread hop, as put_many; the index only once the segment is ours.
+        def create_all() -> None:
+            self._create_sync(*objects[0])
+            for key, parts in objects[1:]:
+                self._put_sync(key, parts)
+
+        try:
+            await asyncio.to_thread(create_all)
+        except ObjectExistsError:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"create {objects[0][0]}: {e}") from e
+
+    @staticmethod
+    def _version(data: bytes) -> str:
+        # The bytes themselves, by digest: an object of other bytes can never pass for the
+        # expected one (an inode or mtime can be reused), and the same bytes are the same
+        # object to a merge, which is all the token guards.
+        return f"{len(data)}-{hashlib.sha256(data).hexdigest()}"
+
+    def _get_with_version_sync(self, key: str) -> tuple[bytes, str]:
+        data = self._get_sync(key, 0, None)
+        return data, self._version(data)
+
+    async def get_with_version(self, key: str) -> tuple[bytes, str]:
+        try:
+            return await asyncio.to_thread(self._get_with_version_sync, key)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _replace_sync(self, key: str, parts: list, expected: str) -> None:
+        """Temp file and fsync outside the lock; then, holding an exclusive flock on the
+        key's directory (every replacer of this store takes it, in this process or another
+        on this machine), compare the current object with `expected` and rename over it."""
+        path, tmp = self._new_temp(key, parts)
+        try:
+            ours = self._version(b"".join(parts))
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                try:
+                    current = self._version(self._get_sync(key, 0, None))
+                except ObjectNotFound:
+                    raise ObjectChangedError(f"replace {key}: the object is gone") from None
+                if current == ours:
+                    return  # already these bytes
+                if current != expected:
+                    raise ObjectChangedError(f"replace {key}: the key holds another version than expected")
+                os.replace(tmp, path)
+            finally:
+                os.close(dir_fd)  # releases the lock
+        finally:
+            self._discard(tmp)
+
+    async def replace(self, key: str, parts: list, expected: str) -> None:
+        try:
+            await asyncio.to_thread(self._replace_sync, key, parts, expected)
+        except ObjectChangedError:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"replace {key}: {e}") from e
+
+    def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(max(0, end - start))
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        try:
+            return await asyncio.to_thread(self._get_sync, key, start, end)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    async def _each_found_in_thread(self, calls: list) -> list:
+        """The calls (small local reads) in one thread hop, a hop per file costing more than
+        the read; None for an object not found."""
+        def run() -> list:
+            out = []
+            for call in calls:
+                try:
+                    out.append(call())
+                except ObjectNotFound:
+                    out.append(None)
+            return out
+
+        try:
+            return await asyncio.to_thread(run)
+        except OSError as e:
+            raise ObjectStoreError(f"get: {e}") from e
+
+    async def get_many(self, requests: list[tuple[str, tuple[int, int] | None]], concurrency: int = 32) -> list[bytes | None]:
+        return await self._each_found_in_thread([lambda k=k, r=r: self._get_sync(k, *(r or (0, None))) for k, r in requests])
+
+    def _get_tail_sync(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        try:
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, size - nbytes))
+                return f.read(), size
+        except FileNotFoundError:
+            raise ObjectNotFound(key) from None
+
+    async def get_tails(self, keys: list[str], nbytes: int, concurrency: int = 32) -> list[tuple[bytes, int] | None]:
+        return await self._each_found_in_thread([lambda k=k: self._get_tail_sync(k, nbytes) for k in keys])
+
+    async def get_tail(self, key: str, nbytes: int) -> tuple[bytes, int]:
+        try:
+            return await asyncio.to_thread(self._get_tail_sync, key, nbytes)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _delete_sync(self, keys: list[str]) -> None:
+        # Under the directory lock `replace` holds, as on S3: a replace compared before the
+        # delete must not rename its object back in after it.
+        by_dir: dict[Path, list[Path]] = {}
+        for key in keys:
+            path = self._path(key)
+            by_dir.setdefault(path.parent, []).append(path)
+        for parent, paths in by_dir.items():
+            try:
+                dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(dir_fd, fcntl.LOCK_EX)
+                for path in paths:
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+            finally:
+                os.close(dir_fd)
+
+    async def delete(self, keys: list[str]) -> None:
+        await asyncio.to_thread(self._delete_sync, keys)
+
+    def _list_sync(self, prefix: str) -> list[str]:
+        base = self._path(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        out = []
+        if not base.exists():
+            return out
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)  # once per directory, not per file
+            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                key = rel + name
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    async def list(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(self._list_sync, prefix)
+
+    async def check(self) -> None:
+        if not self.root.is_dir() or not os.access(self.root, os.W_OK):
+            raise ObjectStoreError(f"{self.root} is not a writable directory")
