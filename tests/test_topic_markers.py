@@ -18,11 +18,11 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicCollection,
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from kafscale.errors import ErrorCode
-from kafscale.metadata.kv import open_kv
+from kafscale.metadata.backends import open_kv
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.pipeline.segments import list_topics
 from kafscale.storage import topic_marker
-from kafscale.storage.objectstore import LocalObjectStore
+from kafscale.storage.local_store import LocalObjectStore
 from tests.support.wait import wait_until
 
 NS = "default"

@@ -50,7 +50,7 @@ async def refuse_lost_metadata(kv: KV, store: ObjectStore, snapshots: SnapshotSt
             )
         log.warning("the metadata store is empty but namespace %r holds data: restoring it (--metadata-auto-restore)", config.namespace)
         try:
-            await restore(kv, store, snapshots, config.namespace, fence_epochs=config.metadata.startswith("etcd://"))
+            await restore(kv, store, snapshots, config.namespace, fence_epochs=config.metadata_url.is_etcd)
             return
         except RestoreRefused as e:
             if await kv.get(RESTORING) is None:

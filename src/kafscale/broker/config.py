@@ -120,6 +120,7 @@ class BrokerConfig:
         # Parsed once, here; raises ValueError for an unsupported scheme.
         self.storage_url = StorageURL.parse(self.storage)
         self.metadata_url = MetadataURL.parse(self.metadata)
+        self.metadata_backup_url = StorageURL.parse(self.metadata_backup) if self.metadata_backup else None
         if self.min_flush_interval_ms < 0:
             # A local directory makes an upload cheap, so acknowledge at once. On S3 every
             # upload is billed (one PUT: the segment; a second for its index only from

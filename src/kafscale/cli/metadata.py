@@ -20,13 +20,13 @@ EXIT_OK, EXIT_FAILED, EXIT_UNREACHABLE = 0, 1, 2
 
 def _stores(args: argparse.Namespace):
     from kafscale.backup.snapshot import SnapshotStore
-    from kafscale.metadata.kv import open_kv
-    from kafscale.storage.objectstore import open_store
+    from kafscale.metadata.backends import open_kv
+    from kafscale.storage.backends import open_store
 
     cfg = broker_config.from_args(args)
-    kv = open_kv(cfg.metadata, cfg.data_dir, cfg.metadata_prefix)
-    store = open_store(cfg.storage)
-    backup = open_store(cfg.metadata_backup) if cfg.metadata_backup else store
+    kv = open_kv(cfg.metadata_url, cfg.data_dir, cfg.metadata_prefix)
+    store = open_store(cfg.storage_url)
+    backup = open_store(cfg.metadata_backup_url) if cfg.metadata_backup_url else store
     return cfg, kv, store, backup, SnapshotStore(backup, cfg.namespace)
 
 
@@ -101,7 +101,7 @@ async def _restore(args: argparse.Namespace) -> int:
         report = await restore(
             kv, store, snapshots, cfg.namespace,
             snapshot_id=args.snapshot, use_snapshots=not args.no_snapshot, force=args.force,
-            fence_epochs=cfg.metadata.startswith("etcd://"),
+            fence_epochs=cfg.metadata_url.is_etcd,
         )
     finally:
         await _close(kv, store, backup)
