@@ -211,19 +211,68 @@ def test_kill9_under_load_every_acknowledged_record_back(broker_factory):
 def test_without_any_snapshot_the_bucket_alone(broker_factory):
     b = broker_factory(extra_args=["--metadata-snapshot-interval-ms", "0"])
     create_orders(b.bootstrap)
+    admin = admin_for(b)
+    admin.create_topics([NewTopic("plain", 2, 1, config={"retention.ms": RETENTION})])["plain"].result(15)
     acked = produce(b.bootstrap, 200)
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all"})
+    p.produce("plain", b"x", partition=1)
+    assert p.flush(15) == 0
     commit(b.bootstrap, "billing", {0: 50, 2: 70})
     assert b.stop() == 0
     lose_metadata(b.data_dir)
     assert not list(Path(b.data_dir, "objects", "default", "~metadata").glob("*.kms"))
+    Path(b.data_dir, "objects", "default", "plain", "topic.json").unlink()  # as if written before markers
 
     out = kafscale("metadata", "restore", "--data-dir", b.data_dir)
     assert out.returncode == 0, out.stderr
     assert "no snapshot: the bucket alone" in out.stdout
-    assert "configs at defaults" in out.stdout and TOPIC in out.stdout
+    assert "configs at defaults, new topic ids (no marker, not in the snapshot): plain" in out.stdout, out.stdout
     b.start()
     assert read_all(b.bootstrap, {p: 200 for p in range(PARTITIONS)}) == acked
     assert committed(b.bootstrap, "billing") == {0: 50, 1: -1001, 2: 70}
+    # orders' marker gave back its configs; plain had none: its partition count comes from
+    # the keys (partition 1 has a segment) and its configs are the defaults.
+    assert topic_config(b.bootstrap, "retention.ms") == RETENTION
+    md = admin_for(b).list_topics(timeout=10)
+    assert len(md.topics["plain"].partitions) == 2
+
+
+def test_changes_after_the_snapshot(broker_factory):
+    """A snapshot taken, then: a topic created (its marker has its configs), a topic
+    deleted, more records and offset commits. All of it comes back from the bucket."""
+    b = broker_factory(extra_args=["--metadata-snapshot-interval-ms", "0", "--merge-interval-ms", "0"])
+    create_orders(b.bootstrap)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic("gone", 1, 1)])["gone"].result(15)
+    acked = produce(b.bootstrap, 100)
+    commit(b.bootstrap, "billing", {0: 10})
+    out = kafscale("metadata", "snapshot", "--data-dir", b.data_dir)
+    assert out.returncode == 0 and out.stdout.startswith("snapshot "), out.stderr
+    admin.create_topics([NewTopic("late", 2, 1, config={"cleanup.policy": "compact"})])["late"].result(15)
+    admin.delete_topics(["gone"])["gone"].result(15)
+    acked.update(produce(b.bootstrap, 100, start=100))
+    commit(b.bootstrap, "billing", {0: 150, 1: 20})
+    commit(b.bootstrap, "other", {2: 5})
+    assert b.stop() == 0  # snapshots off: no final snapshot
+    lose_metadata(b.data_dir)
+
+    out = kafscale("metadata", "restore", "--data-dir", b.data_dir)
+    assert out.returncode == 0, out.stderr
+    assert "from their markers (created after the snapshot): late" in out.stdout, out.stdout
+    assert "deleted since, left deleted: gone" in out.stdout, out.stdout
+    b.start()
+    md = admin_for(b).list_topics(timeout=10)
+    assert "gone" not in md.topics and len(md.topics["late"].partitions) == 2
+    res = ConfigResource(ConfigResource.Type.TOPIC, "late")
+    admin = admin_for(b)
+    assert admin.describe_configs([res])[res].result(15)["cleanup.policy"].value == "compact"
+    assert read_all(b.bootstrap, {p: 200 for p in range(PARTITIONS)}) == acked
+    assert committed(b.bootstrap, "billing") == {0: 150, 1: 20, 2: -1001}
+    assert committed(b.bootstrap, "other") == {0: -1001, 1: -1001, 2: 5}
+
+
+def admin_for(b) -> AdminClient:
+    return AdminClient({"bootstrap.servers": b.bootstrap})
 
 
 def test_damaged_snapshot_and_bad_crc_in_the_chain(broker_factory):

@@ -42,6 +42,7 @@ from kafscale.metadata.store import CommittedOffset, MetadataStore, PartitionSta
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
+from kafscale.storage.topic_marker import MARKER_NAME, MarkerFormatError, TopicMarker, is_marker_key, marker_key
 
 log = logging.getLogger("kafscale.backup")
 
@@ -66,7 +67,9 @@ class RestoreReport:
     snapshot_problems: list[str] = field(default_factory=list)
     topics: int = 0
     topics_from_snapshot: int = 0
-    topics_discovered: list[str] = field(default_factory=list)  # configs at defaults
+    topics_from_markers: list[str] = field(default_factory=list)  # id, partitions, configs from the topic marker
+    topics_discovered: list[str] = field(default_factory=list)  # no marker, not in the snapshot: configs at defaults
+    topics_deleted: list[str] = field(default_factory=list)  # in the snapshot or bucket, deleted since
     topics_grown: list[str] = field(default_factory=list)  # partitions added after the snapshot
     partitions: int = 0
     segments_kept: int = 0
@@ -89,9 +92,16 @@ class RestoreReport:
         src = f"snapshot {self.snapshot} ({self.snapshot_created})" if self.snapshot else "no snapshot: the bucket alone"
         out = [f"restored from {src} and the bucket in {self.seconds:.1f}s"]
         out += [f"  note: {p}" for p in self.snapshot_problems]
-        out.append(f"topics: {self.topics} ({self.topics_from_snapshot} from the snapshot, {len(self.topics_discovered)} discovered in the bucket)")
+        out.append(
+            f"topics: {self.topics} ({self.topics_from_snapshot} from the snapshot, {len(self.topics_from_markers)} from topic markers, "
+            f"{len(self.topics_discovered)} discovered from segment keys alone)"
+        )
+        if self.topics_from_markers:
+            out.append(f"  id, partitions and configs from their markers (created after the snapshot): {', '.join(self.topics_from_markers)}")
         if self.topics_discovered:
-            out.append(f"  configs at defaults (not in any snapshot): {', '.join(self.topics_discovered)}")
+            out.append(f"  configs at defaults, new topic ids (no marker, not in the snapshot): {', '.join(self.topics_discovered)}")
+        if self.topics_deleted:
+            out.append(f"  deleted since, left deleted: {', '.join(self.topics_deleted)}")
         if self.topics_grown:
             out.append(f"  partitions added after the snapshot, counted from the keys: {', '.join(self.topics_grown)}")
         out.append(f"partitions: {self.partitions}")
@@ -201,8 +211,7 @@ async def restore(
         report.snapshot, report.snapshot_created = snap.info.id, snap.info.created_iso
     else:
         report.unknown += [
-            "topic configs and ids (topics get their defaults and new ids)",
-            "ACLs, SCRAM users, client quotas, group membership and transactional ids",
+            "ACLs, SCRAM users, client quotas, group membership and transactional ids (no snapshot holds them)",
         ]
 
     # One listing of the namespace: every partition's segment objects.
@@ -215,21 +224,8 @@ async def restore(
         if m:
             bases.setdefault((m.group(1), int(m.group(2))), []).append(int(m.group(3)))
 
-    topics = dict(loaded.topics)
-    report.topics_from_snapshot = len(topics)
-    counts: dict[str, int] = {}
-    for t, p in bases:
-        counts[t] = max(counts.get(t, 0), p + 1)
-    for t, n in sorted(counts.items()):
-        meta = topics.get(t)
-        if meta is None:
-            configs = offsets_topic_configs() if t == OFFSETS_TOPIC else {}
-            topics[t] = TopicMeta(name=t, partitions=n, topic_id=str(uuid.uuid4()), configs=configs)
-            report.topics_discovered.append(t)
-        elif n > meta.partitions:
-            meta.partitions = n
-            report.topics_grown.append(t)
-    report.topics = len(topics)
+    markers = await _read_markers(store, namespace, listing, report)
+    topics = _topics(loaded, bases, markers, report)
 
     txn_docs = {doc["producer_id"]: doc for doc in loaded.transactions.values()}
 
@@ -243,6 +239,13 @@ async def restore(
         async with sem:
             return await reconcile_partition(store, namespace, t, p, loaded.partitions.get((t, p)), sorted(bases.get((t, p), [])), commit_decided, fence_epochs)
 
+    # A topic deleted and created again since the snapshot: the snapshot's partitions
+    # describe the old topic, whose objects are gone.
+    for t, meta in topics.items():
+        old = loaded.topics.get(t)
+        if old is not None and old.topic_id != meta.topic_id:
+            for p in range(old.partitions):
+                loaded.partitions.pop((t, p), None)
     work = [(m.name, p) for m in topics.values() for p in range(m.partitions)]
     outcomes = await asyncio.gather(*(one(t, p) for t, p in work))
     producer_epochs: dict[int, int] = {}
@@ -305,6 +308,61 @@ async def restore(
     for line in report.lines():
         log.info("restore: %s", line)
     return report
+
+
+async def _read_markers(store: ObjectStore, namespace: str, listing: list[str], report: RestoreReport) -> dict[str, TopicMarker]:
+    """The topic markers in the listing, by topic name (unreadable ones reported)."""
+    names = [k[len(namespace) + 1 : -len(MARKER_NAME) - 1] for k in listing if k.count("/") == namespace.count("/") + 2 and is_marker_key(k)]
+    found = await store.get_many([(marker_key(namespace, n), None) for n in names])
+    report.object_requests += len(names)
+    out = {}
+    for name, data in zip(names, found):
+        if data is None:
+            continue
+        try:
+            out[name] = TopicMarker.decode(data)
+        except MarkerFormatError as e:
+            report.problems.append(f"topic {name}: unreadable marker {marker_key(namespace, name)} ({e}); treated as absent")
+    return out
+
+
+def _topics(loaded: _Loaded, bases: dict[tuple[str, int], list[int]], markers: dict[str, TopicMarker], report: RestoreReport) -> dict[str, TopicMeta]:
+    """The topics to restore. A topic's marker (storage/topic_marker.py) is its newest
+    description: its id, partition count and configs win over the snapshot's; a marker
+    saying deleted keeps the topic deleted. Without a marker: the snapshot's topic (unless
+    the bucket holds nothing of it: deleted since, its marker removed last), or, for a
+    topic only the keys show, its partition count from the keys and default configs."""
+    counts: dict[str, int] = {}
+    for t, p in bases:
+        counts[t] = max(counts.get(t, 0), p + 1)
+    topics: dict[str, TopicMeta] = {}
+    for name in sorted(set(loaded.topics) | set(counts) | set(markers)):
+        snap_meta, marker, n = loaded.topics.get(name), markers.get(name), counts.get(name, 0)
+        if marker is not None and marker.deleted:
+            report.topics_deleted.append(name)
+            continue
+        if marker is not None:
+            meta = TopicMeta(name=name, partitions=marker.partitions, topic_id=marker.topic_id, configs=dict(marker.configs), created_ms=marker.created_ms)
+            if snap_meta is not None and snap_meta.topic_id == marker.topic_id:
+                report.topics_from_snapshot += 1
+            else:
+                report.topics_from_markers.append(name)
+        elif snap_meta is not None:
+            if not n and name != OFFSETS_TOPIC and markers:
+                report.topics_deleted.append(name)  # markers exist, this one is gone: deleted
+                continue
+            meta = snap_meta
+            report.topics_from_snapshot += 1
+        else:
+            configs = offsets_topic_configs() if name == OFFSETS_TOPIC else {}
+            meta = TopicMeta(name=name, partitions=n, topic_id=str(uuid.uuid4()), configs=configs)
+            report.topics_discovered.append(name)
+        if n > meta.partitions:
+            meta.partitions = n
+            report.topics_grown.append(name)
+        topics[name] = meta
+    report.topics = len(topics)
+    return topics
 
 
 async def _latest_offset_records(store: ObjectStore, namespace: str, parts: list[PartitionState], since_ms: int | None):
