@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.backup.snapshot import SnapshotStore
 from kafscale.metadata import keys
-from kafscale.storage.objectstore import open_store
+from kafscale.storage.backends import open_store
 from tests.support.broker import REPO, BrokerProcess
 from tests.support.servers import ETCD_BIN, start_etcd
 from tests.support.wait import wait_until
