@@ -1,8 +1,10 @@
-"""`kafscale topics list|describe|create|delete|alter-config`."""
+"""`kafscale topics list|describe|create|delete|alter-config|restore`."""
 
 from __future__ import annotations
 
-from kafscale.cli.common import EXIT_OK, CliError, admin_client, await_result, command_family, fetch_metadata, leaf, list_offsets, parse_kv, print_json, table, topic_meta
+import dataclasses
+
+from kafscale.cli.common import EXIT_OK, EXIT_UNREACHABLE, CliError, Progress, admin_client, await_result, command_family, fetch_metadata, leaf, list_offsets, parse_kv, parse_time, print_json, run_command, table, topic_meta
 
 
 def topics_list(args) -> int:
@@ -100,8 +102,87 @@ def topics_alter_config(args) -> int:
     return EXIT_OK
 
 
+def topics_restore(args) -> int:
+    """A new topic holding TOPIC's records up to a time or an offset, made directly in the
+    cluster's stores (segments are copied inside the object store, which the Kafka protocol
+    cannot do): storage/topic_restore.py."""
+    import asyncio
+
+    from kafscale.broker import config as broker_config
+    from kafscale.broker.topics import TopicError, check_name
+    from kafscale.metadata.internal_topics import is_internal
+    from kafscale.metadata.kv import MetadataUnavailable, open_kv
+    from kafscale.metadata.store import MetadataStore
+    from kafscale.storage.objectstore import ObjectStoreError, open_store
+    from kafscale.storage.topic_marker import iso
+    from kafscale.storage.topic_restore import RestoreError, TopicRestore
+
+    try:
+        check_name(args.new_name)
+    except TopicError as e:
+        raise CliError(f"--as: {e}") from None
+    if is_internal(args.new_name):
+        raise CliError(f"--as: {args.new_name} is an internal topic name")
+    to_time = parse_time(args.to_time) if args.to_time is not None else None
+    cfg = broker_config.from_args(args)
+    progress = Progress(args, f"restoring {args.name} as {args.new_name}: segments")
+
+    async def run():
+        metadata = MetadataStore(open_kv(cfg.metadata, cfg.data_dir, cfg.metadata_prefix))
+        store = open_store(cfg.storage)
+        try:
+            return await TopicRestore(metadata, store, cfg.namespace, progress.update).run(
+                args.name, args.new_name, to_time_ms=to_time, to_offset=args.to_offset
+            )
+        finally:
+            await metadata.close()
+            await store.close()
+
+    try:
+        done = asyncio.run(run())
+    except RestoreError as e:
+        raise CliError(str(e)) from None
+    except (MetadataUnavailable, ObjectStoreError) as e:
+        raise CliError(f"{e}; the restore did not finish (a retry removes what it left)", EXIT_UNREACHABLE) from None
+    finally:
+        progress.finish()
+    rows = [dataclasses.asdict(p) for p in done.partitions]
+    point = {"to_time": iso(to_time)} if to_time is not None else {"to_offset": args.to_offset}
+    said = f"to time {point['to_time']}" if to_time is not None else f"to offset {args.to_offset}"
+    if args.json:
+        print_json({"source": done.source, "topic": done.topic.name, "topic_id": done.topic.topic_id, **point, "partitions": rows})
+        return EXIT_OK
+    print(f"restored {done.source} as {done.topic.name} ({said}): "
+          f"{len(rows)} partitions, {sum(r['segments_copied'] for r in rows)} segments copied inside the store "
+          f"({sum(r['bytes_copied'] for r in rows)} bytes), {sum(r['segments_rewritten'] for r in rows)} rewritten")
+    table(
+        ["PARTITION", "LOG_START", "END", "HIGH_WATERMARK", "COPIED", "REWRITTEN", "ABORTED_TXNS"],
+        [[r["partition"], r["log_start_offset"], r["end"], r["high_watermark"], r["segments_copied"], r["segments_rewritten"], r["aborted_transactions"]] for r in rows],
+    )
+    return EXIT_OK
+
+
+def _add_restore(ts) -> None:
+    from kafscale.broker import config as broker_config
+
+    what = ("make a new topic holding TOPIC's records up to a time (--to-time) or an offset (--to-offset), "
+            "at their offsets, directly in the cluster's stores (safe while brokers run); TOPIC is not changed")
+    p = ts.add_parser("restore", help=what, description=what)
+    p.set_defaults(func=run_command(topics_restore))
+    p.add_argument("name", metavar="TOPIC")
+    point = p.add_mutually_exclusive_group(required=True)
+    point.add_argument("--to-time", metavar="ISO", help="keep the records before the first one stamped after this time "
+                       "(ISO 8601, no zone means UTC, or epoch ms), as Kafka's ListOffsets finds it")
+    point.add_argument("--to-offset", type=int, metavar="N", help="keep offsets below N in every partition")
+    p.add_argument("--as", dest="new_name", required=True, metavar="NEW_TOPIC", help="the topic to create (must not exist)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
+    stores = p.add_argument_group("the cluster's stores, as for `kafscale broker`")
+    broker_config.add_arguments(stores, only=("data_dir", "storage", "namespace", "metadata", "metadata_prefix"))
+
+
 def add_commands(subparsers) -> None:
-    ts = command_family(subparsers, "topics", "list, describe, create, delete topics; alter topic configs")
+    ts = command_family(subparsers, "topics", "list, describe, create, delete topics; alter topic configs; restore a topic to a point in time")
     leaf(ts, "list", topics_list, "list topics with their partition counts")
     leaf(ts, "describe", topics_describe, "partitions, offsets and config overrides of a topic", subject="TOPIC")
     p = leaf(ts, "create", topics_create, "create a topic", subject="TOPIC")
@@ -112,3 +193,4 @@ def add_commands(subparsers) -> None:
     p = leaf(ts, "alter-config", topics_alter_config, "set or remove topic config overrides", subject="TOPIC")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an override, repeatable")
     p.add_argument("--delete", action="append", metavar="KEY", help="remove an override (back to the default), repeatable")
+    _add_restore(ts)

@@ -136,10 +136,34 @@ class MetadataStore:
 
     async def create_topic(self, meta: TopicMeta) -> TopicMeta:
         # Partition keys are written on their first commit (an absent key is an empty
-        # partition), so creating a topic of any size is a one-key transaction.
+        # partition), so creating a topic of any size is a one-key transaction; any partition
+        # keys staged for a restore of the name that never published go with it.
         key = keys.topic(meta.name)
-        txn = Txn(compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))])
+        txn = Txn(
+            compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))],
+            delete_prefixes=[keys.topic_partitions_prefix(meta.name), keys.topic_segments_prefix(meta.name)],
+        )
         if not await self.kv.commit(txn):
+            raise TopicExistsError(meta.name)
+        return meta
+
+    async def stage_partitions(self, topic: str, states: list[PartitionState]) -> None:
+        """Partition states and segment lists of a topic not created yet (storage/
+        topic_restore.py), replacing whatever an earlier attempt staged. Brokers see nothing
+        of them until publish_topic writes the topic's key; unguarded, as nobody else writes
+        a topic that does not exist (a create of the name in between wipes them, and the
+        publish then fails)."""
+        await self.kv.commit(Txn(delete_prefixes=[keys.topic_partitions_prefix(topic), keys.topic_segments_prefix(topic)]))
+        for st in states:
+            txn = Txn(puts=[(keys.partition(topic, st.partition), _dump(self.state_doc(st)))])
+            txn.puts += [(keys.segment(topic, st.partition, seg.base_offset), _segment_json(seg)) for seg in st.segments]
+            await self.kv.commit(txn)
+
+    async def publish_topic(self, meta: TopicMeta) -> TopicMeta:
+        """Create the topic over the partitions staged for it: one guarded key, so every
+        broker sees the whole topic or none of it. TopicExistsError if the name is taken."""
+        key = keys.topic(meta.name)
+        if not await self.kv.commit(Txn(compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))])):
             raise TopicExistsError(meta.name)
         return meta
 

@@ -452,33 +452,53 @@ class BatchCleaner:
 
     def _rewrite(self, mv: memoryview, pos: int, h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon: int | None) -> bytes:
         """Batch `h` with only the records `keep` and delete horizon `horizon` (None: none)."""
-        base_ts = h.first_timestamp
-        attrs = h.attributes
-        if horizon is not None:
-            attrs |= records.DELETE_HORIZON_MASK
-            new_base = horizon
-        else:
-            new_base = base_ts
-        log_append = h.is_log_append_time
-        parts = []
-        max_ts = -1
-        for r in keep:
-            ts = base_ts + r.ts_delta
-            if ts > max_ts:
-                max_ts = ts
-            if new_base == base_ts or log_append:
-                parts.append(body[r.start : r.end])  # the record as it was
-            else:  # the same record, its timestamp delta now from the horizon
-                rec = body[r.body_start : r.body_start + 1] + _zigzag(ts - new_base) + body[r.ts_end : r.end]
-                parts.append(_zigzag(len(rec)) + rec)
-        if log_append or not keep:
-            max_ts = h.max_timestamp
-        out = b"".join(parts)
         if h.compression:
-            out = records.compress(h.compression, out)
             self.recompressions += 1
-        after_crc = _AFTER_CRC.pack(attrs, h.last_offset_delta, new_base, max_ts, h.producer_id, h.producer_epoch, h.base_sequence, len(keep)) + out
-        batch_length = 4 + 1 + 4 + len(after_crc)
-        head = struct.pack(">qiib", h.base_offset, batch_length, h.partition_leader_epoch, 2)
-        return head + struct.pack(">I", records.crc32c(after_crc)) + after_crc
+        return rewrite_batch(h, body, keep, horizon)
 
+
+def rewrite_batch(h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon: int | None, last_offset_delta: int | None = None) -> bytes:
+    """Batch `h` (`body`: its records, decompressed) with only the records `keep`, kept
+    byte for byte, at their offsets and timestamps, with the producer fields of `h`, and
+    delete horizon `horizon` (None: none); recompressed with its codec. `last_offset_delta`
+    overrides the batch's (a batch cut short ends at its last kept record)."""
+    base_ts = h.first_timestamp
+    attrs = h.attributes
+    if horizon is not None:
+        attrs |= records.DELETE_HORIZON_MASK
+        new_base = horizon
+    else:
+        new_base = base_ts
+    log_append = h.is_log_append_time
+    parts = []
+    max_ts = -1
+    for r in keep:
+        ts = base_ts + r.ts_delta
+        if ts > max_ts:
+            max_ts = ts
+        if new_base == base_ts or log_append:
+            parts.append(body[r.start : r.end])  # the record as it was
+        else:  # the same record, its timestamp delta now from the horizon
+            rec = body[r.body_start : r.body_start + 1] + _zigzag(ts - new_base) + body[r.ts_end : r.end]
+            parts.append(_zigzag(len(rec)) + rec)
+    if log_append or not keep:
+        max_ts = h.max_timestamp
+    out = b"".join(parts)
+    if h.compression:
+        out = records.compress(h.compression, out)
+    delta = h.last_offset_delta if last_offset_delta is None else last_offset_delta
+    after_crc = _AFTER_CRC.pack(attrs, delta, new_base, max_ts, h.producer_id, h.producer_epoch, h.base_sequence, len(keep)) + out
+    batch_length = 4 + 1 + 4 + len(after_crc)
+    head = struct.pack(">qiib", h.base_offset, batch_length, h.partition_leader_epoch, 2)
+    return head + struct.pack(">I", records.crc32c(after_crc)) + after_crc
+
+
+def truncate_batch(data, pos: int, h: records.BatchHeader, end_offset: int) -> bytes | None:
+    """The batch at `pos` holding only its records below `end_offset` (None: none is),
+    ending at its last kept record: what a log cut at `end_offset` keeps of the batch it
+    falls into."""
+    body, recs = _records_of(data, pos, h)
+    keep = [r for r in recs if r.offset < end_offset]
+    if not keep:
+        return None
+    return rewrite_batch(h, body, keep, h.delete_horizon_ms, last_offset_delta=keep[-1].offset - h.base_offset)

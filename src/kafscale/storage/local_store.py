@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
@@ -239,6 +240,35 @@ class LocalObjectStore(ObjectStore):
             raise
         except OSError as e:
             raise ObjectStoreError(f"get {key}: {e}") from e
+
+    def _copy_sync(self, source: str, target: str) -> None:
+        """Copied by the kernel (copy_file_range/sendfile) into a temp file beside the
+        target, fsynced, then renamed over it, as every write here."""
+        path = self._path(target)
+        tmp = f"{path.parent}/.tmp-{os.getpid()}-{next(_TEMP_NAMES)}"
+        try:
+            src = open(self._path(source), "rb")
+        except FileNotFoundError:
+            raise ObjectNotFound(source) from None
+        with src:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(tmp, "xb") as dst:
+                    shutil.copyfileobj(src, dst)
+                    dst.flush()
+                    os.fsync(dst.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                self._discard(tmp)
+                raise
+
+    async def copy(self, source: str, target: str) -> None:
+        try:
+            await asyncio.to_thread(self._copy_sync, source, target)
+        except ObjectNotFound:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"copy {source} to {target}: {e}") from e
 
     def _delete_sync(self, keys: list[str]) -> None:
         # Under the directory lock `replace` holds, as on S3: a replace compared before the

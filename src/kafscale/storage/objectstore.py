@@ -104,6 +104,12 @@ class ObjectStore(abc.ABC):
         """(the last `nbytes` of the object, or all of a shorter one; its total size).
         One request: how a reader finds a segment's footer without its index."""
 
+    async def copy(self, source: str, target: str) -> None:
+        """Store a copy of the object at `source` under `target` (replacing any object
+        there), atomically, inside the store where it can: no download. Raises
+        ObjectNotFound. This default, for stores that cannot copy, reads and writes it."""
+        await self.put(target, [await self.get(source)])
+
     @abc.abstractmethod
     async def delete(self, keys: list[str]) -> None:
         """Delete objects; missing ones are ignored."""

@@ -148,7 +148,7 @@ async def clear_for_create(store: ObjectStore, namespace: str, topic: str, *, dr
             await store.delete(leftovers)
         return len(leftovers)
     if marker is not None:
-        what = f"a topic {topic!r} with id {marker.topic_id} (created {_iso(marker.created_ms)}) that the metadata store does not know"
+        what = f"a topic {topic!r} with id {marker.topic_id} (created {iso(marker.created_ms)}) that the metadata store does not know"
     elif unreadable:
         what = f"an unreadable topic marker ({unreadable})"
     else:
@@ -159,8 +159,9 @@ async def clear_for_create(store: ObjectStore, namespace: str, topic: str, *, dr
     )
 
 
-def _iso(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+def iso(ms: int) -> str:
+    """Epoch milliseconds as ISO 8601 UTC, for messages."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
 async def remove_topic_objects(store: ObjectStore, namespace: str, topic: str, topic_id: str | None) -> int:
