@@ -111,9 +111,11 @@ def topics_restore(args) -> int:
     from kafscale.broker import config as broker_config
     from kafscale.broker.topics import TopicError, check_name
     from kafscale.metadata.internal_topics import is_internal
-    from kafscale.metadata.kv import MetadataUnavailable, open_kv
+    from kafscale.metadata.backends import open_kv
+    from kafscale.metadata.kv import MetadataUnavailable
     from kafscale.metadata.store import MetadataStore
-    from kafscale.storage.objectstore import ObjectStoreError, open_store
+    from kafscale.storage.backends import open_store
+    from kafscale.storage.objectstore import ObjectStoreError
     from kafscale.storage.topic_marker import iso
     from kafscale.storage.topic_restore import RestoreError, TopicRestore
 
@@ -128,8 +130,8 @@ def topics_restore(args) -> int:
     progress = Progress(args, f"restoring {args.name} as {args.new_name}: segments")
 
     async def run():
-        metadata = MetadataStore(open_kv(cfg.metadata, cfg.data_dir, cfg.metadata_prefix))
-        store = open_store(cfg.storage)
+        metadata = MetadataStore(open_kv(cfg.metadata_url, cfg.data_dir, cfg.metadata_prefix))
+        store = open_store(cfg.storage_url)
         try:
             return await TopicRestore(metadata, store, cfg.namespace, progress.update).run(
                 args.name, args.new_name, to_time_ms=to_time, to_offset=args.to_offset
