@@ -296,3 +296,50 @@ def test_key_validation_and_config_checks(registry, topic_name):
     key = b"\x00" + key_id.to_bytes(4, "big") + b"\x06abc"
     wait_until(lambda: _produce_errors(b.bootstrap, topic_name, [(b"raw-key", b"v")])[0] is not None, 10, "the altered config to apply")
     assert _produce_errors(b.bootstrap, topic_name, [(key, b"any value"), (None, b"v")]) == [None, None]
+
+
+def test_acls_map_subjects_to_their_topics(tmp_path):
+    """With --authorizer acls: basic auth against the broker's users, WRITE on a subject's
+    topic to register, DESCRIBE to read; lists show only what the user may DESCRIBE."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    users = tmp_path / "users.txt"
+    users.write_text("admin:admin-secret\nalice:alice-secret\nbob:bob-secret\n")
+    plain, sasl, reg = free_port(), free_port(), free_port()
+    b = BrokerProcess(port=plain, data_dir=str(tmp_path), extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
+        "--authorizer", "acls", "--super-users", "User:admin", "--acl-refresh-ms", "200", "--schema-registry", f"127.0.0.1:{reg}"]).start()
+    try:
+        wait_port(reg, proc=b.proc)
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                             "sasl.username": "admin", "sasl.password": "admin-secret"})
+        acls = [AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW),
+                AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.READ, AclPermissionType.ALLOW)]
+        for fut in admin.create_acls(acls).values():
+            fut.result(10)
+        url = f"http://127.0.0.1:{reg}"
+
+        def client(user: str, password: str | None = None) -> SchemaRegistryClient:
+            return SchemaRegistryClient({"url": url, "basic.auth.user.info": f"{user}:{password or user + '-secret'}"})
+
+        sid = wait_until(lambda: client("alice").register_schema("orders-value", Schema(USER_V1, "AVRO")), 10, "alice's WRITE on orders")
+        with pytest.raises(SchemaRegistryError) as e:
+            client("bob").register_schema("orders-value", Schema(USER_V2, "AVRO"))
+        assert (e.value.http_status_code, e.value.error_code) == (403, 40301)
+        assert client("bob").get_schema(sid).schema_str  # READ implies DESCRIBE: the deserializer's lookup
+        assert client("bob").get_latest_version("orders-value").schema_id == sid
+        client("admin").register_schema("secret-value", Schema(USER_V1, "AVRO"))
+        assert client("bob").get_subjects() == ["orders-value"]
+        assert sorted(client("admin").get_subjects()) == ["orders-value", "secret-value"]
+        for who in (client("bob"), client("alice")):
+            with pytest.raises(SchemaRegistryError) as e:
+                who.get_latest_version("secret-value")
+            assert e.value.http_status_code == 403
+            with pytest.raises(SchemaRegistryError) as e:
+                who.set_compatibility(level="NONE")  # global config: ALTER_CONFIGS on the cluster
+            assert e.value.http_status_code == 403
+        with pytest.raises(SchemaRegistryError) as e:
+            client("alice", "wrong").get_subjects()
+        assert e.value.http_status_code == 401
+    finally:
+        b.stop()

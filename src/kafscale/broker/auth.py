@@ -129,17 +129,22 @@ class Authenticator:
 
     async def _plain(self, token: bytes) -> str:
         _authzid, name, password = parse_plain(token)
+        if await self.verify_password(name, password):
+            return name
+        raise SaslError("Authentication failed: Invalid username or password")
+
+    async def verify_password(self, name: str, password: str) -> bool:
+        """A user's password as SASL/PLAIN checks it: the users file, else the user's SCRAM
+        credentials (also the schema registry's HTTP basic auth with ACLs on)."""
         known = self._plain_users().get(name)
         if known is not None and hmac.compare_digest(known.encode(), password.encode()):
-            return name
+            return True
         for mech in ("SCRAM-SHA-512", "SCRAM-SHA-256"):  # users made with AlterUserScramCredentials
             doc = await self.metadata.get_scram_credential(name, mech)
             if doc is not None:
                 cred = scram.ScramCredential.from_doc(doc)
-                if await asyncio.to_thread(scram.check_password, mech, cred, password):
-                    return name
-                break
-        raise SaslError("Authentication failed: Invalid username or password")
+                return await asyncio.to_thread(scram.check_password, mech, cred, password)
+        return False
 
     async def _oauth(self, session: SaslSession, token: bytes) -> str:
         bearer, _extensions = parse_client_message(token)

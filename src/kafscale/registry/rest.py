@@ -7,6 +7,15 @@ A change arriving at a broker that does not own `_schemas` is forwarded as it ca
 (method, path, query, body, Authorization) to the owner's registry and its answer passed
 back (Confluent forwards to its primary the same way); a forwarded request is never
 forwarded again (50003 instead, the client retries).
+
+Who may do what (docs/schema-registry.md, "ACLs"): with --schema-registry-basic-auth one
+user; else, with the broker's ACLs on, HTTP basic auth checked against the broker's users
+(SASL/PLAIN's users file and SCRAM credentials), User:ANONYMOUS without credentials. With
+ACLs on, a subject stands for its topic (TopicNameStrategy: `orders-value` and
+`orders-key` for `orders`, any other subject for the topic of its own name): reading it
+needs DESCRIBE on the topic, changing it (register, delete, its config or mode) WRITE;
+global config and mode changes need ALTER_CONFIGS on the cluster. Lists and lookups by id
+show only subjects the principal may DESCRIBE.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from kafscale.registry import types
 from kafscale.registry.state import RegistryError, RegistryState, check_references, parse_version, schema_not_found
-from kafscale.security.http_basic import basic_auth_ok
+from kafscale.security.http_basic import basic_auth_ok, basic_credentials
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -29,6 +38,40 @@ log = logging.getLogger("kafscale.registry")
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 FORWARDED_HEADER = "X-KafScale-Registry-Forwarded"
 FORWARD_TIMEOUT_S = 30.0
+ANONYMOUS = "User:ANONYMOUS"
+
+# (method, route) -> the operation needed on the subject's topic (on the cluster for a
+# route without a subject). Routes not listed are open, or filter what they show.
+DESCRIBE, WRITE = "DESCRIBE", "WRITE"
+ACCESS = {
+    ("GET", "/subjects/{subject}/versions"): DESCRIBE,
+    ("GET", "/subjects/{subject}/versions/{version}"): DESCRIBE,
+    ("GET", "/subjects/{subject}/versions/{version}/schema"): DESCRIBE,
+    ("GET", "/subjects/{subject}/versions/{version}/referencedby"): DESCRIBE,
+    ("POST", "/subjects/{subject}"): DESCRIBE,
+    ("POST", "/compatibility/subjects/{subject}/versions"): DESCRIBE,
+    ("POST", "/compatibility/subjects/{subject}/versions/{version}"): DESCRIBE,
+    ("GET", "/config/{subject}"): DESCRIBE,
+    ("GET", "/mode/{subject}"): DESCRIBE,
+    ("POST", "/subjects/{subject}/versions"): WRITE,
+    ("DELETE", "/subjects/{subject}"): WRITE,
+    ("DELETE", "/subjects/{subject}/versions/{version}"): WRITE,
+    ("PUT", "/config/{subject}"): WRITE,
+    ("DELETE", "/config/{subject}"): WRITE,
+    ("PUT", "/mode/{subject}"): WRITE,
+    ("DELETE", "/mode/{subject}"): WRITE,
+    ("PUT", "/config"): WRITE,
+    ("DELETE", "/config"): WRITE,
+    ("PUT", "/mode"): WRITE,
+}
+
+
+def subject_topic(subject: str) -> str:
+    """The topic a subject stands for under TopicNameStrategy."""
+    for suffix in ("-value", "-key"):
+        if subject.endswith(suffix) and len(subject) > len(suffix):
+            return subject[: -len(suffix)]
+    return subject
 
 
 def _flag(request: "web.Request", name: str, default: bool = False) -> bool:
@@ -127,16 +170,57 @@ class RegistryApi:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    async def _principal(self, request: "web.Request") -> str | None:
+        """Who sent the request; None: credentials given and wrong (or missing where
+        --schema-registry-basic-auth requires them)."""
+        header = request.headers.get("Authorization", "")
+        if self.basic_auth:
+            return f"User:{self.basic_auth.partition(':')[0]}" if basic_auth_ok(header, self.basic_auth) else None
+        if not self._acls_on() or not header:
+            return ANONYMOUS
+        given = basic_credentials(header)
+        if given is None or not await self.service.broker.auth.verify_password(*given):
+            return None
+        return f"User:{given[0]}"
+
+    def _acls_on(self) -> bool:
+        authorizer = getattr(self.service.broker, "authorizer", None)
+        return bool(authorizer is not None and authorizer.enabled)
+
+    def allowed(self, request: "web.Request", operation: str, subject: str | None, log_denial: bool = True) -> bool:
+        """Whether the request's principal may `operation` the subject's topic (the
+        cluster's configs when subject is None)."""
+        if not self._acls_on():
+            return True
+        from kafscale.security.acl import CLUSTER_NAME, Operation, ResourceType
+
+        if subject is None:
+            what = (Operation.ALTER_CONFIGS if operation == WRITE else Operation.DESCRIBE_CONFIGS, ResourceType.CLUSTER, CLUSTER_NAME)
+        else:
+            what = (Operation[operation], ResourceType.TOPIC, subject_topic(subject))
+        return self.service.broker.authorizer.authorize(request["principal"], request.remote or "", *what, log_denial=log_denial)
+
+    def visible(self, request: "web.Request", subject: str) -> bool:
+        return self.allowed(request, DESCRIBE, subject, log_denial=False)
+
     def middleware(self):
         from aiohttp import web
 
         @web.middleware
         async def errors(request, handler):
-            if not basic_auth_ok(request.headers.get("Authorization", ""), self.basic_auth):
-                response = _error(RegistryError(401, 401, "Unauthorized"))
-                response.headers["WWW-Authenticate"] = 'Basic realm="kafscale schema registry"'
-                return response
             try:
+                principal = await self._principal(request)
+                if principal is None:
+                    response = _error(RegistryError(401, 401, "Unauthorized"))
+                    response.headers["WWW-Authenticate"] = 'Basic realm="kafscale schema registry"'
+                    return response
+                request["principal"] = principal
+                route = request.match_info.route.resource
+                operation = ACCESS.get((request.method, route.canonical)) if route is not None else None
+                subject = request.match_info.get("subject")
+                if operation is not None and not self.allowed(request, operation, subject):
+                    target = f"topic {subject_topic(subject)}" if subject else "the cluster"
+                    raise RegistryError(403, 40301, f"{principal} is not allowed to {operation if subject else 'ALTER_CONFIGS'} {target}")
                 return await handler(request)
             except RegistryError as e:
                 return _error(e)
@@ -195,22 +279,29 @@ class RegistryApi:
 
         def query(st: RegistryState):
             out = []
-            for s in st.subjects(deleted=deleted, prefix=prefix):
+            for s in (s for s in st.subjects(deleted=deleted, prefix=prefix) if self.visible(request, s)):
                 vs = [v for _, v in sorted(st.versions[s].items()) if deleted or not v.deleted]
                 out += [v.to_json() for v in (vs[-1:] if latest_only else vs)]
             return out
 
         return await self._read(query)
 
+    def _by_id(self, request, st: RegistryState, schema_id: int):
+        """The schema with this id, if the principal may DESCRIBE one of its subjects."""
+        v = st.by_id(schema_id)
+        if not any(self.visible(request, u.subject) for u in st.id_uses(schema_id, deleted=True)):
+            raise RegistryError(403, 40301, f"{request['principal']} may not DESCRIBE the topic of any subject of schema {schema_id}")
+        return v
+
     async def schema_by_id(self, request):
         schema_id = _schema_id(request)
-        return await self._read(lambda st: _schema_body(st.by_id(schema_id)))
+        return await self._read(lambda st: _schema_body(self._by_id(request, st, schema_id)))
 
     async def raw_schema_by_id(self, request):
         from aiohttp import web
 
         schema_id = _schema_id(request)
-        text = await self.service.read(lambda st: st.by_id(schema_id).schema)
+        text = await self.service.read(lambda st: self._by_id(request, st, schema_id).schema)
         return web.Response(body=text.encode(), content_type=CONTENT_TYPE)
 
     async def _id_uses(self, request, render):
@@ -218,7 +309,7 @@ class RegistryApi:
         schema_id, deleted = _schema_id(request), _flag(request, "deleted")
 
         def query(st: RegistryState):
-            uses = st.id_uses(schema_id, deleted)
+            uses = [v for v in st.id_uses(schema_id, deleted) if self.visible(request, v.subject)]
             if not uses:
                 raise schema_not_found(str(schema_id))
             return render(uses)
@@ -235,7 +326,7 @@ class RegistryApi:
 
     async def subjects(self, request):
         prefix, deleted = request.query.get("subjectPrefix", ""), _flag(request, "deleted")
-        return await self._read(lambda st: st.subjects(deleted=deleted, prefix=prefix))
+        return await self._read(lambda st: [s for s in st.subjects(deleted=deleted, prefix=prefix) if self.visible(request, s)])
 
     async def versions(self, request):
         subject, deleted = request.match_info["subject"], _flag(request, "deleted")

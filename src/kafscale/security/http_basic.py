@@ -1,10 +1,23 @@
-"""HTTP basic auth against one configured USER:PASSWORD, for the broker's HTTP endpoints
-(/metrics with --http-basic-auth, the schema registry with --schema-registry-basic-auth)."""
+"""HTTP basic auth for the broker's HTTP endpoints (/metrics with --http-basic-auth, the
+schema registry with --schema-registry-basic-auth or, with ACLs on, the broker's users)."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hmac
+
+
+def basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an `Authorization: Basic ...` header, None for anything else."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
 
 
 def basic_auth_ok(header: str, expected: str) -> bool:
@@ -12,11 +25,5 @@ def basic_auth_ok(header: str, expected: str) -> bool:
     when nothing is expected. Compared in constant time."""
     if not expected:
         return True
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic":
-        return False
-    try:
-        given = base64.b64decode(value.strip(), validate=True)
-    except ValueError:
-        return False
-    return hmac.compare_digest(given, expected.encode())
+    given = basic_credentials(header)
+    return given is not None and hmac.compare_digest(f"{given[0]}:{given[1]}".encode(), expected.encode())
