@@ -343,3 +343,45 @@ def test_acls_map_subjects_to_their_topics(tmp_path):
         assert e.value.http_status_code == 401
     finally:
         b.stop()
+
+
+def test_schemas_cli(registry, topic_name, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.broker import REPO
+
+    _b, url = registry
+    subject = f"{topic_name}-value"
+    v1, v2, bad = tmp_path / "v1.avsc", tmp_path / "v2.avsc", tmp_path / "bad.avsc"
+    v1.write_text(USER_V1)
+    v2.write_text(USER_V2)
+    bad.write_text(USER_BAD)
+
+    def cli(*args: str, registry_url: str = url) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kafscale", "schemas", *args, "--registry", registry_url],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+
+    r = cli("register", subject, str(v1), "--json")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(r.stdout)
+    assert first["version"] == 1 and first["id"] >= 1
+    assert cli("register", subject, str(v2)).returncode == 0
+    r = cli("compat", subject, str(bad))
+    assert r.returncode == 1 and r.stdout.startswith("incompatible") and "READER_FIELD_MISSING_DEFAULT_VALUE" in r.stdout
+    assert cli("compat", subject, str(v2)).stdout.strip() == "compatible"
+    r = cli("register", subject, str(bad))
+    assert r.returncode == 1 and "error_code 409" in r.stderr
+    listed = {row["subject"]: row for row in json.loads(cli("list", "--prefix", topic_name, "--json").stdout)}
+    assert listed[subject]["latest_version"] == 2
+    r = cli("get", subject, "--version", "1", "--json")
+    assert json.loads(r.stdout)["id"] == first["id"] and json.loads(r.stdout)["versions"] == [1, 2]
+    r = cli("get", "--id", str(first["id"]))
+    assert r.returncode == 0 and '"favorite_number"' in r.stdout
+    assert cli("config", subject, "--set", "full").stdout.strip() == f"{subject}: FULL"
+    assert cli("delete", subject, "--version", "2").stdout.strip() == f"soft-deleted {subject} versions 2"
+    assert cli("delete", subject).returncode == 0
+    assert cli("delete", subject, "--permanent").stdout.strip() == f"hard-deleted {subject} versions 1, 2"
+    r = cli("get", subject)
+    assert r.returncode == 1 and "error_code 40401" in r.stderr
+    assert cli("list", registry_url=f"http://127.0.0.1:{free_port()}").returncode == 2
