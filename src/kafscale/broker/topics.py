@@ -79,10 +79,14 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
 
 async def _clear_prefix(broker: "Broker", name: str, dry_run: bool) -> None:
     """No new topic adopts objects of an earlier topic of its name (Kafka's topic ids exist
-    for this): an interrupted deletion's leftovers go, anything else refuses the create."""
+    for this): an interrupted deletion's leftovers go, anything else refuses the create.
+    TopicExistsError when the objects are those of the topic another broker just created
+    (its marker came after our look at the metadata store)."""
     try:
         await topic_marker.clear_for_create(broker.store, broker.config.namespace, name, dry_run=dry_run)
     except topic_marker.ForeignObjectsError as e:
+        if await broker.metadata.get_topic(name) is not None:
+            raise TopicExistsError(name) from None
         log.error("refusing to create topic %s: %s", name, e)
         raise TopicError(ErrorCode.policy_violation, str(e)) from None
 
