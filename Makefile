@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev
+APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev chromium chromium-driver
 # Quix Streams (tests/test_quix_streams.py) lives in a venv of its own: it pins
 # confluent-kafka < 2.13 and pydantic < 2.14, older than the test venv's clients.
 QUIX_VENV := .venv-quix
@@ -29,13 +29,16 @@ run: install
 	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
 
 # Debian packages the integration tests use (kcat, etcd, Go with sarama and kafka-go for
-# tests/test_go_clients.py); installed only when missing.
+# tests/test_go_clients.py, Chromium and its driver for the console's browser tests in
+# tests/test_console.py); installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v kcat >/dev/null || missing="$$missing kcat"; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v chromedriver >/dev/null || missing="$$missing chromium-driver"; \
 	[ -d /usr/share/gocode/src/github.com/Shopify/sarama ] || missing="$$missing golang-github-shopify-sarama-dev"; \
 	[ -d /usr/share/gocode/src/github.com/segmentio/kafka-go ] || missing="$$missing golang-github-segmentio-kafka-go-dev"; \
 	if [ -n "$$missing" ]; then \

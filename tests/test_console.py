@@ -1,0 +1,302 @@
+"""`kafscale console` in a real browser (headless Chromium driven by Selenium) against a real
+broker: what the pages show, what their forms change (checked with confluent-kafka), and
+what the console refuses (read-only, no CSRF token, no login)."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import requests
+
+from tests.support.broker import BrokerProcess, free_port
+from tests.support.console import ConsoleProcess, add_console_user, chromium, csrf_token
+from tests.support.wait import wait_until
+
+pytest.importorskip("selenium")
+
+TOPIC, GROUP = "orders", "billing"
+PAGES = ["/", "/topics", f"/topics/{TOPIC}", "/groups", f"/groups/{GROUP}", "/acls", "/users", "/login"]
+
+
+_ADMINS: dict = {}
+
+
+def _admin(bootstrap):
+    # Kept: an AdminClient that goes away leaves its futures unanswered.
+    from confluent_kafka.admin import AdminClient
+
+    if bootstrap not in _ADMINS:
+        _ADMINS[bootstrap] = AdminClient({"bootstrap.servers": bootstrap})
+    return _ADMINS[bootstrap]
+
+
+def _committed(bootstrap, group, topic, partitions):
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+    res = _admin(bootstrap).list_consumer_group_offsets([req])[group].result(10)
+    return {tp.partition: tp.offset for tp in res.topic_partitions}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A broker with its ops endpoint, topic `orders` (300 records over 3 partitions) and
+    group `billing` committed at 37 on partition 0."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    http = free_port()
+    b = BrokerProcess(extra_args=["--http", f"127.0.0.1:{http}", "--group-initial-rebalance-delay-ms", "0"]).start()
+    b.http = f"http://127.0.0.1:{http}"
+    try:
+        admin = _admin(b.bootstrap)
+        admin.create_topics([NewTopic(TOPIC, 3, 1)])[TOPIC].result(15)
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        for i in range(300):
+            p.produce(TOPIC, key=f"k{i}".encode(), value=f'{{"order": {i}}}'.encode(), partition=i % 3)
+        assert p.flush(30) == 0
+        req = ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])
+        admin.alter_consumer_group_offsets([req])[GROUP].result(15)
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def console(cluster):
+    c = ConsoleProcess(cluster.bootstrap, ["--metrics", cluster.http, "--metrics-interval", "1"]).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with tempfile.TemporaryDirectory(prefix="kafscale-chromium-") as profile:
+        driver = chromium(profile)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+def _js_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _open(driver, url: str):
+    driver.get(url)
+    assert _js_errors(driver) == [], f"JavaScript errors on {url}"
+
+
+def _leave(driver) -> None:
+    """Off a console about to stop: its pages' polling would fail into the next test's log."""
+    driver.get("about:blank")
+    driver.get_log("browser")
+    driver.delete_all_cookies()
+
+
+def _rows(driver, table_id: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, f"#{table_id} tbody tr")
+
+
+def test_topic_page_shows_the_partitions_and_the_latest_records(console, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, f"{console.url}/topics/{TOPIC}")
+    parts = {int(r.get_attribute("data-partition")): r.find_element(By.CSS_SELECTOR, ".end").text for r in _rows(browser, "partitions")}
+    assert parts == {0: "100", 1: "100", 2: "100"}
+    records = browser.find_elements(By.CSS_SELECTOR, "#records tr.record")
+    assert len(records) == 50  # the default page, newest first
+    newest = {(int(r.get_attribute("data-partition")), int(r.get_attribute("data-offset"))) for r in records[:3]}
+    assert newest == {(0, 99), (1, 99), (2, 99)}
+    assert '"order": 299' in browser.find_element(By.ID, "records").text
+
+
+def test_group_page_shows_committed_end_and_lag(console, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, f"{console.url}/groups/{GROUP}")
+    row = browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-topic="{TOPIC}"][data-partition="0"]')
+    assert (row.find_element(By.CSS_SELECTOR, ".committed").text, row.find_element(By.CSS_SELECTOR, ".end").text,
+            row.find_element(By.CSS_SELECTOR, ".lag").text) == ("37", "100", "63")
+
+
+def test_no_javascript_errors_on_any_page(console, browser):
+    for page in PAGES:
+        _open(browser, console.url + page)
+        if page in ("/", f"/groups/{GROUP}"):
+            # The charts fetch their data after the page loads: read the log once they have.
+            wait_until(lambda: browser.execute_script("return document.querySelectorAll('.uplot').length") > 0, 10, "the charts to be drawn")
+            wait_until(lambda: browser.execute_script("return document.querySelector('.uplot .u-over') !== null"), 10, "the chart areas")
+        assert _js_errors(browser) == [], f"JavaScript errors on {page}"
+
+
+def test_message_browser_from_an_offset_with_a_filter(console, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, f"{console.url}/topics/{TOPIC}?partition=1&start=offset&value=10&limit=5&format=text")
+    offsets = [int(r.get_attribute("data-offset")) for r in browser.find_elements(By.CSS_SELECTOR, "#records tr.record")]
+    assert offsets == [10, 11, 12, 13, 14]
+    _open(browser, f"{console.url}/topics/{TOPIC}?start=earliest&filter=k150&limit=10")
+    keys = [r.find_elements(By.TAG_NAME, "td")[3].text for r in browser.find_elements(By.CSS_SELECTOR, "#records tr.record")]
+    assert keys == ["k150"]
+
+
+def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, cluster, browser):
+    from confluent_kafka import Consumer, TopicPartition
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    name = f"made-in-browser-{free_port()}"
+    _open(browser, f"{console.url}/topics")
+    browser.find_element(By.CSS_SELECTOR, "#create-topic summary").click()
+    browser.find_element(By.ID, "new-topic-name").send_keys(name)
+    field = browser.find_element(By.ID, "new-topic-partitions")
+    field.clear()
+    field.send_keys("2")
+    browser.find_element(By.ID, "create-topic-button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith(f"/topics/{name}"))
+    assert _js_errors(browser) == []
+    md = _admin(cluster.bootstrap).list_topics(timeout=10)
+    assert name in md.topics and len(md.topics[name].partitions) == 2
+
+    browser.find_element(By.ID, "produce-key").send_keys("who")
+    browser.find_element(By.ID, "produce-value").send_keys("hello from a browser")
+    browser.find_element(By.ID, "produce-button").click()
+    WebDriverWait(browser, 15).until(lambda d: "produced a record" in d.find_element(By.ID, "flash").text)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "console-test-reader", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(name, p, 0) for p in (0, 1)])
+        msg = wait_until(lambda: next((m for m in consumer.consume(10, 0.5) if m.error() is None), None), 20, "the produced record")
+        assert (msg.key(), msg.value()) == (b"who", b"hello from a browser")
+    finally:
+        consumer.close()
+
+    _open(browser, f"{console.url}/groups/{GROUP}")
+    topic = browser.find_element(By.ID, "reset-topic")
+    topic.clear()
+    topic.send_keys(TOPIC)
+    Select(browser.find_element(By.ID, "reset-to")).select_by_visible_text("offset")
+    browser.find_element(By.ID, "reset-value").send_keys("10")
+    browser.find_element(By.ID, "reset-preview").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "reset-plan"))
+    plan = {int(r.get_attribute("data-partition")): r.find_element(By.CSS_SELECTOR, ".new").text for r in _rows(browser, "reset-plan")}
+    assert plan == {0: "10", 1: "10", 2: "10"}
+    assert _committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37  # a dry run changes nothing
+    browser.find_element(By.ID, "reset-execute").click()
+    WebDriverWait(browser, 15).until(lambda d: "reset" in d.find_element(By.ID, "flash").text)
+    assert _committed(cluster.bootstrap, GROUP, TOPIC, [0, 1, 2]) == {0: 10, 1: 10, 2: 10}
+    row = browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-topic="{TOPIC}"][data-partition="0"]')
+    assert row.find_element(By.CSS_SELECTOR, ".lag").text == "90"
+    # Put the group back for the other tests of this module.
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    _admin(cluster.bootstrap).alter_consumer_group_offsets([ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])])[GROUP].result(10)
+
+
+def test_a_post_without_the_csrf_token_is_refused(console, cluster):
+    s = requests.Session()
+    s.get(console.url + "/topics", timeout=10)
+    name = f"no-csrf-{free_port()}"
+    r = s.post(console.url + "/topics", data={"name": name, "partitions": "1"}, timeout=10, allow_redirects=False)
+    assert r.status_code == 403
+    r = s.post(console.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": "forged"}, timeout=10, allow_redirects=False)
+    assert r.status_code == 403
+    assert name not in _admin(cluster.bootstrap).list_topics(timeout=10).topics
+    # The same form with the session's token works: the refusal above was the token.
+    token = csrf_token(s.get(console.url + "/login", timeout=10).text)
+    r = s.post(console.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": token}, timeout=10, allow_redirects=False)
+    assert r.status_code == 303
+    wait_until(lambda: name in _admin(cluster.bootstrap).list_topics(timeout=10).topics, 10, "the topic made with the token")
+
+
+def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
+    from selenium.webdriver.common.by import By
+
+    c = ConsoleProcess(cluster.bootstrap, ["--read-only", "--metrics-port-offset", "-1"]).start()
+    try:
+        _open(browser, f"{c.url}/topics/{TOPIC}")
+        assert browser.find_element(By.ID, "read-only").text == "read-only"
+        assert browser.find_elements(By.ID, "produce") == [] and browser.find_elements(By.ID, "delete-topic") == []
+        _open(browser, f"{c.url}/groups/{GROUP}")
+        assert browser.find_elements(By.ID, "reset") == []
+        s = requests.Session()
+        token = csrf_token(s.get(c.url + "/login", timeout=10).text)
+        name = f"read-only-{free_port()}"
+        refused = [
+            s.post(c.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": token}, timeout=10, allow_redirects=False),
+            s.post(f"{c.url}/topics/{TOPIC}/produce", data={"value": "x", "csrf_token": token}, timeout=10, allow_redirects=False),
+            s.post(f"{c.url}/groups/{GROUP}/reset", data={"topic": TOPIC, "execute": "1", "plan": "0:0", "csrf_token": token}, timeout=10, allow_redirects=False),
+        ]
+        assert [r.status_code for r in refused] == [403, 403, 403]
+        assert name not in _admin(cluster.bootstrap).list_topics(timeout=10).topics
+        assert _committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37
+        from confluent_kafka.admin import OffsetSpec
+        from confluent_kafka import TopicPartition
+
+        ends = _admin(cluster.bootstrap).list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(3)})
+        assert sum(f.result(10).offset for f in ends.values()) == 300
+    finally:
+        _leave(browser)
+        c.stop()
+
+
+def test_login_is_required_when_configured(cluster, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    users = str(tmp_path / "users")
+    add_console_user(users, "alice", "s3cret-pass")
+    c = ConsoleProcess(cluster.bootstrap, ["--auth", users, "--metrics-port-offset", "-1"]).start()
+    try:
+        r = requests.get(f"{c.url}/topics/{TOPIC}", timeout=10, allow_redirects=False)
+        assert r.status_code == 303 and r.headers["Location"].startswith("/login")
+        s = requests.Session()
+        token = csrf_token(s.get(c.url + "/login", timeout=10).text)
+        r = s.post(c.url + "/topics", data={"name": "not-logged-in", "csrf_token": token}, timeout=10, allow_redirects=False)
+        assert r.status_code == 401
+        cookie = requests.get(c.url + "/login", timeout=10).headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+
+        browser.delete_all_cookies()
+        _open(browser, f"{c.url}/groups/{GROUP}")
+        assert "/login" in browser.current_url
+        browser.find_element(By.ID, "user").send_keys("alice")
+        browser.find_element(By.ID, "password").send_keys("wrong")
+        browser.find_element(By.ID, "login").click()
+        WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "error"))
+        browser.find_element(By.ID, "user").clear()
+        browser.find_element(By.ID, "user").send_keys("alice")
+        browser.find_element(By.ID, "password").send_keys("s3cret-pass")
+        browser.find_element(By.ID, "login").click()
+        WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith(f"/groups/{GROUP}"))
+        assert browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-partition="0"] .committed').text == "37"
+        assert "user=alice logged in" in c.log_text()
+    finally:
+        _leave(browser)
+        c.stop()
+
+
+def test_a_broker_that_dies_shows_down_and_recovers(broker_factory, browser):
+    from selenium.webdriver.common.by import By
+
+    http = free_port()
+    b = broker_factory(extra_args=["--http", f"127.0.0.1:{http}"])
+    c = ConsoleProcess(b.bootstrap, ["--metrics", f"http://127.0.0.1:{http}", "--metrics-interval", "0.5", "--timeout", "2"]).start()
+    try:
+        def state():
+            _open(browser, c.url + "/")
+            return browser.find_element(By.CSS_SELECTOR, '#brokers tr[data-broker="0"] .state').text
+
+        wait_until(lambda: state() == "ready", 30, "the broker shown ready")
+        b.kill9()
+        wait_until(lambda: state() == "down", 30, "the broker shown down")
+        assert "is down" in browser.find_element(By.ID, "problems").text
+        b.start()
+        wait_until(lambda: state() == "ready", 60, "the broker shown ready again")
+    finally:
+        _leave(browser)
+        c.stop()
