@@ -385,3 +385,34 @@ def test_schemas_cli(registry, topic_name, tmp_path):
     r = cli("get", subject)
     assert r.returncode == 1 and "error_code 40401" in r.stderr
     assert cli("list", registry_url=f"http://127.0.0.1:{free_port()}").returncode == 2
+
+
+def test_references_and_import_mode(registry, topic_name):
+    _b, url = registry
+
+    def call(method: str, path: str, body=None):
+        r = requests.request(method, url + path, headers=CT, data=None if body is None else json.dumps(body), timeout=10)
+        return r.status_code, r.json()
+
+    address = json.dumps({"type": "record", "name": "Address", "namespace": "ex", "fields": [{"name": "city", "type": "string"}]})
+    person = json.dumps({"type": "record", "name": "Person", "namespace": "ex", "fields": [{"name": "home", "type": "ex.Address"}]})
+    a_subject, p_subject = f"{topic_name}-address", f"{topic_name}-person"
+    status, a = call("POST", f"/subjects/{a_subject}/versions", {"schema": address})
+    assert status == 200
+    assert call("POST", f"/subjects/{p_subject}/versions", {"schema": person})[1]["error_code"] == 42201  # unknown type without the reference
+    ref = [{"name": "ex.Address", "subject": a_subject, "version": 1}]
+    status, p = call("POST", f"/subjects/{p_subject}/versions", {"schema": person, "references": ref})
+    assert status == 200
+    assert call("GET", f"/subjects/{p_subject}/versions/1")[1]["references"] == ref
+    assert call("GET", f"/schemas/ids/{p['id']}")[1]["references"] == ref
+    assert call("GET", f"/subjects/{a_subject}/versions/1/referencedby")[1] == [p["id"]]
+    assert call("DELETE", f"/subjects/{a_subject}")[1]["error_code"] == 42206
+    # IMPORT mode: a subject takes explicit ids and versions (a migration from another registry).
+    imported = f"{topic_name}-imported"
+    assert call("PUT", f"/mode/{imported}", {"mode": "IMPORT"}) == (200, {"mode": "IMPORT"})
+    status, body = call("POST", f"/subjects/{imported}/versions", {"schema": USER_V1, "id": 90_000, "version": 5})
+    assert (status, body) == (200, {"id": 90_000})
+    assert call("GET", f"/subjects/{imported}/versions/5")[1]["id"] == 90_000
+    assert call("PUT", f"/mode/{imported}", {"mode": "READONLY"})[0] == 200
+    assert call("POST", f"/subjects/{imported}/versions", {"schema": USER_V2})[1]["error_code"] == 42205
+    assert call("DELETE", f"/mode/{imported}") == (200, {"mode": "READONLY"})

@@ -62,7 +62,7 @@ class RegistryService:
         self._topic_known = False
         self.state = RegistryState()
         self.offset = 0  # next `_schemas` offset to apply
-        self._segments: list = []  # the segment list last read (non-owner path)
+        self._segments: list | None = None  # the segment list last read (non-owner path); None: none yet
         self._catch_up_lock = asyncio.Lock()
         self._write_lock = asyncio.Lock()
 
@@ -116,6 +116,7 @@ class RegistryService:
     async def _catch_up(self) -> None:
         logs = self.broker.logs
         if self.is_writer():
+            self._segments = None
             lg = await logs.get_log(SCHEMAS_TOPIC, PARTITION)
             start, end = lg.log_start_offset, lg.high_watermark
 
@@ -127,7 +128,12 @@ class RegistryService:
             if st is None or (st.high_watermark <= self.offset and st.log_start_offset <= self.offset):
                 return
             st = await md.get_partition(SCHEMAS_TOPIC, PARTITION)
-            logs.segments_seen(SCHEMAS_TOPIC, PARTITION, self._segments, st.segments)
+            if self._segments is None:
+                # Views cached while this broker owned the partition (or under an older
+                # list) may stand for segments the owner merged or compacted since.
+                logs.reader.drop(SCHEMAS_TOPIC, PARTITION)
+            else:
+                logs.segments_seen(SCHEMAS_TOPIC, PARTITION, self._segments, st.segments)
             self._segments = list(st.segments)
             start, end = st.log_start_offset, st.high_watermark
 
