@@ -5,11 +5,12 @@ and the base offsets of its `segment-*.kfs` objects. In key order:
 
 1. A segment the snapshot lists whose object is gone was deleted since (retention,
    DeleteRecords, a merge that absorbed it): dropped.
-2. A listed segment whose object is still there is checked by its footer (one ranged GET
-   of 16 bytes): same size and last offset, it is the committed object, kept as listed.
-   Otherwise a merge or compaction replaced it under the same key since: the object is
-   read whole, checked, and describes the segment; listed segments it covers (a merge's
-   leftovers not yet swept) are dropped.
+2. A listed segment whose object is still there with the size the snapshot recorded (the
+   listing gives sizes: no request) is the committed object, kept as listed. Another size
+   means a merge or compaction replaced it under the same key since (a merged object holds
+   more batches, a compacted one fewer records): the object is read whole, checked, and
+   describes the segment; listed segments it covers (a merge's leftovers not yet swept)
+   are dropped.
 3. After the last segment, objects are adopted as a chain from the high watermark, as a
    crash between upload and commit is recovered (storage/recovery.py, same checks: header,
    footer, CRC32C of all and of each batch). The chain stops at a gap or an object that
@@ -92,36 +93,31 @@ async def reconcile_partition(
     topic: str,
     partition: int,
     snap: PartitionState | None,
-    bases: list[int],
+    objects: dict[int, int],
     commit_decided: Callable[[int, int], bool],
     fence_epochs: bool = True,
 ) -> PartitionOutcome:
     """The partition's restored state (version 0, owner -1) and what was done to get it.
+    `objects`: {base offset: size} of the partition's segment objects, from the listing.
     `commit_decided(producer id, epoch)`: whether the transaction coordinator had decided
     to commit that producer's open transaction (else it is aborted). `fence_epochs`: the
     leader epoch restarts above every one seen (etcd clusters, where a broker may survive
     the loss); the embedded store's single broker keeps epoch 0, as its cluster reports."""
     out = PartitionOutcome(PartitionState(topic, partition))
     key = lambda base: segment.segment_key(namespace, topic, partition, base)  # noqa: E731
-    present = set(bases)
+    bases = sorted(objects)
     listed = list(snap.segments) if snap is not None else []
-    candidates = [s for s in listed if s.base_offset in present]
-    out.dropped = len(listed) - len(candidates)
 
-    # 2. Listed segments still there: same object, or replaced by a merge or compaction?
-    tails = await store.get_tails([key(s.base_offset) for s in candidates], segment.FOOTER_SIZE) if candidates else []
-    out.requests += len(candidates)
+    # 1, 2. Listed segments: gone, the same object (its size, from the listing), or
+    # replaced by a merge or compaction (another size: a merged object holds more batches,
+    # a compacted one fewer records).
     checked: list[tuple[int, segment.SegmentInfo | None]] = []
-    for seg, tail in zip(candidates, tails):
-        if tail is None:
-            out.dropped += 1  # deleted between the listing and now
-            continue
-        data, size = tail
-        same = False
-        if len(data) >= segment.FOOTER_SIZE:
-            _crc, last, magic = segment.FOOTER.unpack_from(data, len(data) - segment.FOOTER_SIZE)
-            same = magic == segment.FOOTER_MAGIC and last == seg.last_offset and size == seg.size
-        checked.append((seg.base_offset, seg if same else None))
+    for seg in listed:
+        size = objects.get(seg.base_offset)
+        if size is None:
+            out.dropped += 1
+        else:
+            checked.append((seg.base_offset, seg if size == seg.size else None))
 
     replayer = _Replayer(out)
     final: list[segment.SegmentInfo] = []

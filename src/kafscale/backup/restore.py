@@ -215,14 +215,15 @@ async def restore(
         ]
 
     # One listing of the namespace: every partition's segment objects.
-    listing = await store.list(f"{namespace}/")
+    sizes = await store.list_sizes(f"{namespace}/")
+    listing = sorted(sizes)
     report.object_requests += 1 + len(listing) // 1000
     pattern = segment.segment_key_pattern(namespace)
-    bases: dict[tuple[str, int], list[int]] = {}
+    bases: dict[tuple[str, int], dict[int, int]] = {}
     for k in listing:
         m = pattern.fullmatch(k)
         if m:
-            bases.setdefault((m.group(1), int(m.group(2))), []).append(int(m.group(3)))
+            bases.setdefault((m.group(1), int(m.group(2))), {})[int(m.group(3))] = sizes[k]
 
     markers = await _read_markers(store, namespace, listing, report)
     topics = _topics(loaded, bases, markers, report)
@@ -237,7 +238,7 @@ async def restore(
 
     async def one(t: str, p: int) -> PartitionOutcome:
         async with sem:
-            return await reconcile_partition(store, namespace, t, p, loaded.partitions.get((t, p)), sorted(bases.get((t, p), [])), commit_decided, fence_epochs)
+            return await reconcile_partition(store, namespace, t, p, loaded.partitions.get((t, p)), bases.get((t, p), {}), commit_decided, fence_epochs)
 
     # A topic deleted and created again since the snapshot: the snapshot's partitions
     # describe the old topic, whose objects are gone.
@@ -326,7 +327,7 @@ async def _read_markers(store: ObjectStore, namespace: str, listing: list[str], 
     return out
 
 
-def _topics(loaded: _Loaded, bases: dict[tuple[str, int], list[int]], markers: dict[str, TopicMarker], report: RestoreReport) -> dict[str, TopicMeta]:
+def _topics(loaded: _Loaded, bases: dict[tuple[str, int], dict[int, int]], markers: dict[str, TopicMarker], report: RestoreReport) -> dict[str, TopicMeta]:
     """The topics to restore. A topic's marker (storage/topic_marker.py) is its newest
     description: its id, partition count and configs win over the snapshot's; a marker
     saying deleted keeps the topic deleted. Without a marker: the snapshot's topic (unless

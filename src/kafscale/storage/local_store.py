@@ -295,11 +295,12 @@ class LocalObjectStore(ObjectStore):
     async def delete(self, keys: list[str]) -> None:
         await asyncio.to_thread(self._delete_sync, keys)
 
-    def _list_sync(self, prefix: str) -> list[str]:
+    def _list_sync(self, prefix: str, sizes: bool = False):
+        """Sorted keys under prefix; with `sizes`, {key: size} instead."""
         base = self._path(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
         out = []
         if not base.exists():
-            return out
+            return {} if sizes else out
         for dirpath, _dirs, files in os.walk(base):
             rel = os.path.relpath(dirpath, self.root)  # once per directory, not per file
             rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
@@ -309,10 +310,21 @@ class LocalObjectStore(ObjectStore):
                 key = rel + name
                 if key.startswith(prefix):
                     out.append(key)
-        return sorted(out)
+        if not sizes:
+            return sorted(out)
+        found = {}
+        for key in out:
+            try:
+                found[key] = os.stat(self.root / key).st_size
+            except FileNotFoundError:
+                pass  # deleted meanwhile
+        return found
 
     async def list(self, prefix: str) -> list[str]:
         return await asyncio.to_thread(self._list_sync, prefix)
+
+    async def list_sizes(self, prefix: str) -> dict[str, int]:
+        return await asyncio.to_thread(self._list_sync, prefix, True)
 
     async def check(self) -> None:
         if not self.root.is_dir() or not os.access(self.root, os.W_OK):

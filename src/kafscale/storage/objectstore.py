@@ -118,6 +118,12 @@ class ObjectStore(abc.ABC):
     async def list(self, prefix: str) -> list[str]:
         """Keys under `prefix`, sorted."""
 
+    async def list_sizes(self, prefix: str) -> dict[str, int]:
+        """{key: size in bytes} under `prefix`. Backends whose listing carries sizes (S3's
+        does) answer from the listing alone; this default reads each object's tail."""
+        keys = await self.list(prefix)
+        return {k: t[1] for k, t in zip(keys, await self.get_tails(keys, 1)) if t is not None}
+
     async def check(self) -> None:
         """Raise ObjectStoreError when the store is unreachable (readiness probe)."""
         await self.list("__kafscale_health__/")

@@ -453,11 +453,18 @@ class S3ObjectStore(ObjectStore):
                 )
 
     async def list(self, prefix: str) -> list[str]:
+        return sorted(await self._list(prefix))
+
+    async def list_sizes(self, prefix: str) -> dict[str, int]:
+        return await self._list(prefix)
+
+    async def _list(self, prefix: str) -> dict[str, int]:
+        """{key: size} under prefix: ListObjectsV2 pages carry each object's size."""
         full = self._key(prefix)
         cut = len(self.prefix)
 
         async def go(client):
-            keys: list[str] = []
+            found: dict[str, int] = {}
             token = None
             while True:
                 kwargs = {"Bucket": self.bucket, "Prefix": full}
@@ -466,13 +473,13 @@ class S3ObjectStore(ObjectStore):
                 if self.list_page_size:
                     kwargs["MaxKeys"] = self.list_page_size
                 resp = await client.list_objects_v2(**kwargs)
-                keys.extend(obj["Key"][cut:] for obj in resp.get("Contents", []))
+                found.update((obj["Key"][cut:], int(obj.get("Size", 0))) for obj in resp.get("Contents", []))
                 if not resp.get("IsTruncated"):
-                    return keys
+                    return found
                 token = resp.get("NextContinuationToken")
 
         try:
-            return sorted(await self._call(f"list {prefix}", go))
+            return await self._call(f"list {prefix}", go)
         except bce.ClientError as e:
             raise ObjectStoreError(f"s3 list {prefix}: {e}") from e
 
