@@ -416,3 +416,30 @@ def test_references_and_import_mode(registry, topic_name):
     assert call("PUT", f"/mode/{imported}", {"mode": "READONLY"})[0] == 200
     assert call("POST", f"/subjects/{imported}/versions", {"schema": USER_V2})[1]["error_code"] == 42205
     assert call("DELETE", f"/mode/{imported}") == (200, {"mode": "READONLY"})
+
+
+def test_console_shows_subjects_and_versions(registry, topic_name):
+    import html
+
+    from tests.support.console import ConsoleProcess
+
+    b, url = registry
+    client = SchemaRegistryClient({"url": url})
+    subject = f"{topic_name}-value"
+    id1 = client.register_schema(subject, Schema(USER_V1, "AVRO"))
+    id2 = client.register_schema(subject, Schema(USER_V2, "AVRO"))
+    console = ConsoleProcess(b.bootstrap, ["--schema-registry", url, "--metrics-port-offset", "-1"]).start()
+    try:
+        page = requests.get(f"{console.url}/schemas", params={"q": topic_name}, timeout=15)
+        assert page.status_code == 200
+        assert 'href="/schemas"' in page.text and f'href="/schemas/{subject}"' in page.text
+        assert f"<td class=\"n\">2</td><td class=\"n\">{id2}</td>" in page.text
+        first = requests.get(f"{console.url}/schemas/{subject}", params={"version": "1"}, timeout=15)
+        assert first.status_code == 200
+        text = html.unescape(first.text)
+        assert f"<td>{id1}</td>" in text and '"favorite_number"' in text and '"email"' not in text
+        assert 'id="compatibility">BACKWARD<' in text
+        missing = requests.get(f"{console.url}/schemas/{topic_name}-nothing", timeout=15)
+        assert missing.status_code == 404 and "40401" in missing.text
+    finally:
+        console.stop()

@@ -76,7 +76,12 @@ def console(args) -> int:
     cluster = Cluster(args.bootstrap, client_settings(args.command_config, args.client_setting), args.timeout)
     urls = [u for u in ",".join(args.metrics).split(",") if u.strip()]
     metrics = MetricsReader(urls, None if args.metrics_port_offset < 0 else args.metrics_port_offset, args.metrics_interval, args.metrics_basic_auth)
-    app = make_app(cluster, metrics, users, read_only=args.read_only)
+    registry = None
+    if args.schema_registry:
+        from kafscale.registry.client import RegistryClient
+
+        registry = RegistryClient(args.schema_registry, args.schema_registry_user, timeout=args.timeout)
+    app = make_app(cluster, metrics, users, read_only=args.read_only, registry=registry)
     ssl_context = _ssl_context(args)
     scheme = "https" if ssl_context else "http"
     banner = (f"KafScale console on {scheme}://{host}:{port} for {args.bootstrap}"
@@ -105,6 +110,10 @@ def add_commands(subparsers) -> None:
     w.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate (chain); session cookies are then Secure")
     w.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert (if not in the same file)")
     w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level (default info)")
+    w.add_argument("--schema-registry", metavar="URL", default=os.environ.get("KAFSCALE_CONSOLE_SCHEMA_REGISTRY"),
+                   help="the schema registry (kafscale broker --schema-registry) whose subjects and versions the console shows (env KAFSCALE_CONSOLE_SCHEMA_REGISTRY)")
+    w.add_argument("--schema-registry-user", metavar="USER:PASSWORD", default=os.environ.get("KAFSCALE_CONSOLE_SCHEMA_REGISTRY_USER_INFO"),
+                   help="HTTP basic auth for --schema-registry (prefer the env KAFSCALE_CONSOLE_SCHEMA_REGISTRY_USER_INFO)")
     m = p.add_argument_group("broker metrics")
     m.add_argument("--metrics", action="append", default=[], metavar="URL[,URL]",
                    help="ops endpoints of the brokers, e.g. http://broker-0:9093 (repeatable); default: each broker's Kafka host at its Kafka port + --metrics-port-offset")

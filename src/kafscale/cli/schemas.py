@@ -1,7 +1,7 @@
 """`kafscale schemas list|get|register|delete|compat|config`: the schema registry's REST
 API (`kafscale broker --schema-registry`, docs/schema-registry.md) from the command line.
 
-Talks HTTP (the standard library's urllib: no client library needed) to --registry URL,
+Talks HTTP (registry/client.py, over the standard library's urllib) to --registry URL,
 with --user USER:PASSWORD for basic auth and --ca for a registry served over TLS. Exit
 codes as the other admin commands: 0 done, 1 refused (the registry's message and
 error_code are printed; `compat` also exits 1 for an incompatible schema), 2 the registry
@@ -11,19 +11,14 @@ could not be reached.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
-import ssl
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 
 from kafscale.cli.common import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError, command_family, print_json, run_command, table
+from kafscale.registry.client import RegistryClient, RegistryClientError
 
 DEFAULT_URL = "http://127.0.0.1:8081"
-CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
 def registry_options() -> argparse.ArgumentParser:
@@ -39,35 +34,20 @@ def registry_options() -> argparse.ArgumentParser:
     return p
 
 
+def _client(args) -> RegistryClient:
+    return RegistryClient(args.registry, args.user, args.ca, args.timeout)
+
+
 def call(args, method: str, path: str, body=None, query: dict | None = None):
     """The registry's JSON answer; CliError with its message and error_code otherwise."""
-    url = args.registry.rstrip("/") + path
-    if query:
-        url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Accept": CONTENT_TYPE, "Content-Type": CONTENT_TYPE})
-    if args.user:
-        req.add_header("Authorization", "Basic " + base64.b64encode(args.user.encode()).decode())
-    context = ssl.create_default_context(cafile=args.ca) if args.ca else None
     try:
-        with urllib.request.urlopen(req, timeout=args.timeout, context=context) as resp:
-            text = resp.read()
-    except urllib.error.HTTPError as e:
-        try:
-            doc = json.loads(e.read())
-            raise CliError(f"{doc.get('message')} (error_code {doc.get('error_code')})") from None
-        except (ValueError, AttributeError):
-            raise CliError(f"HTTP {e.code} from {url}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise CliError(f"cannot reach the schema registry at {args.registry}: {getattr(e, 'reason', e)}", EXIT_UNREACHABLE) from None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text.decode()
+        return _client(args).call(method, path, body, query)
+    except RegistryClientError as e:
+        raise CliError(str(e), EXIT_UNREACHABLE if e.unreachable else EXIT_FAILED) from None
 
 
 def _quote(subject: str) -> str:
-    return urllib.parse.quote(subject, safe="")
+    return RegistryClient.quote(subject)
 
 
 def _read_schema(path: str) -> str:

@@ -24,6 +24,7 @@ from aiohttp import web
 from kafscale.console.auth import COOKIE, Sessions, csrf_ok
 from kafscale.console.cluster import Cluster, ClusterError
 from kafscale.console.metrics import MetricsReader
+from kafscale.registry.client import RegistryClient, RegistryClientError
 
 log = logging.getLogger("kafscale.console")
 audit = logging.getLogger("kafscale.console.audit")
@@ -34,6 +35,7 @@ LAG_HISTORY = 120  # points per group
 LAG_GROUPS = 500  # groups whose lag history is kept (least recently viewed dropped)
 
 CLUSTER, METRICS, SESSIONS, STATE, TEMPLATES = (web.AppKey(n, object) for n in ("cluster", "metrics", "sessions", "state", "templates"))
+REGISTRY = web.AppKey("registry", object)  # a RegistryClient (--schema-registry) or None
 
 
 # -- rendering -----------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def _templates() -> jinja2.Environment:
 
 def render(request: web.Request, name: str, status: int = 200, **ctx) -> web.Response:
     app = request.app
-    ctx.update(session=request.get("session"), read_only=app[STATE]["read_only"], auth=app[SESSIONS].required,
+    ctx.update(session=request.get("session"), read_only=app[STATE]["read_only"], auth=app[SESSIONS].required, schemas=app[REGISTRY] is not None,
                path=request.path, ok=request.query.get("ok", ""), request_query=request.query)
     html = app[TEMPLATES].get_template(name).render(**ctx)
     return web.Response(text=html, content_type="text/html", status=status)
@@ -409,6 +411,36 @@ async def group_delete(request: web.Request):
 ACL_FIELDS = ("resource_type", "name", "pattern", "principal", "host", "operation", "permission")
 
 
+# -- schemas (the registry's REST API, read only) -------------------------------------------
+
+
+async def schemas(request: web.Request):
+    client = request.app[REGISTRY]
+    if client is None:
+        return fail(request, "no schema registry: start the console with --schema-registry URL", 404)
+    q = request.query.get("q", "")
+    try:
+        latest = await run(request, client.latest_versions, q)
+        level = await run(request, client.compatibility_level)
+    except RegistryClientError as e:
+        return fail(request, str(e), 502)
+    return render(request, "schemas.html", subjects=latest, q=q, level=level, registry_url=client.url)
+
+
+async def schema_subject(request: web.Request):
+    client = request.app[REGISTRY]
+    if client is None:
+        return fail(request, "no schema registry: start the console with --schema-registry URL", 404)
+    subject = request.match_info["subject"]
+    try:
+        versions = await run(request, client.versions, subject)
+        v = await run(request, client.version, subject, request.query.get("version", "latest"))
+        level = await run(request, client.compatibility_level, subject)
+    except RegistryClientError as e:
+        return fail(request, str(e), 404 if e.status == 404 else 502)
+    return render(request, "schema.html", subject=subject, versions=versions, v=v, level=level, schema=show_bytes(v["schema"].encode(), "json"))
+
+
 async def acls(request: web.Request):
     return render(request, "acls.html", acls=await run(request, request.app[CLUSTER].acls))
 
@@ -477,9 +509,10 @@ async def _stop(app: web.Application) -> None:
     await asyncio.to_thread(app[CLUSTER].close)
 
 
-def make_app(cluster: Cluster, metrics: MetricsReader, logins: dict[str, str] | None = None, read_only: bool = False) -> web.Application:
+def make_app(cluster: Cluster, metrics: MetricsReader, logins: dict[str, str] | None = None, read_only: bool = False,
+             registry: RegistryClient | None = None) -> web.Application:
     app = web.Application(middlewares=[sessions_mw], client_max_size=2 * 1024 * 1024)
-    app[CLUSTER], app[METRICS], app[SESSIONS] = cluster, metrics, Sessions(logins)
+    app[CLUSTER], app[METRICS], app[SESSIONS], app[REGISTRY] = cluster, metrics, Sessions(logins), registry
     app[STATE] = {"read_only": read_only, "lag": OrderedDict(), "known": []}
     app[TEMPLATES] = _templates()
     r = app.router
@@ -500,6 +533,8 @@ def make_app(cluster: Cluster, metrics: MetricsReader, logins: dict[str, str] | 
     r.add_get("/groups/{group}/lag.json", group_lag)
     r.add_post("/groups/{group}/reset", group_reset)
     r.add_post("/groups/{group}/delete", group_delete)
+    r.add_get("/schemas", schemas)
+    r.add_get("/schemas/{subject}", schema_subject)
     r.add_get("/acls", acls)
     r.add_post("/acls", acl_change)
     r.add_post("/acls/delete", acl_change)
