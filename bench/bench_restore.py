@@ -103,7 +103,7 @@ def _segment(base: int, n: int) -> segment.EncodedSegment:
 
 
 async def build_fixture(store, kv, args) -> int:
-    sem = asyncio.Semaphore(64)
+    sem = asyncio.Semaphore(32)
     puts: list[tuple[str, bytes]] = []
     objects = 0
 
@@ -116,7 +116,7 @@ async def build_fixture(store, kv, args) -> int:
         name = f"topic-{t:03d}"
         meta = TopicMeta(name, args.partitions, configs={"retention.ms": "604800000"})
         puts.append((keys.topic(name), _dump(asdict(meta))))
-        jobs.append(topic_marker.write_marker(store, NS, topic_marker.TopicMarker.of(meta)))
+        jobs.append(put(topic_marker.marker_key(NS, name), [topic_marker.TopicMarker.of(meta).encode()]))
         for p in range(args.partitions):
             base = 0
             for _ in range(args.segments):

@@ -307,3 +307,15 @@ def test_damaged_snapshot_and_bad_crc_in_the_chain(broker_factory):
     got = read_all(b.bootstrap, {0: 200, 1: 100, 2: 200})
     assert sorted(o for (p, o) in got if p == 1) == list(range(100))
     assert sorted(o for (p, o) in got if p == 0) == list(range(200))
+
+
+def test_auto_restore_flag_restores_before_starting(broker_factory):
+    b = broker_factory(extra_args=["--merge-interval-ms", "0"])
+    create_orders(b.bootstrap)
+    acked = produce(b.bootstrap, 50)
+    assert b.stop() == 0
+    lose_metadata(b.data_dir)
+    b.extra_args += ["--metadata-auto-restore", "true"]
+    b.start()
+    assert "restore: restored from snapshot" in b.log_text()
+    assert read_all(b.bootstrap, {p: 50 for p in range(PARTITIONS)}) == acked
