@@ -32,9 +32,11 @@ USER_BAD = json.dumps({"type": "record", "name": "User", "namespace": "example",
 CT = {"Content-Type": "application/vnd.schemaregistry.v1+json"}
 
 
-def start_with_registry(**kwargs) -> tuple[BrokerProcess, str]:
+def start_with_registry(advertise: bool = False, **kwargs) -> tuple[BrokerProcess, str]:
     port = free_port()
-    extra = [*kwargs.pop("extra_args", []), "--schema-registry", f"127.0.0.1:{port}"]
+    extra = [*kwargs.pop("extra_args", []), "--schema-registry", f"0.0.0.0:{port}" if advertise else f"127.0.0.1:{port}"]
+    if advertise:  # bound to all interfaces: other brokers are told where to forward
+        extra += ["--schema-registry-advertise", f"127.0.0.1:{port}"]
     b = BrokerProcess(extra_args=extra, **kwargs).start()
     wait_port(port, proc=b.proc)
     return b, f"http://127.0.0.1:{port}"
@@ -179,7 +181,7 @@ def test_three_brokers_kill9_of_the_writer(etcd_server, tmp_path):  # noqa: F811
     try:
         for node in range(3):
             (tmp_path / f"b{node}").mkdir()
-            nodes.append(start_with_registry(data_dir=str(tmp_path / f"b{node}"), extra_args=["--broker-id", str(node), *common]))
+            nodes.append(start_with_registry(advertise=node == 0, data_dir=str(tmp_path / f"b{node}"), extra_args=["--broker-id", str(node), *common]))
         ids = {}
         for i, (_b, url) in enumerate(nodes):  # through each broker: two of them forward
             schema = json.dumps({"type": "record", "name": f"R{i}", "fields": [{"name": "f", "type": "int"}]})

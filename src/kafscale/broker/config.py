@@ -69,6 +69,7 @@ class BrokerConfig:
     http_tls: bool = field(default=False, metadata={"help": "serve --http over TLS with --ssl-cert/--ssl-key"})
     http_basic_auth: str = field(default="", metadata={"help": "USER:PASSWORD required for /metrics (HTTP basic auth; /healthz and /readyz stay open for probes); prefer the KAFSCALE_HTTP_BASIC_AUTH variable"})
     schema_registry: str = field(default="", metadata={"help": "HOST:PORT to serve the Confluent-compatible schema registry REST API on, its log the compacted topic _schemas ('' disables; docs/schema-registry.md)"})
+    schema_registry_advertise: str = field(default="", metadata={"help": "HOST:PORT other brokers forward schema registry writes to (default: the --schema-registry address, or the advertised Kafka host at its port when it listens on all interfaces)"})
     schema_registry_tls: bool = field(default=False, metadata={"help": "serve --schema-registry over TLS with --ssl-cert/--ssl-key"})
     schema_registry_basic_auth: str = field(default="", metadata={"help": "USER:PASSWORD required on every --schema-registry request (HTTP basic auth); prefer the KAFSCALE_SCHEMA_REGISTRY_BASIC_AUTH variable"})
     max_frame_bytes: int = field(default=100 * 1024 * 1024, metadata={"help": "largest request frame accepted"})

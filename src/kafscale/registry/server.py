@@ -63,10 +63,14 @@ async def start_registry(broker: "Broker", service: RegistryService) -> Registry
     handle = RegistryHandle(service, api, runner)
     bound = runner.addresses[0]
     handle.address = (bound[0], bound[1])
-    # Other brokers forward writes here: advertise the broker's own host when bound to all.
-    public = handle.address[0] if handle.address[0] not in ("0.0.0.0", "::", "") else broker.cluster.local.host
+    # Other brokers forward writes here: --schema-registry-advertise, else the bound address
+    # (the broker's advertised Kafka host when bound to all interfaces).
     scheme = "https" if ssl_context is not None else "http"
-    handle.url = f"{scheme}://{public}:{handle.address[1]}"
+    if getattr(config, "schema_registry_advertise", ""):
+        handle.url = f"{scheme}://{config.schema_registry_advertise}"
+    else:
+        public = handle.address[0] if handle.address[0] not in ("0.0.0.0", "::", "") else broker.cluster.local.host
+        handle.url = f"{scheme}://{public}:{handle.address[1]}"
     await service.start(handle.url)
     log.info("schema registry on %s (topic _schemas)", handle.url)
     return handle
