@@ -229,7 +229,8 @@ def test_segment_and_index_layout(broker, topic_name):
     pdir = root / "default" / topic_name / "0"
     # key layout: {namespace}/{topic}/{partition}/segment-{base:020d}.kfs (+ .index)
     keys = sorted(str(p.relative_to(root)) for p in (root / "default" / topic_name).rglob("*") if p.is_file())
-    assert keys == sorted(f"default/{topic_name}/0/segment-{b:020d}.{ext}" for b in (0, 5, 9) for ext in ("kfs", "index"))
+    # ... and the topic's marker (storage/topic_marker.py) beside its partition directories
+    assert keys == sorted([f"default/{topic_name}/0/segment-{b:020d}.{ext}" for b in (0, 5, 9) for ext in ("kfs", "index")] + [f"default/{topic_name}/topic.json"])
     segs = check_partition(pdir, started)
     assert [(s.base_offset, s.last_offset, s.count) for s in segs] == [(0, 4, 5), (5, 8, 4), (9, 10, 2)]
     assert [[b.attributes & 7 for b in s.batches] for s in segs] == [[0, 0], [1], [4]]
@@ -290,7 +291,7 @@ def test_multi_partition_segments_from_client(broker, topic_name):
                 p.produce(topic_name, key=f"{part}-{i}".encode(), value=f"r{round_}".encode(), partition=part)
         assert p.flush(15) == 0
     root = Path(broker.data_dir) / "objects" / "default" / topic_name
-    assert sorted(d.name for d in root.iterdir()) == ["0", "1", "2"]
+    assert sorted(d.name for d in root.iterdir()) == ["0", "1", "2", "topic.json"]
     for part in range(3):
         segs = check_partition(root / str(part), started)
         assert segs[0].base_offset == 0 and segs[-1].last_offset == 11
@@ -305,7 +306,14 @@ def test_namespace_is_first_key_component(broker_factory, topic_name):
         assert c.produce(topic_name, 0, build_batch([(b"k", b"v")], timestamp=started)).base_offset == 0
     root = Path(b.data_dir) / "objects"
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    assert files == [f"prod-eu/{topic_name}/0/segment-{0:020d}.index", f"prod-eu/{topic_name}/0/segment-{0:020d}.kfs"]
+    # Besides the topic's objects: topic markers and the metadata snapshots (under
+    # ~metadata/, a name no topic can have), all under the namespace.
+    snapshots = [f for f in files if f.startswith("prod-eu/~metadata/")]  # (one may be being written)
+    assert all(re.fullmatch(r"prod-eu/~metadata/(snapshot-\d{8}T\d{9}Z-0\.kms|\.tmp-.*)", f) for f in snapshots)
+    assert [f for f in files if f not in snapshots] == [
+        "prod-eu/__consumer_offsets/topic.json",
+        f"prod-eu/{topic_name}/0/segment-{0:020d}.index", f"prod-eu/{topic_name}/0/segment-{0:020d}.kfs", f"prod-eu/{topic_name}/topic.json",
+    ]
     check_partition(root / "prod-eu" / topic_name / "0", started)
 
 
