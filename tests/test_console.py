@@ -9,58 +9,20 @@ import tempfile
 import pytest
 import requests
 
-from tests.support.broker import BrokerProcess, free_port
-from tests.support.console import ConsoleProcess, add_console_user, chromium, csrf_token
+from tests.support.broker import free_port
+from tests.support.console import GROUP, TOPIC, ConsoleProcess, add_console_user, admin, chromium, committed, csrf_token, seeded_broker
 from tests.support.wait import wait_until
 
 pytest.importorskip("selenium")
 
-TOPIC, GROUP = "orders", "billing"
 PAGES = ["/", "/topics", f"/topics/{TOPIC}", "/groups", f"/groups/{GROUP}", "/acls", "/users", "/login"]
-
-
-_ADMINS: dict = {}
-
-
-def _admin(bootstrap):
-    # Kept: an AdminClient that goes away leaves its futures unanswered.
-    from confluent_kafka.admin import AdminClient
-
-    if bootstrap not in _ADMINS:
-        _ADMINS[bootstrap] = AdminClient({"bootstrap.servers": bootstrap})
-    return _ADMINS[bootstrap]
-
-
-def _committed(bootstrap, group, topic, partitions):
-    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
-
-    req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
-    res = _admin(bootstrap).list_consumer_group_offsets([req])[group].result(10)
-    return {tp.partition: tp.offset for tp in res.topic_partitions}
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A broker with its ops endpoint, topic `orders` (300 records over 3 partitions) and
-    group `billing` committed at 37 on partition 0."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
-    from confluent_kafka.admin import NewTopic
-
-    http = free_port()
-    b = BrokerProcess(extra_args=["--http", f"127.0.0.1:{http}", "--group-initial-rebalance-delay-ms", "0"]).start()
-    b.http = f"http://127.0.0.1:{http}"
-    try:
-        admin = _admin(b.bootstrap)
-        admin.create_topics([NewTopic(TOPIC, 3, 1)])[TOPIC].result(15)
-        p = Producer({"bootstrap.servers": b.bootstrap})
-        for i in range(300):
-            p.produce(TOPIC, key=f"k{i}".encode(), value=f'{{"order": {i}}}'.encode(), partition=i % 3)
-        assert p.flush(30) == 0
-        req = ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])
-        admin.alter_consumer_group_offsets([req])[GROUP].result(15)
-        yield b
-    finally:
-        b.stop()
+    b = seeded_broker()
+    yield b
+    b.stop()
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +122,7 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     browser.find_element(By.ID, "create-topic-button").click()
     WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith(f"/topics/{name}"))
     assert _js_errors(browser) == []
-    md = _admin(cluster.bootstrap).list_topics(timeout=10)
+    md = admin(cluster.bootstrap).list_topics(timeout=10)
     assert name in md.topics and len(md.topics[name].partitions) == 2
 
     browser.find_element(By.ID, "produce-key").send_keys("who")
@@ -185,16 +147,16 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "reset-plan"))
     plan = {int(r.get_attribute("data-partition")): r.find_element(By.CSS_SELECTOR, ".new").text for r in _rows(browser, "reset-plan")}
     assert plan == {0: "10", 1: "10", 2: "10"}
-    assert _committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37  # a dry run changes nothing
+    assert committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37  # a dry run changes nothing
     browser.find_element(By.ID, "reset-execute").click()
     WebDriverWait(browser, 15).until(lambda d: "reset" in d.find_element(By.ID, "flash").text)
-    assert _committed(cluster.bootstrap, GROUP, TOPIC, [0, 1, 2]) == {0: 10, 1: 10, 2: 10}
+    assert committed(cluster.bootstrap, GROUP, TOPIC, [0, 1, 2]) == {0: 10, 1: 10, 2: 10}
     row = browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-topic="{TOPIC}"][data-partition="0"]')
     assert row.find_element(By.CSS_SELECTOR, ".lag").text == "90"
     # Put the group back for the other tests of this module.
     from confluent_kafka import ConsumerGroupTopicPartitions
 
-    _admin(cluster.bootstrap).alter_consumer_group_offsets([ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])])[GROUP].result(10)
+    admin(cluster.bootstrap).alter_consumer_group_offsets([ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])])[GROUP].result(10)
 
 
 def test_a_post_without_the_csrf_token_is_refused(console, cluster):
@@ -205,12 +167,12 @@ def test_a_post_without_the_csrf_token_is_refused(console, cluster):
     assert r.status_code == 403
     r = s.post(console.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": "forged"}, timeout=10, allow_redirects=False)
     assert r.status_code == 403
-    assert name not in _admin(cluster.bootstrap).list_topics(timeout=10).topics
+    assert name not in admin(cluster.bootstrap).list_topics(timeout=10).topics
     # The same form with the session's token works: the refusal above was the token.
     token = csrf_token(s.get(console.url + "/login", timeout=10).text)
     r = s.post(console.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": token}, timeout=10, allow_redirects=False)
     assert r.status_code == 303
-    wait_until(lambda: name in _admin(cluster.bootstrap).list_topics(timeout=10).topics, 10, "the topic made with the token")
+    wait_until(lambda: name in admin(cluster.bootstrap).list_topics(timeout=10).topics, 10, "the topic made with the token")
 
 
 def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
@@ -232,12 +194,12 @@ def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
             s.post(f"{c.url}/groups/{GROUP}/reset", data={"topic": TOPIC, "execute": "1", "plan": "0:0", "csrf_token": token}, timeout=10, allow_redirects=False),
         ]
         assert [r.status_code for r in refused] == [403, 403, 403]
-        assert name not in _admin(cluster.bootstrap).list_topics(timeout=10).topics
-        assert _committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37
+        assert name not in admin(cluster.bootstrap).list_topics(timeout=10).topics
+        assert committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37
         from confluent_kafka.admin import OffsetSpec
         from confluent_kafka import TopicPartition
 
-        ends = _admin(cluster.bootstrap).list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(3)})
+        ends = admin(cluster.bootstrap).list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(3)})
         assert sum(f.result(10).offset for f in ends.values()) == 300
     finally:
         _leave(browser)

@@ -11,7 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.support.broker import REPO, free_port, wait_port
+from tests.support.broker import REPO, BrokerProcess, free_port, wait_port
+
+TOPIC, GROUP = "orders", "billing"
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -75,3 +77,46 @@ def chromium(profile_dir: str):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=opts, service=Service(executable_path=CHROMEDRIVER))
+
+
+def seeded_broker() -> BrokerProcess:
+    """A broker with its ops endpoint (`.http`), topic `orders` (300 records over 3
+    partitions, 100 each) and group `billing` committed at 37 on partition 0."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+
+    http = free_port()
+    b = BrokerProcess(extra_args=["--http", f"127.0.0.1:{http}", "--group-initial-rebalance-delay-ms", "0"]).start()
+    b.http = f"http://127.0.0.1:{http}"
+    try:
+        admin(b.bootstrap).create_topics([NewTopic(TOPIC, 3, 1)])[TOPIC].result(15)
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        for i in range(300):
+            p.produce(TOPIC, key=f"k{i}".encode(), value=f'{{"order": {i}}}'.encode(), partition=i % 3)
+        assert p.flush(30) == 0
+        req = ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])
+        admin(b.bootstrap).alter_consumer_group_offsets([req])[GROUP].result(15)
+    except BaseException:
+        b.stop()
+        raise
+    return b
+
+
+_ADMINS: dict = {}
+
+
+def admin(bootstrap: str):
+    """One AdminClient per cluster, kept: one that goes away leaves its futures unanswered."""
+    from confluent_kafka.admin import AdminClient
+
+    if bootstrap not in _ADMINS:
+        _ADMINS[bootstrap] = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    return _ADMINS[bootstrap]
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    req = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+    res = admin(bootstrap).list_consumer_group_offsets([req])[group].result(10)
+    return {tp.partition: tp.offset for tp in res.topic_partitions}

@@ -14,7 +14,7 @@ from kafscale.client import CliError, add_connection_options, client_settings
 log = logging.getLogger("kafscale.console")
 
 
-def _hostport(value: str) -> tuple[str, int]:
+def hostport(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit():
         raise CliError(f"--listen must be HOST:PORT, not {value!r}", 2)
@@ -56,15 +56,13 @@ def console(args) -> int:
     from aiohttp import web
 
     from kafscale.console.auth import load_users
-    from kafscale.console.cluster import Cluster
-    from kafscale.console.metrics import MetricsReader
     from kafscale.console.web import make_app
     from kafscale.ops import logging_setup
 
     if args.add_user:
         return _add_user(args)
     logging_setup.setup(args.log_level, "text")
-    host, port = _hostport(args.listen)
+    host, port = hostport(args.listen)
     users = None
     if args.auth:
         try:
@@ -73,15 +71,12 @@ def console(args) -> int:
             raise CliError(f"cannot read --auth {args.auth}: {e}", 2) from None
         if not users:
             raise CliError(f"{args.auth} has no users: add one with --add-user NAME", 2)
-    cluster = Cluster(args.bootstrap, client_settings(args.command_config, args.client_setting), args.timeout)
-    urls = [u for u in ",".join(args.metrics).split(",") if u.strip()]
-    metrics = MetricsReader(urls, None if args.metrics_port_offset < 0 else args.metrics_port_offset, args.metrics_interval, args.metrics_basic_auth)
     registry = None
     if args.schema_registry:
         from kafscale.registry.client import RegistryClient
 
         registry = RegistryClient(args.schema_registry, args.schema_registry_user, timeout=args.timeout)
-    app = make_app(cluster, metrics, users, read_only=args.read_only, registry=registry)
+    app = make_app(cluster(args), metrics_reader(args), users, read_only=args.read_only, registry=registry)
     ssl_context = _ssl_context(args)
     scheme = "https" if ssl_context else "http"
     banner = (f"KafScale console on {scheme}://{host}:{port} for {args.bootstrap}"
@@ -92,6 +87,31 @@ def console(args) -> int:
 
     web.run_app(app, host=host, port=port, ssl_context=ssl_context, print=started, access_log=None, handle_signals=True, shutdown_timeout=2)
     return 0
+
+
+def add_metrics_options(p) -> None:
+    """Where the brokers' /metrics are (kafscale/console/metrics.py says how they are found)."""
+    m = p.add_argument_group("broker metrics")
+    m.add_argument("--metrics", action="append", default=[], metavar="URL[,URL]",
+                   help="ops endpoints of the brokers, e.g. http://broker-0:9093 (repeatable); default: each broker's Kafka host at its Kafka port + --metrics-port-offset")
+    m.add_argument("--metrics-port-offset", type=int, default=1,
+                   help="ops port = Kafka port + this, when --metrics is not given (default 1: 9092 -> 9093; -1: read no metrics)")
+    m.add_argument("--metrics-interval", type=float, default=5.0, help="seconds between scrapes of every broker's /metrics (default 5)")
+    m.add_argument("--metrics-basic-auth", metavar="USER:PASSWORD", default=os.environ.get("KAFSCALE_METRICS_BASIC_AUTH", ""),
+                   help="credentials for brokers started with --http-basic-auth (prefer the env KAFSCALE_METRICS_BASIC_AUTH)")
+
+
+def metrics_reader(args):
+    from kafscale.console.metrics import MetricsReader
+
+    urls = [u for u in ",".join(args.metrics).split(",") if u.strip()]
+    return MetricsReader(urls, None if args.metrics_port_offset < 0 else args.metrics_port_offset, args.metrics_interval, args.metrics_basic_auth)
+
+
+def cluster(args):
+    from kafscale.console.cluster import Cluster
+
+    return Cluster(args.bootstrap, client_settings(args.command_config, args.client_setting), args.timeout)
 
 
 def add_commands(subparsers) -> None:
@@ -114,12 +134,5 @@ def add_commands(subparsers) -> None:
                    help="the schema registry (kafscale broker --schema-registry) whose subjects and versions the console shows (env KAFSCALE_CONSOLE_SCHEMA_REGISTRY)")
     w.add_argument("--schema-registry-user", metavar="USER:PASSWORD", default=os.environ.get("KAFSCALE_CONSOLE_SCHEMA_REGISTRY_USER_INFO"),
                    help="HTTP basic auth for --schema-registry (prefer the env KAFSCALE_CONSOLE_SCHEMA_REGISTRY_USER_INFO)")
-    m = p.add_argument_group("broker metrics")
-    m.add_argument("--metrics", action="append", default=[], metavar="URL[,URL]",
-                   help="ops endpoints of the brokers, e.g. http://broker-0:9093 (repeatable); default: each broker's Kafka host at its Kafka port + --metrics-port-offset")
-    m.add_argument("--metrics-port-offset", type=int, default=1,
-                   help="ops port = Kafka port + this, when --metrics is not given (default 1: 9092 -> 9093; -1: read no metrics)")
-    m.add_argument("--metrics-interval", type=float, default=5.0, help="seconds between scrapes of every broker's /metrics (default 5)")
-    m.add_argument("--metrics-basic-auth", metavar="USER:PASSWORD", default=os.environ.get("KAFSCALE_METRICS_BASIC_AUTH", ""),
-                   help="credentials for brokers started with --http-basic-auth (prefer the env KAFSCALE_METRICS_BASIC_AUTH)")
+    add_metrics_options(p)
     p.set_defaults(func=run_command(console))

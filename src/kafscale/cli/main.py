@@ -80,10 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("broker", help="run a broker")
     broker_config.add_arguments(b)
     b.set_defaults(func=_run_broker)
-    from kafscale.cli import cluster, console, groups, metadata, records, schemas, security, topics
+    from kafscale.cli import cluster, console, groups, mcp, metadata, records, schemas, security, topics
     from kafscale.pipeline import cli as pipeline_cli
 
-    for family in (topics, groups, records, cluster, security, metadata, schemas, pipeline_cli, console):
+    for family in (topics, groups, records, cluster, security, metadata, schemas, pipeline_cli, console, mcp):
         family.add_commands(sub)
     return parser
 
