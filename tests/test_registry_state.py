@@ -222,3 +222,24 @@ def test_codec_matches_confluent_layout():
     for bad in ((b"[1]", None), (b"{", None), (b'{"keytype":"SCHEMA","subject":"s","version":1,"magic":1}', b'{"id":1}')):
         with pytest.raises(codec.BadRecord):
             st.apply(codec.decode(*bad))
+
+
+def test_schema_ids_of_a_record_set():
+    from kafscale.errors import ErrorCode
+    from kafscale.protocol import records
+    from kafscale.registry.validation import schema_ids
+
+    recs = [(None, b"\x00\x00\x00\x00\x07payload"), (b"\x00\x00\x00\x01\x00k", None), (b"k", b"\x01\x00\x00\x00\x07x"), (None, b"\x00\x00")]
+    for codec in (records.COMPRESSION_NONE, records.COMPRESSION_LZ4):
+        batch = memoryview(bytearray(records.build_batch(recs, timestamp=0, codec=codec)))
+        headers = records.validate_record_set(batch, None)
+        before = records.schema_check_decompressions
+        assert schema_ids(batch, headers, keys=True, values=True) == [
+            (0, "value", 7), (1, "key", 256), (2, "key", None), (2, "value", None), (3, "value", None)]
+        assert schema_ids(batch, headers, keys=False, values=True) == [(0, "value", 7), (2, "value", None), (3, "value", None)]
+        assert records.schema_check_decompressions - before == (2 if codec else 0)
+    # A record whose lengths run past its batch: CORRUPT_MESSAGE, not an exception of ours.
+    body = bytes(records.build_batch([(None, b"\x00" * 20)], timestamp=0))[records.HEADER_SIZE:]
+    with pytest.raises(records.InvalidRecordError) as e:
+        list(records.record_keys_values(body[:-5], 1))
+    assert e.value.error_code == ErrorCode.corrupt_message
