@@ -33,10 +33,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicExistsError, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment, topic_marker
 from kafscale.storage.cleaner import truncate_batch
+from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import WHOLE_SEGMENT_READ_BYTES, SegmentReader
@@ -251,12 +253,7 @@ class TopicRestore:
         producer state)."""
         kept: list[bytes] = []
         if boundary is not None:
-            key = segment.segment_key(self.namespace, source, p, boundary.base_offset)
-            try:
-                decoded = segment.decode(await self.store.get(key), name=key)
-            except segment.SegmentFormatError as e:
-                raise RestoreError(f"{e}; nothing published") from None
-            body = segment.batches_through(decoded.batches, boundary.last_offset)
+            body = await self._batches(source, p, boundary)
             for pos, h in records.iter_batches(body):
                 if h.base_offset >= end:
                     break
@@ -288,6 +285,25 @@ class TopicRestore:
             boundary.cleaned if boundary is not None else False,
             boundary.delete_horizon_ms if boundary is not None else -1,
         )
+
+    async def _batches(self, source: str, p: int, seg: segment.SegmentInfo) -> memoryview:
+        """The committed segment's batches: through the reader (checked as any read is,
+        and usually cached by the timestamp lookup that found the cut), or, for a segment
+        the reader reads by ranges, the whole object."""
+        if seg.size <= WHOLE_SEGMENT_READ_BYTES:
+            try:
+                view = await self.reader.segment_view(source, p, seg)
+            except StorageError as e:
+                if e.error_code == ErrorCode.offset_out_of_range:  # deleted meanwhile
+                    raise ObjectNotFound(segment.segment_key(self.namespace, source, p, seg.base_offset)) from None
+                raise RestoreError(f"{e}; nothing published") from None
+            return segment.batches_through(view.data, seg.last_offset)
+        key = segment.segment_key(self.namespace, source, p, seg.base_offset)
+        try:
+            decoded = segment.decode(await self.store.get(key), name=key)
+        except segment.SegmentFormatError as e:
+            raise RestoreError(f"{e}; nothing published") from None
+        return segment.batches_through(decoded.batches, seg.last_offset)
 
     @staticmethod
     def _producers_before(seg: segment.SegmentInfo | None) -> ProducerStateTable:
