@@ -294,6 +294,15 @@ async def denied(ctx, api_key: int, req) -> Refusal | None:
     return None
 
 
+async def authorize(ctx, api_key: int, req) -> tuple[object, object | None, Refusal | None]:
+    """(request to serve, request of its denied topics or None, refusal of the whole request
+    or None): the rule's checks first, then its topics (`split_topics`)."""
+    refusal = await denied(ctx, api_key, req)
+    if refusal is not None:
+        return req, None, refusal
+    return await split_topics(ctx, api_key, req)
+
+
 async def split_topics(ctx, api_key: int, req) -> tuple[object, object | None, Refusal | None]:
     """For a PerTopic rule: (request to serve, request of the denied topics or None, refusal
     or None). With some topics denied the handler serves the others and the server adds the

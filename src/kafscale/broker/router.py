@@ -79,13 +79,18 @@ class Api:
     decoder: Callable[[int, memoryview, int], Any] | None = None
     # versions below kio's (min_version up to the adapter's kio_version - 1): protocol/legacy.py
     legacy: legacy.Adapter | None = None
+    # Kafka handles a connection's requests in order; ours run concurrently. An API whose
+    # effects must keep that order (Produce: offsets) waits for its predecessor's turn.
+    in_order: bool = False
 
 
 class Router:
     def __init__(self) -> None:
         self.apis: dict[int, Api] = {}
 
-    def register(self, key: int, handler: Handler, min_version: int | None = None, max_version: int | None = None, decoder=None) -> None:
+    def register(self, key: int, handler: Handler, min_version: int | None = None, max_version: int | None = None, decoder=None,
+                 in_order: bool = False) -> None:
+        key = int(key)  # plain ints: the request path looks them up by the header's number
         kmin, kmax = kio_versions(key)
         lo = kmin if min_version is None else max(kmin, min_version)
         hi = kmax if max_version is None else min(kmax, max_version)
@@ -95,7 +100,7 @@ class Router:
             lo = adapter.lowest if min_version is None else max(adapter.lowest, min_version)
         else:
             adapter = None
-        self.apis[key] = Api(key, lo, hi, handler, decoder, adapter)
+        self.apis[key] = Api(key, lo, hi, handler, decoder, adapter, in_order)
 
     def unregister(self, key: int) -> None:
         self.apis.pop(key, None)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import dataclasses
-import datetime
 import logging
 import mmap
 import struct
@@ -20,13 +18,14 @@ from typing import TYPE_CHECKING
 
 from kio.schema.index import api_key_map
 
-from kafscale.broker import authz_checks, memory
+from kafscale.broker import authz_checks, memory, request_path
+from kafscale.broker.request_path import CloseConnection
 from kafscale.broker.router import RequestContext
-from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol import codec, error_response, legacy
+from kafscale.errors import KafkaError
+from kafscale.protocol import error_response
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.security.principal import ANONYMOUS, from_certificate, parse_rules
-from kafscale.security.sasl import BEFORE_AUTHENTICATION, IllegalSaslState
+from kafscale.security.sasl import IllegalSaslState
 from kafscale.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
@@ -59,15 +58,6 @@ SASL_FAILURE_CLOSE_DELAY_S = 0.1
 _grow_bytearray = ctypes.pythonapi.PyByteArray_Resize
 _grow_bytearray.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
 _grow_bytearray.restype = ctypes.c_int  # errors (BufferError while a view exists) are raised
-
-
-class CloseConnection(Exception):
-    """Drop this one connection (malformed or unsupported input); others keep going.
-    `level`: of the one log line saying why."""
-
-    def __init__(self, message: str, level: int = logging.WARNING):
-        super().__init__(message)
-        self.level = level
 
 
 class LogLimiter:
@@ -598,92 +588,40 @@ class KafkaServer:
                     conn.release_idle_buffer()
 
     async def handle(self, conn: KafkaConnection, frame: bytearray) -> list | None:
-        payload = memoryview(frame)
+        """One request frame through the steps of `request_path`, in order; the response
+        frames, or None for no answer (Produce acks=0)."""
         started = time.perf_counter()
         session = conn.sasl
         if session is not None and session.raw_tokens:
             return await self._raw_sasl_token(conn, bytes(frame))
-        try:
-            api_key, version, correlation_id = codec.peek_api(payload)
-        except codec.MalformedRequest as e:
-            raise CloseConnection(str(e)) from None
+        payload = memoryview(frame)
+        api_key, version, correlation_id = request_path.read_api(payload)
         if session is not None:
-            if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
-                raise CloseConnection(f"unexpected request {api_key_map.get(api_key, api_key)} (api {api_key}) before SASL authentication on listener {conn.listener.name}")
-            if session.expired() and api_key not in (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE):
-                raise CloseConnection(f"SASL session of {session.principal} expired (connections.max.reauth.ms) and was not re-authenticated")
+            request_path.sasl_gate(session, api_key, conn.listener.name)
         api = self.broker.router.get(api_key)
-        if api_key == ApiKey.API_VERSIONS and api is not None and version > api.max_version:
-            # Kafka answers a too-new ApiVersions with a v0 error response listing what it
-            # supports, so the client can retry with a version both sides know.
-            return [self._unsupported_api_versions(correlation_id)]
-        if api is None or not api.min_version <= version <= api.max_version:
-            # Kafka closes the connection without an answer (the request cannot be parsed).
-            # One log line per connection, and per client address, key and version at most
-            # one warning a minute (LogLimiter).
-            name = api_key_map.get(api_key, "unknown API")
-            level, suppressed = self.unsupported_log.decide((conn.peer.rpartition(":")[0], api_key, version), time.monotonic())
-            more = f" ({suppressed} more such requests from this address since the last warning)" if suppressed else ""
-            supported = f"; supported versions {api.min_version}-{api.max_version}" if api is not None else ""
-            raise CloseConnection(f"unsupported request: API key {api_key} ({name}) version {version}{supported}{more}", level)
-        # A version older than kio's is converted to the kio request of the adapter's
-        # version (handlers, authorization and error answers see that one) and its answer
-        # back to the version on the wire (protocol/legacy.py).
-        wire_version, adapter, old_request = version, None, None
-        if api.legacy is not None and version < api.legacy.kio_version:
-            adapter = api.legacy
-        try:
-            if adapter is not None:
-                header = codec.decode_header(payload, False)  # no old version is flexible
-                old_request, request = legacy.decode(adapter, version, payload, header.body_offset)
-                version = adapter.kio_version
-                header = dataclasses.replace(header, api_version=version)
-            else:
-                header = codec.decode_header(payload, codec.is_flexible(api_key, version))
-                if api.decoder is not None:
-                    request = api.decoder(version, payload, header.body_offset)
-                else:
-                    request = codec.decode_body(api_key, version, payload, header.body_offset)
-        except Exception as e:  # noqa: BLE001 - any decode failure is malformed input
-            # Apache Kafka parses the body in RequestChannel.Request's constructor; a failure
-            # there closes the connection without an answer (SocketServer
-            # processChannelException), for every API. So do we: one log line, no traceback.
-            raise CloseConnection(f"malformed request (api {api_key} v{wire_version}): {e}") from None
+        unsupported = request_path.check_version(api, api_key, version)
+        if unsupported is not None:
+            return self._refuse_version(conn, unsupported, correlation_id)
+        call = request_path.decode(api, version, payload)
         ctx = RequestContext(
-            self.broker, header, conn.peer, listener=conn.listener.name if conn.listener is not None else None,
+            self.broker, call.header, conn.peer, listener=conn.listener.name if conn.listener is not None else None,
             principal=session.principal if session is not None else conn.principal, session=session,
-            wire_version=wire_version if adapter is not None else None,
+            wire_version=version if call.adapter is not None else None,
         )
-        if api_key == ApiKey.PRODUCE:
+        if api.in_order:
             # Chained in frame order (nothing above awaits): see RequestContext.wait_turn.
             ctx.turn_before, ctx.turn = conn.produce_turn, asyncio.get_running_loop().create_future()
             conn.produce_turn = ctx.turn
         error = None
         try:
-            refusal, denied_topics = None, None
+            denied_topics = None
             if self.broker.authorizer.enabled:
-                refusal = await authz_checks.denied(ctx, api_key, request)
-                if refusal is None:
-                    request, denied_topics, refusal = await authz_checks.split_topics(ctx, api_key, request)
-            if refusal is not None:
-                # Every resource the request named gets the error (the denial is logged
-                # and counted by the authorizer, at most once a second per resource).
-                response = authz_checks.refused(api_key, version, request, refusal[0])
-                if response is None:  # Produce with acks=0 has no answer: Kafka closes
-                    raise CloseConnection(f"acks=0 produce refused: {refusal[1]}")
-                if adapter is not None:
-                    return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
-                encode_frame = getattr(response, "encode_frame", None)  # Fetch
-                if encode_frame is not None:
-                    return encode_frame(correlation_id)
-                return self._encode_refusal(api_key, version, correlation_id, response)
-            response = await api.handler(ctx, request)
-            if denied_topics is not None and response is not None:
-                response = authz_checks.merge_denied(api_key, version, response, denied_topics)
-            observers = self.response_hooks.get(api_key)
-            if observers:
-                for hook in observers:
-                    hook(request, response)
+                call.request, denied_topics, refusal = await authz_checks.authorize(ctx, api_key, call.request)
+                if refusal is not None:
+                    # Every resource the request named gets the error (the denial is logged
+                    # and counted by the authorizer, at most once a second per resource).
+                    return request_path.refusal_frame(call, correlation_id, refusal)
+            response = await self._serve(ctx, call, denied_topics)
         except CloseConnection:
             raise
         except IllegalSaslState as e:
@@ -692,63 +630,49 @@ class KafkaServer:
             raise CloseConnection(f"SASL: {e}") from None
         except Exception as e:
             error = e
-            response = self._error_response(ctx, conn, request, e)
+            response = self._error_response(ctx, conn, call.request, e)
         finally:
             ctx.end_turn()
             for hook in self.request_hooks:
-                hook(api_key, wire_version, time.perf_counter() - started, error)
+                hook(api_key, version, time.perf_counter() - started, error)
         quotas = self.broker.quotas
         if quotas.active:
             response = self._apply_quotas(quotas, ctx, conn, api_key, len(frame), response, time.perf_counter() - started)
         if response is None:
             return None
-        if adapter is not None:
-            try:
-                return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, response)
-            except Exception as e:  # noqa: BLE001 - a value the old version cannot hold
-                fallback = self._error_response(ctx, conn, request, e, ErrorCode.unknown_server_error)
-                try:
-                    return legacy.encode_response(adapter, wire_version, correlation_id, old_request, request, fallback)
-                except Exception as e2:  # noqa: BLE001
-                    raise CloseConnection(f"no encodable response to api {api_key} v{wire_version}: {e!r}, {e2!r}") from None
-        encode_frame = getattr(response, "encode_frame", None)
-        if encode_frame is not None:  # encoded by hand for the hot path (Fetch)
-            return encode_frame(correlation_id)
-        try:
-            return codec.encode_response(api_key, version, correlation_id, response)
-        except Exception as e:  # noqa: BLE001 - a handler's response kio cannot encode
-            # It echoes a request value the response schema cannot hold (a null topic name
-            # in Metadata v10-11, which Kafka refuses with INVALID_REQUEST): answer that.
-            fallback = self._error_response(ctx, conn, request, e, ErrorCode.invalid_request)
-            try:
-                return codec.encode_response(api_key, version, correlation_id, fallback)
-            except Exception as e2:  # noqa: BLE001
-                raise CloseConnection(f"no encodable response to api {api_key} v{version}: {e!r}, {e2!r}") from None
+        return request_path.encode_answer(call, correlation_id, response, lambda e, code: self._error_response(ctx, conn, call.request, e, code))
+
+    def _refuse_version(self, conn: KafkaConnection, unsupported: request_path.Unsupported, correlation_id: int) -> list:
+        if unsupported.answer_with_versions:
+            return request_path.api_versions_error_frame(self.broker.router.apis.values(), correlation_id)
+        # One log line per connection, and per client address, key and version at most one
+        # warning a minute (LogLimiter).
+        key = (conn.peer.rpartition(":")[0], unsupported.api_key, unsupported.version)
+        level, suppressed = self.unsupported_log.decide(key, time.monotonic())
+        raise CloseConnection(unsupported.reason(suppressed), level)
+
+    async def _serve(self, ctx: RequestContext, call: request_path.Call, denied_topics) -> object:
+        """The handler's response, with the topics authorization denied merged back in;
+        the API's response hooks see it."""
+        response = await call.api.handler(ctx, call.request)
+        if denied_topics is not None and response is not None:
+            response = authz_checks.merge_denied(call.api.key, call.version, response, denied_topics)
+        observers = self.response_hooks.get(call.api.key)
+        if observers:
+            for hook in observers:
+                hook(call.request, response)
+        return response
 
     @staticmethod
     def _apply_quotas(quotas, ctx: RequestContext, conn: KafkaConnection, api_key: int, request_bytes: int, response, handling_s: float):
         """Record the request against the client's quotas; when it must wait, the response
         says how long (throttle_time_ms) and the connection stays muted that long."""
-        user = principal_user(ctx.principal)
-        response_bytes = 0
-        if api_key == ApiKey.FETCH and response is not None:
-            response_bytes = sum(len(p.records) for t in getattr(response, "responses", ()) for p in getattr(t, "partitions", ()) if hasattr(p, "records") and p.records is not None)
-        throttle = quotas.throttle_ms(api_key, user, ctx.header.client_id, request_bytes, response_bytes, handling_s * 1000)
+        response_bytes = request_path.fetched_bytes(response) if api_key == ApiKey.FETCH else 0
+        throttle = quotas.throttle_ms(api_key, principal_user(ctx.principal), ctx.header.client_id, request_bytes, response_bytes, handling_s * 1000)
         if throttle <= 0:
             return response
         conn.mute(throttle)
-        if response is None:
-            return None  # Produce acks=0: no answer, the mute alone slows the client (as Kafka)
-        if hasattr(response, "throttle_time_ms"):
-            response.throttle_time_ms = max(response.throttle_time_ms, throttle)
-            return response
-        if dataclasses.is_dataclass(response) and any(f.name == "throttle_time" for f in dataclasses.fields(response)):
-            current = response.throttle_time
-            current_ms = current.total_seconds() * 1000 if hasattr(current, "total_seconds") else (current or 0)
-            if throttle > current_ms:
-                value = datetime.timedelta(milliseconds=throttle) if hasattr(current, "total_seconds") else throttle
-                return dataclasses.replace(response, throttle_time=value)
-        return response
+        return request_path.with_throttle(response, throttle)
 
     def _error_response(self, ctx: RequestContext, conn: KafkaConnection, request, exc: Exception, code: int | None = None):
         """What Kafka's KafkaApis.handleError does: answer the request with the error code
@@ -776,10 +700,6 @@ class KafkaServer:
             raise CloseConnection(f"internal error in api {header.api_key} (acks=0): {exc!r}")
         return response
 
-    @staticmethod
-    def _encode_refusal(api_key: int, version: int, correlation_id: int, response) -> list:
-        return codec.encode_response(api_key, version, correlation_id, response)
-
     async def _raw_sasl_token(self, conn: KafkaConnection, token: bytes) -> list | None:
         """After SaslHandshake v0 the client sends bare tokens and expects bare answers;
         a failure closes the connection (there is no error field)."""
@@ -788,9 +708,3 @@ class KafkaServer:
         if failure is not None:
             return None  # session.failed: closed once answered (the failure is logged)
         return [_LEN.pack(len(reply)) + reply]
-
-    def _unsupported_api_versions(self, correlation_id: int) -> bytes:
-        body = bytearray(struct.pack(">hi", ErrorCode.unsupported_version, len(self.broker.router.apis)))
-        for api in sorted(self.broker.router.apis.values(), key=lambda a: a.key):
-            body += struct.pack(">hhh", api.key, api.min_version, api.max_version)
-        return codec.encode_raw_response(correlation_id, bytes(body))

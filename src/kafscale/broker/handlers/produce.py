@@ -155,4 +155,4 @@ async def produce(ctx, req):
 
 
 def register(router):
-    router.register(ApiKey.PRODUCE, produce, decoder=produce_request.decode)
+    router.register(ApiKey.PRODUCE, produce, decoder=produce_request.decode, in_order=True)
