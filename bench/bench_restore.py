@@ -103,7 +103,7 @@ def _segment(base: int, n: int) -> segment.EncodedSegment:
 
 
 async def build_fixture(store, kv, args) -> int:
-    sem = asyncio.Semaphore(32)
+    sem = asyncio.Semaphore(16)
     puts: list[tuple[str, bytes]] = []
     objects = 0
 
@@ -132,7 +132,8 @@ async def build_fixture(store, kv, args) -> int:
                     jobs.append(put(segment.segment_key(NS, name, p, base), enc.parts))
                     base = enc.info.last_offset + 1
                     objects += 1
-    await asyncio.gather(*jobs)
+    for i in range(0, len(jobs), 2000):  # a bounded number of waiting coroutines at a time
+        await asyncio.gather(*jobs[i : i + 2000])
     for i in range(0, len(puts), 500):
         await kv.commit(Txn(puts=puts[i : i + 500]))
     return objects
@@ -145,6 +146,8 @@ async def run(args) -> None:
         bucket = "bench-restore"
         create_bucket(moto.endpoint, bucket)
         store = open_store(f"s3://{bucket}/data")
+        await store.put("warm-up", [b"x"])  # the client's connection pool, before the flood
+        await store.delete(["warm-up"])
         tmp = Path(tempfile.mkdtemp(prefix="bench-restore-"))
         kv = SqliteKV(tmp / "before.sqlite")
         t0 = time.monotonic()

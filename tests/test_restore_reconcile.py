@@ -21,6 +21,7 @@ from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.local_store import LocalObjectStore
+from kafscale.storage.objectstore import ObjectNotFound
 
 NS = "default"
 
@@ -92,6 +93,13 @@ async def test_reconcile_merge_retention_chain_and_open_transaction(tmp_path):
     pid_block = int((await kv.get(keys.PRODUCER_IDS)).value)
     assert pid_block >= 78 + PRODUCER_ID_MARGIN - 1
     assert await kv.get("/restore-in-progress") is None
+
+    # An unknown snapshot asked for: nothing written, not even the restore's mark.
+    empty = SqliteKV(tmp_path / "empty.sqlite")
+    with pytest.raises(ObjectNotFound):
+        await restore(empty, store, snaps, NS, snapshot_id="20000101T000000000Z-0")
+    assert await empty.read_all() == (0, [])
+    await empty.close()
 
     # A second restore into the now filled store: refused, nothing changed.
     before = await kv.read_all()

@@ -195,17 +195,35 @@ async def restore(
         raise RestoreRefused("another restore is under way (or one was interrupted: run again with --force)")
     if existing and not force:
         raise RestoreRefused(f"the metadata store is not empty ({len(existing)} keys, e.g. {existing[0]}); nothing was changed (--force replaces them)")
-    if existing:
-        for i in range(0, len(existing), PUTS_PER_TXN):
-            await kv.commit(Txn(deletes=existing[i : i + PUTS_PER_TXN]))
-    if not await kv.commit(Txn(compares=[(RESTORING, 0)], puts=[(RESTORING, _dump({"started_ms": int(time.time() * 1000)}))])):
-        raise RestoreRefused("another restore started at the same moment")
-
     snap: Snapshot | None = None
     if snapshot_id is not None:
         snap = await snapshots.load(snapshot_id)  # ObjectNotFound / SnapshotCorrupt: the caller reports it
     elif use_snapshots:
         snap = await snapshots.load_newest(report.snapshot_problems)
+    if existing:
+        for i in range(0, len(existing), PUTS_PER_TXN):
+            await kv.commit(Txn(deletes=existing[i : i + PUTS_PER_TXN]))
+    if not await kv.commit(Txn(compares=[(RESTORING, 0)], puts=[(RESTORING, _dump({"started_ms": int(time.time() * 1000)}))])):
+        raise RestoreRefused("another restore started at the same moment")
+    try:
+        puts = await _rebuild(store, namespace, snap, report, fence_epochs)
+    except BaseException:
+        # Nothing written to the metadata store yet: leave it as it was (empty).
+        await kv.commit(Txn(deletes=[RESTORING]))
+        raise
+    for i in range(0, len(puts), PUTS_PER_TXN):
+        await kv.commit(Txn(puts=puts[i : i + PUTS_PER_TXN]))  # a failure here leaves RESTORING: run again with --force
+    report.keys_written = len(puts)
+    await kv.commit(Txn(deletes=[RESTORING]))
+    report.seconds = time.monotonic() - started
+    for line in report.lines():
+        log.info("restore: %s", line)
+    return report
+
+
+async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, report: RestoreReport, fence_epochs: bool) -> list[tuple[str, bytes]]:
+    """Reconcile the snapshot with the bucket; the keys to write. Changes only the bucket
+    (transaction markers, quarantined objects), in ways a second run takes as they are."""
     loaded = _Loaded(snap)
     if snap is not None:
         report.snapshot, report.snapshot_created = snap.info.id, snap.info.created_iso
@@ -301,14 +319,7 @@ async def restore(
     puts.append((keys.PRODUCER_IDS, str(next_pid).encode()))
     # Topics last: a store without topic keys is an empty store to a starting broker.
     puts += [(keys.topic(m.name), _dump(asdict(m))) for m in topics.values()]
-    for i in range(0, len(puts), PUTS_PER_TXN):
-        await kv.commit(Txn(puts=puts[i : i + PUTS_PER_TXN]))
-    report.keys_written = len(puts)
-    await kv.commit(Txn(deletes=[RESTORING]))
-    report.seconds = time.monotonic() - started
-    for line in report.lines():
-        log.info("restore: %s", line)
-    return report
+    return puts
 
 
 async def _read_markers(store: ObjectStore, namespace: str, listing: list[str], report: RestoreReport) -> dict[str, TopicMarker]:
