@@ -241,3 +241,41 @@ def test_restore_before_a_moved_log_start_is_refused(tmp_path):
         assert consume(b.bootstrap, "trimmed-40", 0, 11) == expected(41)[30:]
     finally:
         b.stop()
+
+
+async def test_a_copy_that_is_not_the_committed_segment_is_made_again(tmp_path):
+    """Segment 0-9's key holds a merged object of 0-19 (a merge replaced it and never
+    committed, or committed after the restore read the segment list): the copy is
+    rewritten through the committed last offset, so the new topic's segment is 0-9 and its
+    size the one committed for it; segment 10-19 is copied as it is."""
+    from kafscale.metadata.backends import open_kv
+    from kafscale.metadata.store import MetadataStore, TopicMeta
+    from kafscale.storage.local_store import LocalObjectStore
+    from kafscale.storage.topic_restore import TopicRestore
+
+    md = MetadataStore(open_kv("embedded", tmp_path))
+    store = LocalObjectStore(tmp_path / "objects")
+    try:
+        await md.create_topic(TopicMeta("merged", 1))
+        st = await md.get_partition("merged", 0)
+        batches = [records.build_batch([(b"k%d" % i, value(i)) for i in range(b, b + 10)], base_offset=b, timestamp=T0 + b,
+                                       codec=records.COMPRESSION_ZSTD) for b in (0, 10)]
+        for b, buf in zip((0, 10), batches):
+            enc = segment.encode([buf], b, created_ms=T0)
+            await store.put(segment.segment_key(NS, "merged", 0, b), enc.parts)
+            st = await md.commit_segment(st, enc.info)
+        first = st.segments[0]
+        merged = segment.encode(batches, 0, created_ms=T0)  # what a merge writes under the run's first key
+        await store.put(segment.segment_key(NS, "merged", 0, 0), merged.parts)
+
+        done = await TopicRestore(md, store, NS).run("merged", "merged-copy", to_offset=20)
+        [part] = done.partitions
+        assert (part.segments_copied, part.segments_rewritten, part.end, part.high_watermark) == (1, 1, 20, 20)
+        new = await md.get_partition("merged-copy", 0)
+        assert [(s.base_offset, s.last_offset) for s in new.segments] == [(0, 9), (10, 19)]
+        assert new.segments[0].size == first.size
+        again = segment.decode(await store.get(segment.segment_key(NS, "merged-copy", 0, 0)))
+        assert [(h.base_offset, h.last_offset) for _pos, h in records.iter_batches(again.batches)] == [(0, 9)]
+        assert bytes(again.batches) == batches[0]
+    finally:
+        await md.close()
