@@ -92,9 +92,9 @@ def describe_raw(bootstrap: str, resource_type: int, name: str, keys=None, synon
     [res] = resp.results
     return res
 
-# Beyond Kafka's: the schema validation configs Confluent Server and Redpanda have (#29).
-REPORTED_TOPIC_CONFIGS = {
-    **KAFKA_TOPIC_CONFIGS,
+# Beyond Kafka's: the schema validation configs Confluent Server and Redpanda have (#29),
+# listed only where a topic sets them or a request names them.
+EXTENSION_TOPIC_CONFIGS = {
     "confluent.key.schema.validation": ("false", "boolean", None),
     "confluent.value.schema.validation": ("false", "boolean", None),
 }
@@ -105,8 +105,8 @@ def by_name(res) -> dict:
 
 
 def test_the_table_has_every_kafka_topic_config_with_kafkas_defaults():
-    assert set(topic_config.TOPIC_CONFIGS) == set(REPORTED_TOPIC_CONFIGS)
-    for name, (default, kind, server) in REPORTED_TOPIC_CONFIGS.items():
+    assert set(topic_config.TOPIC_CONFIGS) == set(KAFKA_TOPIC_CONFIGS) | set(EXTENSION_TOPIC_CONFIGS)
+    for name, (default, kind, server) in {**KAFKA_TOPIC_CONFIGS, **EXTENSION_TOPIC_CONFIGS}.items():
         d = topic_config.TOPIC_CONFIGS[name]
         assert (d.default, d.kind, d.synonyms[0] if d.synonyms else None) == (default, TYPES[kind], server), name
         assert d.doc, name
@@ -118,9 +118,9 @@ def test_describe_every_topic_config_field_by_field_with_kafkas_defaults(broker,
     for keys in ((), None):
         res = describe_raw(broker.bootstrap, 2, topic_name, keys=keys)
         assert error_code(res.error_code) == 0
-        assert set(by_name(res)) == set(REPORTED_TOPIC_CONFIGS), keys
+        assert set(by_name(res)) == set(KAFKA_TOPIC_CONFIGS), keys
     got = by_name(res)
-    for name, (default, kind, server) in REPORTED_TOPIC_CONFIGS.items():
+    for name, (default, kind, server) in KAFKA_TOPIC_CONFIGS.items():
         e = got[name]
         expected = KAFSCALE_DEVIATIONS.get(name, default)
         assert (e.value, e.config_type, e.config_source, e.is_sensitive, e.read_only) == (expected, TYPES[kind], DEFAULT, False, False), name
@@ -141,11 +141,23 @@ def test_describe_every_topic_config_field_by_field_with_kafkas_defaults(broker,
     assert list(plain) == ["cleanup.policy"] and plain["cleanup.policy"].synonyms == () and plain["cleanup.policy"].documentation is None
 
 
+def test_extension_configs_listed_only_where_set_or_named(broker, admin, topic_name):
+    """A topic's full listing is Kafka's set of names; confluent.*.schema.validation appears
+    once set on the topic (a dynamic topic config) or when a request names it."""
+    name = "confluent.value.schema.validation"
+    create(admin, topic_name, {name: "true"})
+    got = by_name(describe_raw(broker.bootstrap, 2, topic_name))
+    assert set(got) == set(KAFKA_TOPIC_CONFIGS) | {name}
+    assert (got[name].value, got[name].config_source) == ("true", DYNAMIC_TOPIC)
+    named = by_name(describe_raw(broker.bootstrap, 2, topic_name, keys=["confluent.key.schema.validation"]))
+    assert [(e.name, e.value, e.config_source) for e in named.values()] == [("confluent.key.schema.validation", "false", DEFAULT)]
+
+
 def test_confluent_kafka_describe_configs(admin, topic_name):
     create(admin, topic_name, {"retention.ms": "3600000", "compression.type": "zstd"})
     res = ConfigResource(ConfigResource.Type.TOPIC, topic_name)
     cfg = admin.describe_configs([res])[res].result(15)
-    assert set(cfg) == set(REPORTED_TOPIC_CONFIGS)
+    assert set(cfg) == set(KAFKA_TOPIC_CONFIGS)
     r = cfg["retention.ms"]
     assert (r.value, r.source, r.is_default, r.is_read_only, r.is_sensitive) == ("3600000", DYNAMIC_TOPIC, False, False, False)
     assert [(s.name, s.value, s.source) for s in r.synonyms.values()] == [("retention.ms", "3600000", DYNAMIC_TOPIC)]
@@ -168,7 +180,7 @@ def test_kafka_python_describe_configs(broker, admin, topic_name):
     finally:
         kp.close()
     cfg = out["topic"][topic_name]
-    assert set(cfg) == set(REPORTED_TOPIC_CONFIGS)
+    assert set(cfg) == set(KAFKA_TOPIC_CONFIGS)
     assert cfg["min.insync.replicas"] == {
         "value": "2", "read_only": False, "config_source": "DYNAMIC_TOPIC_CONFIG", "is_sensitive": False, "config_type": "INT", "documentation": None,
         "synonyms": [{"name": "min.insync.replicas", "value": "2", "source": "DYNAMIC_TOPIC_CONFIG"}, {"name": "min.insync.replicas", "value": "1", "source": "DEFAULT_CONFIG"}],

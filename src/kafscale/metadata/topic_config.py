@@ -147,6 +147,10 @@ class ConfigDef:
     doc: str
     synonyms: tuple[str, ...] = ()  # broker configs standing for it, highest priority first
     meaning: str = ACCEPTED  # ENFORCED: KafScale acts on it; ACCEPTED: stored and reported only
+    # Not an Apache Kafka topic config (Confluent Server's names): a topic's full config
+    # listing names it only where it is set, so clients comparing the listing with
+    # Kafka's (DescribeConfigs, CreateTopics' answer) see Kafka's set of names.
+    extension: bool = False
 
 
 _HOURS, _MINUTES = 3_600_000, 60_000
@@ -180,10 +184,12 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("compression.zstd.level", "3", INT, between(-131072, 22), "zstd level used when the broker compresses with zstd." + _STORED + " (batches are never re-compressed).", ("compression.zstd.level",)),
         ConfigDef("confluent.key.schema.validation", "false", BOOLEAN, None,
                   "Confluent Server's and Redpanda's name: every non-null record key must start with the magic byte 0 and the id of a schema registered "
-                  "(live) under the subject <topic>-key in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED),
+                  "(live) under the subject <topic>-key in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED,
+                  extension=True),
         ConfigDef("confluent.value.schema.validation", "false", BOOLEAN, None,
                   "Confluent Server's and Redpanda's name: every non-null record value must start with the magic byte 0 and the id of a schema registered "
-                  "(live) under the subject <topic>-value in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED),
+                  "(live) under the subject <topic>-value in the built-in schema registry, else the record set is refused with INVALID_RECORD.", (), ENFORCED,
+                  extension=True),
         ConfigDef("delete.retention.ms", "86400000", LONG, at_least(0), "How long a tombstone (a record with a null value) of a compacted topic is kept after the compactor first rewrote the segment holding it; "
                   "then it is removed. A consumer reading from the beginning sees a deleted key's tombstone if it reaches it within this time.",
                   ("log.cleaner.delete.retention.ms",), ENFORCED),
@@ -379,6 +385,14 @@ def normalize(configs: dict[str, str | None], broker_static: dict[str, str] | No
 
 def validate(configs: dict[str, str | None], broker_static: dict[str, str] | None = None) -> None:
     normalize(configs, broker_static)
+
+
+def listed(configs: dict[str, str], keys=None) -> list[str]:
+    """The names a topic's config listing gives, sorted: every Kafka config, an extension
+    only where the topic sets it; `keys` (a non-empty list) asks for those names only."""
+    if keys:
+        return sorted(name for name in TOPIC_CONFIGS if name in keys)
+    return sorted(name for name, d in TOPIC_CONFIGS.items() if not d.extension or name in configs)
 
 
 def effective(configs: dict[str, str], broker_static: dict[str, str] | None = None) -> dict[str, str | None]:

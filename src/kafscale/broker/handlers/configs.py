@@ -202,10 +202,10 @@ async def describe_configs(ctx, req):
                 results.append(failed(r, ErrorCode.unknown_topic_or_partition, f"topic {r.resource_name!r} does not exist"))
                 continue
             static = ctx.broker.config.kafka_static_configs()
-            for name, d in sorted(tc.TOPIC_CONFIGS.items()):
-                if _wanted(keys, name):
-                    v = tc.resolve(name, meta.configs, static)
-                    entries.append(entry(name, v.value, v.source, v.synonyms, d.kind, d.doc, False))
+            for name in tc.listed(meta.configs, keys):
+                d = tc.TOPIC_CONFIGS[name]
+                v = tc.resolve(name, meta.configs, static)
+                entries.append(entry(name, v.value, v.source, v.synonyms, d.kind, d.doc, False))
         elif r.resource_type == BROKER:
             if r.resource_name == "":
                 # Kafka: the cluster-wide dynamic defaults; KafScale has none

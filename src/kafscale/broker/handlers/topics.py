@@ -37,7 +37,7 @@ async def create_topics(ctx, req):
         cfgs = ()
         if c_cls is not None:
             static = ctx.broker.config.kafka_static_configs()
-            resolved = (topic_config.resolve(k, meta.configs, static) for k in sorted(topic_config.TOPIC_CONFIGS))
+            resolved = (topic_config.resolve(k, meta.configs, static) for k in topic_config.listed(meta.configs))
             cfgs = tuple(make(c_cls, name=v.name, value=v.value, read_only=False, config_source=v.source, is_sensitive=False) for v in resolved)
         results.append(
             make(r_cls, name=meta.name, topic_id=meta.uuid, error_code=ErrorCode.none, error_message=None, num_partitions=meta.partitions, replication_factor=1, configs=cfgs)
