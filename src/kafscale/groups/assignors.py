@@ -1,0 +1,117 @@
+"""Server-side assignors of consumer-protocol groups (KIP-848): `uniform` and `range`.
+
+An assignor maps each member to the partitions it should own (the group's target
+assignment). Both are pure functions of the members' subscriptions, the topics' partition
+counts and the current target, and both are sticky: a partition stays where it is unless
+balance requires it to move, so a join or a leave moves as few partitions as possible
+(every move costs a revocation round trip).
+
+- `uniform` (Kafka's default): the partitions of each member's subscribed topics spread
+  so that member loads differ by at most one where subscriptions allow it.
+- `range`: per topic, the subscribed members (sorted by member id) get contiguous ranges
+  of partitions, the first `partitions % members` one partition more; members subscribed
+  to co-partitioned topics get the same partition numbers of each.
+
+Partitions are `(topic_id, partition)` pairs; topic ids are strings (UUIDs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSpec:
+    """What an assignor knows of a member: the topic ids it subscribes to (that exist) and
+    its partitions in the current target assignment."""
+
+    subscribed: frozenset[str]
+    current: frozenset[TopicPartition]
+
+
+def uniform(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> dict[str, frozenset[TopicPartition]]:
+    """Balanced and sticky. Each member's quota is its fair share of the partitions it can
+    take; it keeps current partitions up to that quota, then free partitions go one at a
+    time to the eligible member with the fewest (ties: member id), which for identical
+    subscriptions gives counts that differ by at most one."""
+    if not members:
+        return {}
+    subscribers: dict[str, list[str]] = {}
+    for mid in sorted(members):
+        for topic in members[mid].subscribed:
+            if topic in partitions:
+                subscribers.setdefault(topic, []).append(mid)
+    all_partitions = [(t, p) for t in sorted(subscribers) for p in range(partitions[t])]
+    # Quota: the partitions a member could take, shared with the members that could take
+    # them too. For identical subscriptions this is total / members, rounded up for the
+    # first `total % members` members (the ones keeping the most, to move the fewest).
+    reachable = {mid: sum(partitions[t] for t in members[mid].subscribed if t in subscribers) for mid in members}
+    n_identical = len(members) if len({members[m].subscribed for m in members}) == 1 else 0
+    owned: dict[str, list[TopicPartition]] = {mid: [] for mid in members}
+    taken: set[TopicPartition] = set()
+    if n_identical:
+        total = len(all_partitions)
+        base, extra = divmod(total, n_identical)
+        order = sorted(members, key=lambda m: (-len(members[m].current), m))
+        quota = {mid: base + (1 if i < extra else 0) for i, mid in enumerate(order)}
+    else:
+        quota = {mid: reachable[mid] for mid in members}
+    valid = set(all_partitions)
+    for mid in sorted(members):
+        spec = members[mid]
+        for tp in sorted(spec.current):
+            if tp in valid and tp[0] in spec.subscribed and tp not in taken and len(owned[mid]) < quota[mid]:
+                owned[mid].append(tp)
+                taken.add(tp)
+    for tp in all_partitions:
+        if tp in taken:
+            continue
+        eligible = [m for m in subscribers[tp[0]]]
+        mid = min(eligible, key=lambda m: (len(owned[m]), m))
+        owned[mid].append(tp)
+        taken.add(tp)
+    if not n_identical:
+        _rebalance(owned, members, subscribers)
+    return {mid: frozenset(tps) for mid, tps in owned.items()}
+
+
+def _rebalance(owned: dict[str, list[TopicPartition]], members: Mapping[str, MemberSpec],
+               subscribers: Mapping[str, list[str]]) -> None:
+    """Heterogeneous subscriptions: move partitions from the most to the least loaded member
+    that may take them until no move lowers the spread."""
+    moved = True
+    while moved:
+        moved = False
+        for giver in sorted(owned, key=lambda m: (-len(owned[m]), m)):
+            for tp in sorted(owned[giver], reverse=True):
+                takers = [m for m in subscribers[tp[0]] if len(owned[m]) + 1 < len(owned[giver])]
+                if takers:
+                    taker = min(takers, key=lambda m: (len(owned[m]), m))
+                    owned[giver].remove(tp)
+                    owned[taker].append(tp)
+                    moved = True
+                    break
+            if moved:
+                break
+
+
+def range_(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> dict[str, frozenset[TopicPartition]]:
+    """Per topic: contiguous ranges over its subscribers sorted by member id."""
+    owned: dict[str, set[TopicPartition]] = {mid: set() for mid in members}
+    topics = sorted({t for spec in members.values() for t in spec.subscribed if t in partitions})
+    for topic in topics:
+        subs = sorted(m for m in members if topic in members[m].subscribed)
+        base, extra = divmod(partitions[topic], len(subs))
+        start = 0
+        for i, mid in enumerate(subs):
+            count = base + (1 if i < extra else 0)
+            owned[mid].update((topic, p) for p in range(start, start + count))
+            start += count
+    return {mid: frozenset(tps) for mid, tps in owned.items()}
+
+
+ASSIGNORS = {"uniform": uniform, "range": range_}
+DEFAULT_ASSIGNORS = ("uniform", "range")  # Kafka's group.consumer.assignors: the first is the default

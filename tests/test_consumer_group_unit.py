@@ -1,0 +1,191 @@
+"""The consumer-protocol group state machine (KIP-848) and its assignors, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups.assignors import MemberSpec, range_, uniform
+from kafscale.groups.consumer_group import (
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    GroupState,
+    HeartbeatRequest,
+    MemberState,
+    validate_request,
+)
+
+T = "00000000-0000-0000-0000-00000000000a"
+TOPICS = {"t": (T, 6)}
+CONFIG = ConsumerGroupConfig(session_timeout_ms=45_000, heartbeat_interval_ms=5_000, max_size=3)
+
+
+def join(group, member_id, now=0.0, **kw):
+    req = HeartbeatRequest(member_id=member_id, member_epoch=0, rebalance_timeout_ms=kw.pop("rebalance_timeout_ms", 30_000),
+                           subscribed_topic_names=kw.pop("topics", ("t",)), owned=frozenset(), **kw)
+    validate_request(req, group.config)
+    return group.heartbeat(now, req, TOPICS)
+
+
+def beat(group, member_id, epoch, owned, now=0.0, **kw):
+    req = HeartbeatRequest(member_id=member_id, member_epoch=epoch, owned=frozenset(owned), **kw)
+    validate_request(req, group.config)
+    return group.heartbeat(now, req, TOPICS)
+
+
+def code(fn, *args, **kw) -> ErrorCode:
+    with pytest.raises(KafkaError) as e:
+        fn(*args, **kw)
+    return e.value.code
+
+
+def holders(group):
+    """partition -> members holding it (assigned or still revoking)."""
+    out = {}
+    for m in group.members.values():
+        for tp in m.assigned | m.revoking:
+            out.setdefault(tp, []).append(m.member_id)
+    return out
+
+
+def test_uniform_balances_and_keeps_partitions():
+    a = uniform({"a": MemberSpec(frozenset({T}), frozenset())}, {T: 6})
+    assert a["a"] == {(T, p) for p in range(6)}
+    b = uniform({"a": MemberSpec(frozenset({T}), a["a"]), "b": MemberSpec(frozenset({T}), frozenset())}, {T: 6})
+    assert len(b["a"]) == len(b["b"]) == 3 and b["a"] <= a["a"]
+    c = uniform({m: MemberSpec(frozenset({T}), b.get(m, frozenset())) for m in "abc"}, {T: 6})
+    assert sorted(len(v) for v in c.values()) == [2, 2, 2]
+    assert c["a"] <= b["a"] and c["b"] <= b["b"]  # only the third member's share moved
+    assert set().union(*c.values()) == {(T, p) for p in range(6)}
+
+
+def test_uniform_heterogeneous_subscriptions():
+    U = "00000000-0000-0000-0000-00000000000b"
+    out = uniform({"a": MemberSpec(frozenset({T}), frozenset()), "b": MemberSpec(frozenset({T, U}), frozenset())}, {T: 4, U: 2})
+    assert all(tp[0] == T for tp in out["a"]) and {tp for tp in out["b"] if tp[0] == U} == {(U, 0), (U, 1)}
+    assert len(out["a"]) == len(out["b"]) == 3
+
+
+def test_range_gives_contiguous_ranges():
+    out = range_({m: MemberSpec(frozenset({T}), frozenset()) for m in "ab"}, {T: 5})
+    assert out["a"] == {(T, 0), (T, 1), (T, 2)} and out["b"] == {(T, 3), (T, 4)}
+
+
+def test_join_revoke_then_assign_never_two_owners():
+    g = ConsumerGroup("g", CONFIG)
+    r = join(g, "a")
+    assert (r.member_epoch, len(r.assignment)) == (1, 6) and g.state is GroupState.STABLE
+    a_owned = r.assignment
+    r = join(g, "b")
+    assert r.member_epoch == 2 and r.assignment == frozenset()  # a still holds everything
+    assert g.state is GroupState.RECONCILING
+    # a's heartbeat: three partitions to revoke, epoch unchanged until it acknowledges
+    r = beat(g, "a", 1, a_owned)
+    assert r.member_epoch == 1 and len(r.assignment) == 3
+    assert g.members["a"].state is MemberState.UNREVOKED_PARTITIONS
+    assert all(len(v) == 1 for v in holders(g).values())
+    # b asks again: the partitions are still a's
+    assert beat(g, "b", 2, ()).assignment is None
+    # a acknowledges by no longer listing them: it moves to epoch 2
+    r = beat(g, "a", 1, r.assignment)
+    assert r.member_epoch == 2 and g.members["a"].state is MemberState.STABLE
+    r = beat(g, "b", 2, ())
+    assert len(r.assignment) == 3 and not r.assignment & g.members["a"].assigned
+    assert g.state is GroupState.STABLE and all(len(v) == 1 for v in holders(g).values())
+
+
+def test_leave_frees_partitions_and_bumps_epoch():
+    g = ConsumerGroup("g", CONFIG)
+    join(g, "a")
+    join(g, "b")
+    a = beat(g, "a", 1, [(T, p) for p in range(6)])
+    beat(g, "a", 1, a.assignment)
+    beat(g, "b", 2, ())
+    epoch = g.group_epoch
+    assert beat(g, "b", -1, ()).member_epoch == -1
+    assert "b" not in g.members and g.group_epoch == epoch + 1
+    r = beat(g, "a", 2, g.members["a"].assigned)
+    assert r.member_epoch == epoch + 1 and len(r.assignment) == 6
+
+
+def test_epoch_fencing_and_unknown_member():
+    g = ConsumerGroup("g", CONFIG)
+    join(g, "a")
+    assert code(beat, g, "a", 5, ()) is ErrorCode.fenced_member_epoch
+    assert code(beat, g, "x", 1, ()) is ErrorCode.unknown_member_id
+    join(g, "b")  # epoch 2; a at 1 still
+    a = beat(g, "a", 1, [(T, p) for p in range(6)])
+    beat(g, "a", 1, a.assignment)  # a at 2 now, previous 1
+    # its previous epoch is accepted (lost response) when it owns nothing it should not
+    assert beat(g, "a", 1, a.assignment).member_epoch == 2
+    assert code(beat, g, "a", 1, [(T, p) for p in range(6)]) is ErrorCode.fenced_member_epoch
+    assert code(beat, g, "a", 0 - 5, ()) is ErrorCode.invalid_request
+
+
+def test_request_validation_and_assignor():
+    g = ConsumerGroup("g", CONFIG)
+    assert code(join, g, "a", server_assignor="sticky") is ErrorCode.unsupported_assignor
+    assert code(join, g, "") is ErrorCode.invalid_request
+    assert code(validate_request, HeartbeatRequest("a", 0, subscribed_topic_names=("t",), owned=frozenset()), CONFIG) \
+        is ErrorCode.invalid_request  # no rebalance timeout
+    join(g, "a", server_assignor="range")
+    join(g, "b", server_assignor="range")
+    assert g.preferred_assignor() == "range"
+
+
+def test_max_size():
+    g = ConsumerGroup("g", CONFIG)
+    for m in "abc":
+        join(g, m)
+    assert code(join, g, "d") is ErrorCode.group_max_size_reached
+    assert join(g, "a").member_id == "a"  # a member already in counts once
+
+
+def test_static_member_leaves_and_comes_back_with_its_partitions():
+    g = ConsumerGroup("g", CONFIG)
+    join(g, "a", instance_id="i1")
+    join(g, "b")
+    a = beat(g, "a", 1, [(T, p) for p in range(6)], instance_id="i1")
+    a = beat(g, "a", 1, a.assignment, instance_id="i1")
+    kept = g.members["a"].assigned
+    assert code(join, g, "a2", instance_id="i1") is ErrorCode.unreleased_instance_id
+    assert code(beat, g, "zz", -2, (), instance_id="i1") is ErrorCode.fenced_instance_id
+    epoch = g.group_epoch
+    assert beat(g, "a", -2, (), instance_id="i1").member_epoch == -2
+    assert g.group_epoch == epoch  # no rebalance for a static leave
+    r = join(g, "a2", instance_id="i1")
+    assert r.assignment == kept and r.member_epoch == a.member_epoch and "a" not in g.members
+    assert g.group_epoch == epoch
+
+
+def test_session_and_revocation_timeouts():
+    g = ConsumerGroup("g", CONFIG)
+    join(g, "a", rebalance_timeout_ms=10_000)
+    join(g, "b", now=1000)
+    beat(g, "a", 1, [(T, p) for p in range(6)], now=2000)  # must revoke three by 12 000
+    assert g.next_deadline() == 12_000
+    assert g.tick(12_000) == [("a", "revocation not acknowledged within the rebalance timeout")]
+    assert list(g.members) == ["b"]
+    assert g.tick(46_000) == [("b", "session timeout")] and g.state is GroupState.EMPTY
+
+
+def test_offset_commit_validation():
+    g = ConsumerGroup("g", CONFIG)
+    g.validate_offset_commit("", -1, 9)  # empty group: an admin commit
+    join(g, "a")
+    g.validate_offset_commit("a", 1, 9)
+    assert code(g.validate_offset_commit, "a", 0, 9) is ErrorCode.stale_member_epoch
+    assert code(g.validate_offset_commit, "x", 1, 9) is ErrorCode.unknown_member_id
+    assert code(g.validate_offset_commit, "a", 1, 8) is ErrorCode.unsupported_version
+    g.validate_offset_fetch(None, -1)
+    assert code(g.validate_offset_fetch, "a", 3) is ErrorCode.stale_member_epoch
+
+
+def test_doc_round_trip():
+    g = ConsumerGroup("g", CONFIG)
+    join(g, "a", instance_id="i")
+    join(g, "b")
+    beat(g, "a", 1, [(T, p) for p in range(6)], instance_id="i")
+    back = ConsumerGroup.from_doc("g", g.to_doc(), CONFIG, 0.0)
+    assert back.to_doc() == g.to_doc()
+    assert back.members["a"].state is MemberState.UNREVOKED_PARTITIONS
