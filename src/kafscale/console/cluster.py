@@ -20,7 +20,7 @@ from kafscale.client import CliError, await_result, client_conf, list_offsets, p
 
 MAX_RECORDS = 200  # per page of the message browser
 FILTER_SCAN = 2000  # records a key/value filter may look through for one page
-METADATA_TTL_S = 2.0  # pages shown within this reuse one Metadata answer
+METADATA_TTL_S = 10.0  # pages shown within this reuse one Metadata answer (the sampler refreshes it every interval)
 
 
 class ClusterError(Exception):
@@ -95,6 +95,7 @@ class Cluster:
                     # All topics, never one by name: a named request may auto-create it.
                     self._md = self.admin.list_topics(timeout=self.timeout)
                 except Exception as e:  # noqa: BLE001 - KafkaException: no broker answered
+                    self._md = None  # pages say so too, rather than show the last answer
                     raise _err(e, "fetching metadata") from None
                 self._md_at = time.monotonic()
             return self._md
@@ -103,8 +104,8 @@ class Cluster:
         with self._md_lock:
             self._md = None
 
-    def overview(self) -> dict:
-        md = self.metadata(fresh=True)
+    def overview(self, fresh: bool = True) -> dict:
+        md = self.metadata(fresh)
         leaders: dict[int, int] = {}
         offline = []
         partitions = 0
@@ -172,7 +173,7 @@ class Cluster:
         entries = self._wait(self.admin.describe_configs([res], request_timeout=self.timeout)[res], f"describing configs of {name!r}")
         configs = [{"name": e.name, "value": "(sensitive)" if e.is_sensitive else e.value, "default": e.is_default,
                     "read_only": e.is_read_only, "source": getattr(e.source, "name", str(e.source))} for e in sorted(entries.values(), key=lambda e: e.name)]
-        return {"name": name, "partitions": parts, "configs": configs, "internal": name.startswith("__")}
+        return {"name": name, "partitions": parts, "configs": configs, "internal": name.startswith("__"), "offsets": offs}
 
     def create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, str]) -> None:
         from confluent_kafka.admin import NewTopic
@@ -205,7 +206,8 @@ class Cluster:
                                                    "enable.partition.eof": False, "fetch.wait.max.ms": 50}))
         return self._consumer
 
-    def browse(self, topic: str, partition: int | None, start: str, value: str, limit: int, grep: str = "") -> dict:
+    def browse(self, topic: str, partition: int | None, start: str, value: str, limit: int, grep: str = "",
+               offsets: dict[int, tuple[int, int]] | None = None) -> dict:
         """Records of one partition (or all): `start` is latest (the newest `limit`, newest
         first), earliest, offset or timestamp (then oldest first from there). With `grep`
         only records whose key or value contain it, looking through at most FILTER_SCAN."""
@@ -216,7 +218,7 @@ class Cluster:
         parts = sorted(t.partitions) if partition is None else [partition]
         if partition is not None and partition not in t.partitions:
             raise ClusterError(f"topic {topic!r} has no partition {partition}")
-        offs = self.offsets(topic, parts)
+        offs = {p: offsets[p] for p in parts} if offsets and all(p in offsets for p in parts) else self.offsets(topic, parts)
         span = FILTER_SCAN if grep else limit
         windows: dict[int, tuple[int, int]] = {}
         if start == "latest":
@@ -266,7 +268,8 @@ class Cluster:
             deadline = time.monotonic() + self.timeout
             try:
                 while pending and time.monotonic() < deadline:
-                    for msg in c.consume(num_messages=500, timeout=0.2):
+                    # Short waits: consume() returns early only once it has num_messages.
+                    for msg in c.consume(num_messages=500, timeout=0.01):
                         if msg.error() is not None or msg.topic() != topic:
                             continue
                         p, off = msg.partition(), msg.offset()

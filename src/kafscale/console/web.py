@@ -201,7 +201,8 @@ async def overview(request: web.Request):
     metrics: MetricsReader = request.app[METRICS]
     error = ""
     try:
-        ov = await run(request, cluster.overview)
+        # At most METADATA_TTL_S old: the sampler asks for a fresh one every interval.
+        ov = await run(request, cluster.overview, False)
         state["known"] = ov["brokers"]
         state["cluster_id"] = ov["cluster_id"]
     except ClusterError as e:
@@ -288,7 +289,8 @@ async def topic(request: web.Request):
     params = _browse_params(request.query)
     records, browse_error = [], ""
     try:
-        records = (await run(request, cluster.browse, name, params["partition"], params["start"], params["value"], params["limit"], params["grep"]))["records"]
+        records = (await run(request, cluster.browse, name, params["partition"], params["start"], params["value"], params["limit"], params["grep"],
+                             info["offsets"]))["records"]
     except ClusterError as e:
         browse_error = str(e)
     return render(request, "topic.html", t=info, records=records, params=params, browse_error=browse_error)
