@@ -12,16 +12,20 @@ import struct
 import pytest
 from kio.schema.errors import ErrorCode
 
+from kafscale.groups import snapshot
+from kafscale.groups.describe import describe_group
 from kafscale.groups.state import (
     PERSIST,
+    TRANSITIONS,
     Group,
     GroupConfig,
     GroupState,
+    IllegalTransition,
     JoinResult,
     Reply,
     SyncResult,
-    parse_subscription_topics,
 )
+from kafscale.groups.subscription import parse_subscription_topics
 from tests.support.wait import wait_until_async
 
 E = ErrorCode
@@ -587,8 +591,8 @@ def test_leave_by_group_instance_id_only():
 def test_snapshot_roundtrip_restores_stable_group_like_a_failover():
     h = Harness()
     (a, b), gen = h.form_group(2)
-    doc = h.group.to_doc()
-    loaded = Group.from_doc("g", doc, h.group.config, h.now)
+    doc = snapshot.to_doc(h.group)
+    loaded = snapshot.from_doc("g", doc, h.group.config, h.now)
     assert loaded.state is GroupState.STABLE and loaded.generation_id == gen
     assert loaded.leader_id == h.group.leader_id and set(loaded.members) == {a, b}
     assert loaded.members[a].assignment == a.encode()
@@ -598,22 +602,45 @@ def test_snapshot_roundtrip_restores_stable_group_like_a_failover():
     loaded.heartbeat(h.now + 1, member_id=a, group_instance_id=None, generation_id=gen)
     loaded.tick(h.now + SESSION)
     assert b not in loaded.members and loaded.state is GroupState.PREPARING_REBALANCE
-    empty = Group.from_doc("e", {"protocol_type": "consumer", "generation": 4, "members": []}, h.group.config, 0)
+    empty = snapshot.from_doc("e", {"protocol_type": "consumer", "generation": 4, "members": []}, h.group.config, 0)
     assert empty.state is GroupState.EMPTY and empty.generation_id == 4
 
 
 def test_describe_reports_metadata_only_when_stable():
     h = Harness()
     (a, b), gen = h.form_group(2)
-    d = h.group.describe()
+    d = describe_group(h.group)
     assert d["group_state"] == "Stable" and d["protocol_type"] == "consumer" and d["protocol_data"] == "range"
     m = {x["member_id"]: x for x in d["members"]}
     assert m[a]["member_metadata"] == subscription("t") and m[a]["member_assignment"] == a.encode()
     assert m[a]["client_id"] == "c0" and m[a]["client_host"] == "/127.0.0.1"
     h.join(h.new_member(client="z"), client="z")
-    d = h.group.describe()
+    d = describe_group(h.group)
     assert d["group_state"] == "PreparingRebalance" and d["protocol_data"] == ""
     assert all(x["member_metadata"] == b"" and x["member_assignment"] == b"" for x in d["members"])
+
+
+def test_transitions_follow_kafkas_table_and_others_raise():
+    S = GroupState
+    # Kafka's ClassicGroupState valid previous states, read forward
+    assert TRANSITIONS == {
+        S.EMPTY: {S.PREPARING_REBALANCE, S.DEAD},
+        S.PREPARING_REBALANCE: {S.COMPLETING_REBALANCE, S.EMPTY, S.DEAD},
+        S.COMPLETING_REBALANCE: {S.PREPARING_REBALANCE, S.STABLE, S.DEAD},
+        S.STABLE: {S.PREPARING_REBALANCE, S.DEAD},
+        S.DEAD: {S.DEAD},
+    }
+    h = Harness()
+    h.form_group(1)
+    assert h.group.state is S.STABLE and h.group.previous_state is S.COMPLETING_REBALANCE
+    with pytest.raises(IllegalTransition, match="group g: Stable -> CompletingRebalance"):
+        h.group._transition(S.COMPLETING_REBALANCE)
+    assert h.group.state is S.STABLE and h.group.previous_state is S.COMPLETING_REBALANCE  # untouched
+    h.group.mark_dead()
+    with pytest.raises(IllegalTransition, match="Dead -> Empty"):
+        h.group._transition(S.EMPTY)
+    h.group.mark_dead()  # Dead -> Dead: deleting twice is allowed, as Kafka
+    assert h.group.state is S.DEAD
 
 
 def test_offset_delete_and_group_delete_rules():

@@ -42,7 +42,8 @@ from kafscale.groups.state import (
     Reply,
     SyncResult,
 )
-from kafscale.groups import offsets_topic
+from kafscale.groups import offsets_topic, snapshot
+from kafscale.groups.describe import describe_group
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
 from kafscale.metadata.store import CommittedOffset, MetadataStore
 
@@ -344,7 +345,7 @@ class GroupCoordinator:
     async def describe(self, group_id: str) -> dict | None:
         async with self._locks[group_id]:
             group = await self._load(group_id)
-            return None if group is None else group.describe()
+            return None if group is None else describe_group(group)
 
     async def list_groups(self, owned: Callable[[str], bool] | None = None) -> list[tuple[str, str, str]]:
         """(group id, protocol type, state) of every group this broker coordinates."""
@@ -353,7 +354,7 @@ class GroupCoordinator:
             if group_id not in self.groups and owned(group_id):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
-                        self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+                        self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
         return [
             (gid, g.protocol_type or "", g.state.value)
             for gid, g in sorted(self.groups.items())
@@ -380,7 +381,7 @@ class GroupCoordinator:
             if group_id not in self.groups and owned(group_id):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
-                        self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+                        self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
         removed = 0
         for group_id in list(self.groups):
             if not owned(group_id):
@@ -446,7 +447,7 @@ class GroupCoordinator:
             if not await self.metadata.fetch_offsets(group_id):
                 return None
             doc = {}  # offsets without a group record: an offsets-only group
-        return self._install(Group.from_doc(group_id, doc, self.group_config, self.clock()))
+        return self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
 
     def _create(self, group_id: str) -> Group:
         return self._install(Group(group_id, self.group_config, self.clock()))
@@ -518,7 +519,7 @@ class GroupCoordinator:
                     fut.set_result(effect.result)
 
     async def _persist(self, group: Group) -> None:
-        doc = group.to_doc()
+        doc = snapshot.to_doc(group)
         try:
             await self.metadata.put_group(group.group_id, doc)
         except Exception:

@@ -70,7 +70,7 @@ def group_metadata_key(group_id: str) -> bytes:
 
 
 def group_metadata_value(doc: dict) -> bytes:
-    """GroupMetadataValue v3 from a group snapshot (`Group.to_doc()`: subscription and
+    """GroupMetadataValue v3 from a group snapshot (`snapshot.to_doc`: subscription and
     assignment are base64 there)."""
     members = doc.get("members") or []
     out = [

@@ -6,6 +6,10 @@ the current time in milliseconds and returns an `Outcome`: an immediate result, 
 waiter id for a parked JoinGroup/SyncGroup, plus effects for the driver to carry out in
 order (`PERSIST` the group, `Reply` to a parked request). Timers are deadlines the driver
 reads with `next_deadline()` and fires with `tick(now)`; tests drive them with a fake clock.
+States move only as `TRANSITIONS` allows (`IllegalTransition` otherwise).
+
+Beside it: `snapshot.py` (the persisted document), `describe.py` (DescribeGroups' view),
+`subscription.py` (the topics of a consumer's subscription).
 
 The rules follow Apache Kafka's group coordinator (GroupMetadataManager / ClassicGroup):
 MEMBER_ID_REQUIRED on a first dynamic join, the initial rebalance delay for groups that
@@ -15,9 +19,7 @@ the pending-sync timeout, static membership, and protocol selection by vote.
 
 from __future__ import annotations
 
-import base64
 import itertools
-import struct
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from enum import Enum
 from typing import Callable, Iterable
 
 from kafscale.errors import ErrorCode
+from kafscale.groups.subscription import parse_subscription_topics
 
 CONSUMER_PROTOCOL_TYPE = "consumer"
 
@@ -36,6 +39,21 @@ class GroupState(str, Enum):
     COMPLETING_REBALANCE = "CompletingRebalance"
     STABLE = "Stable"
     DEAD = "Dead"
+
+
+# The states each state may move to (Kafka's ClassicGroupState, read the other way round:
+# its valid previous states); `Group._transition` refuses any other move.
+TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
+    GroupState.EMPTY: frozenset({GroupState.PREPARING_REBALANCE, GroupState.DEAD}),
+    GroupState.PREPARING_REBALANCE: frozenset({GroupState.COMPLETING_REBALANCE, GroupState.EMPTY, GroupState.DEAD}),
+    GroupState.COMPLETING_REBALANCE: frozenset({GroupState.PREPARING_REBALANCE, GroupState.STABLE, GroupState.DEAD}),
+    GroupState.STABLE: frozenset({GroupState.PREPARING_REBALANCE, GroupState.DEAD}),
+    GroupState.DEAD: frozenset({GroupState.DEAD}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the transition table does not allow: a bug in the state machine, not input."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class _Persist:
 
 
 PERSIST = _Persist()
-"""Effect: write the group's snapshot (`Group.to_doc()`) to the metadata store."""
+"""Effect: write the group's snapshot (`snapshot.to_doc(group)`) to the metadata store."""
 
 
 @dataclass
@@ -762,6 +780,8 @@ class Group:
         return self.state is GroupState.EMPTY
 
     def _transition(self, state: GroupState) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"group {self.group_id}: {self.state.value} -> {state.value}")
         self.previous_state = self.state
         self.state = state
         self.state_timestamp = self.now
@@ -794,84 +814,37 @@ class Group:
         member.sync_waiter = None
         return True
 
-    # -- describe and persistence -------------------------------------------------------
-
-    def describe(self) -> dict:
-        stable = self.state is GroupState.STABLE
-        return {
-            "group_state": self.state.value,
-            "protocol_type": self.protocol_type or "",
-            # Kafka reports the protocol and member metadata/assignments only when Stable.
-            "protocol_data": (self.protocol_name or "") if stable else "",
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "group_instance_id": m.group_instance_id,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "member_metadata": m.metadata(self.protocol_name) if stable else b"",
-                    "member_assignment": m.assignment if stable else b"",
-                }
-                for m in self.members.values()
-            ],
-        }
-
-    def to_doc(self) -> dict:
-        """The persisted snapshot: what Kafka's GroupMetadata record holds."""
-        return {
-            "protocol_type": self.protocol_type,
-            "protocol": self.protocol_name,
-            "generation": self.generation_id,
-            "leader": self.leader_id,
-            "state_ts": int(self.state_timestamp),
-            "members": [
-                {
-                    "member_id": m.member_id,
-                    "group_instance_id": m.group_instance_id,
-                    "client_id": m.client_id,
-                    "client_host": m.client_host,
-                    "session_timeout": m.session_timeout_ms,
-                    "rebalance_timeout": m.rebalance_timeout_ms,
-                    "subscription": base64.b64encode(m.metadata(self.protocol_name)).decode(),
-                    "assignment": base64.b64encode(m.assignment).decode(),
-                }
-                for m in self.members.values()
-            ],
-        }
+    # -- loading ------------------------------------------------------------------------
 
     @classmethod
-    def from_doc(
+    def restored(
         cls,
         group_id: str,
-        doc: dict,
         config: GroupConfig,
         now: float,
+        *,
+        generation_id: int,
+        protocol_type: str | None,
+        protocol_name: str | None,
+        state_timestamp: float,
+        members: Iterable[Member],
+        leader_id: str | None,
         new_member_id: Callable[[str, str | None], str] = default_member_id,
     ) -> "Group":
-        """Load a snapshot as after a coordinator failover: members come back in a Stable
-        group with fresh session timers; those who do not heartbeat expire and rebalance."""
+        """A group as its snapshot (groups/snapshot.py) left it, loaded as after a coordinator
+        failover: members come back in a Stable group with fresh session timers; those who
+        do not heartbeat expire and rebalance. A group without members is Empty."""
         group = cls(group_id, config, now, new_member_id)
-        group.generation_id = int(doc.get("generation", 0))
-        group.protocol_type = doc.get("protocol_type") or None
-        group.protocol_name = doc.get("protocol")
-        group.state_timestamp = doc.get("state_ts", now)
-        for md in doc.get("members", []):
-            member = Member(
-                md["member_id"], md.get("group_instance_id"), md.get("client_id", ""), md.get("client_host", ""),
-                int(md["session_timeout"]), int(md.get("rebalance_timeout", md["session_timeout"])),
-                group.protocol_type or "",
-                [(group.protocol_name or "", base64.b64decode(md.get("subscription", "")))],
-                base64.b64decode(md.get("assignment", "")),
-            )
+        group.generation_id = generation_id
+        group.protocol_type = protocol_type
+        group.protocol_name = protocol_name
+        group.state_timestamp = state_timestamp
+        for member in members:
             group._add(member)
             group._reschedule_heartbeat(member)
-        group.protocol_type = doc.get("protocol_type") or None
         if group.members:
-            leader = doc.get("leader")
-            group.leader_id = leader if leader in group.members else next(iter(group.members))
-            group.state = group.previous_state = GroupState.STABLE
-        else:
-            group.leader_id = None
+            group.leader_id = leader_id if leader_id in group.members else next(iter(group.members))
+            group.state = group.previous_state = GroupState.STABLE  # where loading starts, not a transition
         group.subscribed_topics = group._compute_subscribed_topics()
         return group
 
@@ -892,29 +865,3 @@ class _JoinRequest:
 
 def _inconsistent(requested: str | None, current: str | None) -> bool:
     return requested is not None and current is not None and requested != current
-
-
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-
-
-def parse_subscription_topics(data: bytes) -> set[str] | None:
-    """Topics of a ConsumerProtocolSubscription (any version: the topic list comes first);
-    None when the bytes are not a subscription."""
-    try:
-        pos = 2  # int16 version
-        (count,) = _I32.unpack_from(data, pos)
-        pos += 4
-        if count < 0 or count > len(data):
-            return None
-        topics = set()
-        for _ in range(count):
-            (n,) = _I16.unpack_from(data, pos)
-            pos += 2
-            if n < 0 or pos + n > len(data):
-                return None
-            topics.add(bytes(data[pos : pos + n]).decode("utf-8"))
-            pos += n
-        return topics
-    except (struct.error, UnicodeDecodeError):
-        return None
