@@ -115,6 +115,7 @@ def topics_restore(args) -> int:
     from kafscale.metadata.kv import MetadataUnavailable
     from kafscale.metadata.store import MetadataStore
     from kafscale.storage.backends import open_store
+    from kafscale.storage.failures import StorageError
     from kafscale.storage.objectstore import ObjectStoreError
     from kafscale.storage.topic_marker import iso
     from kafscale.storage.topic_restore import RestoreError, TopicRestore
@@ -146,6 +147,8 @@ def topics_restore(args) -> int:
         raise CliError(str(e)) from None
     except (MetadataUnavailable, ObjectStoreError) as e:
         raise CliError(f"{e}; the restore did not finish (a retry removes what it left)", EXIT_UNREACHABLE) from None
+    except StorageError as e:  # a source segment unreadable (corrupt, or not the committed one)
+        raise CliError(f"{e}; the restore did not finish (a retry removes what it left)") from None
     finally:
         progress.finish()
     rows = [dataclasses.asdict(p) for p in done.partitions]
