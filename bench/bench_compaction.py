@@ -247,6 +247,13 @@ class StoreRequests:
         return dict(self.counts)
 
 
+def _counters(mgr) -> dict:
+    """The log manager's object reads and its compactor's counters, by their /metrics names."""
+    import dataclasses
+
+    return {"gets": mgr.metrics.gets, **{f"compaction_{k}": v for k, v in dataclasses.asdict(mgr.compactor.counters).items()}}
+
+
 def _objects_bytes(data_dir: str, moto, topic: str) -> tuple[int, int]:
     """(segment objects, their bytes) of the topic in the store, listed outside the broker."""
     if moto is None:
@@ -307,7 +314,7 @@ async def store_pass(args, budget: int) -> dict:
         before_segs = list(lg.state.segments)
         before = {"segments": len(lg.state.segments), "log_bytes": sum(x.size for x in lg.state.segments),
                   "records": sum(x.record_count for x in lg.state.segments), "objects": _objects_bytes(data_dir, moto, topic)}
-        stats0, req0 = dict(mgr.stats), requests.snapshot()
+        stats0, req0 = _counters(mgr), requests.snapshot()
         passes, times = 0, []
         while True:
             t = time.perf_counter()
@@ -315,7 +322,7 @@ async def store_pass(args, budget: int) -> dict:
                 break
             times.append(time.perf_counter() - t)
             passes += 1
-        stats1, req1 = dict(mgr.stats), requests.snapshot()
+        stats1, req1 = _counters(mgr), requests.snapshot()
         await mgr.merger.delete_expired(force=True)  # the replaced objects, without waiting for the grace period
         req2 = requests.snapshot()
         after = {"segments": len(lg.state.segments), "log_bytes": sum(x.size for x in lg.state.segments),

@@ -95,7 +95,7 @@ async def test_a_bounded_key_map_spreads_compaction_over_passes(tmp_path):
         _check(await _read(mgr, "t"), written)
     assert passes == 4  # 8 cleanable segments, 2 mapped a pass (the newest is never cleaned)
     assert [s.cleaned for s in lg.state.segments][-1] is False
-    assert mgr.stats["compaction_key_map_peak_entries"] == 20
+    assert mgr.compactor.counters.key_map_peak_entries == 20
     assert await _read(mgr, "t") == _latest(written)
     await _close(mgr)
 

@@ -290,7 +290,7 @@ def _keys(i: int) -> list[str]:
 
 
 def test_merger_deletes_the_oldest_early_only_over_the_cap_and_after_the_short_grace():
-    m = merger.SegmentMerger(None, interval_s=10, grace_s=60, max_pending=20, min_grace_s=5)
+    m = merger.SegmentMerger(None, dict().values, None, interval_s=10, grace_s=60, max_pending=20, min_grace_s=5)
     for i in range(50):
         m.schedule_delete(_keys(i))
     assert m.pending_segments == 50
@@ -319,12 +319,7 @@ async def test_merger_retries_a_failed_delete(tmp_path):
     store = FailingOnce(tmp_path)
     await store.put("default/t/0/segment-00000000000000000001.kfs", [b"x"])
 
-    class Manager:
-        pass
-
-    mgr = Manager()
-    mgr.store = store
-    m = merger.SegmentMerger(mgr, interval_s=10, grace_s=0.0, max_pending=20, min_grace_s=0.0)
+    m = merger.SegmentMerger(store, dict().values, None, interval_s=10, grace_s=0.0, max_pending=20, min_grace_s=0.0)
     m.schedule_delete(_keys(1))
     await m.delete_expired()
     assert await store.list("default/t/") == ["default/t/0/segment-00000000000000000001.kfs"]

@@ -387,9 +387,9 @@ async def test_byte_budget_never_skips_a_batch_that_does_not_fit(tmp_path):
         assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [0, 12]
         # a segment without batches is passed over without a GET
         mgr.cache.drop_prefix(("budget",))
-        gets = mgr.stats["gets"]
+        gets = mgr.metrics.gets
         chunks = await lg.read(30, 1 << 20, True)
-        assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [40] and mgr.stats["gets"] == gets + 1
+        assert [h.base_offset for c in chunks for _p, h in iter_batches(c)] == [40] and mgr.metrics.gets == gets + 1
     finally:
         await mgr.stop()
         await mgr.metadata.close()

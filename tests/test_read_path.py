@@ -45,7 +45,7 @@ async def test_cold_read_reads_the_next_segment_ahead(tmp_path):
     chunks = await lg.read(0, 100, True)  # budget ends in segment 0
     assert records.read_header(chunks[0]).base_offset == 0
     await wait_until_async(lambda: reader.cache.contains(("ra", 0, 10)), 5, "segment 10 to be read ahead", interval=0.01)
-    assert reader.cache.contains(("ra", 0, 10)) and reader.stats.get("read_aheads") == 1
+    assert reader.cache.contains(("ra", 0, 10)) and reader.metrics.read_aheads == 1
     assert not reader.cache.contains(("ra", 0, 20))  # one ahead, not the whole log
     await reader.stop()
 
@@ -76,7 +76,7 @@ async def test_segments_below_index_min_bytes_get_no_index(tmp_path):
         await lg.append(data, records.validate_record_set(data), True)[2]
     objects = sorted(p.name for p in (tmp_path / "objects" / "default" / "idx" / "0").iterdir())
     assert objects == [f"segment-{0:020d}.kfs", f"segment-{1:020d}.index", f"segment-{1:020d}.kfs"]
-    assert mgr.stats["puts"] == 3
+    assert mgr.metrics.puts == 3
     await mgr.stop()
 
 

@@ -15,6 +15,7 @@ by `_LiveCollector`; only what has no live source is counted as it happens:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -262,7 +263,9 @@ class _LiveCollector(Collector):
         b = self.broker
         m = self.metrics
         logs = b.logs
-        stats = dict(getattr(logs, "stats", {}))
+        counted = logs.metrics
+        stats = {name: getattr(counted, name) for name in ("produce_bytes", "produce_records", "flushes", "flush_failures", "segment_bytes", "puts", "gets")}
+        stats.update({f"compaction_{name}": value for name, value in dataclasses.asdict(logs.compactor.counters).items()})
         cfg = b.config
 
         info = GaugeMetricFamily("kafscale_broker_info", "Static facts about this broker (value 1)", labels=["broker_id", "storage", "metadata"])

@@ -133,12 +133,12 @@ class RegistryService:
                 # list) may stand for segments the owner merged or compacted since.
                 logs.reader.drop(SCHEMAS_TOPIC, PARTITION)
             else:
-                logs.segments_seen(SCHEMAS_TOPIC, PARTITION, self._segments, st.segments)
+                logs.reader.segments_changed(SCHEMAS_TOPIC, PARTITION, self._segments, st.segments)
             self._segments = list(st.segments)
             start, end = st.log_start_offset, st.high_watermark
 
             async def read(offset: int):
-                return await read_committed(logs, st, offset, READ_CHUNK_BYTES, True)
+                return await read_committed(logs.reader, st, offset, READ_CHUNK_BYTES, True)
         if self.offset < start or self.offset > end:
             # Records were deleted below us (DeleteRecords) or the log is shorter than what
             # we applied (a new topic under the old name): start over from the log.

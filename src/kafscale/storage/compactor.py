@@ -24,8 +24,8 @@ tombstone past its horizon whose older values went with it), which readers bound
 committed segment's offsets; after it, the swap is complete.
 
 Use outside the broker (bench/bench_compaction.py): build a LogManager as the broker does,
-then `await manager.compactor.compact(await manager.get_log(topic, partition))`; stats are
-in `compactor.stats` (also on /metrics as kafscale_compaction_*).
+then `await manager.compactor.compact(await manager.get_log(topic, partition))`; its counters
+are `compactor.counters` (also on /metrics as kafscale_compaction_*).
 """
 
 from __future__ import annotations
@@ -34,35 +34,49 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
-from kafscale.storage import cleaner, rewrite, segment
-
-if TYPE_CHECKING:
-    from kafscale.storage.logs import LogManager, PartitionLog
+from kafscale.storage import cleaner, segment
+from kafscale.storage.partition_log import PartitionLog
+from kafscale.storage.rewrite import SegmentRewriter
 
 log = logging.getLogger("kafscale.compactor")
 
 
+@dataclass
+class CompactionCounters:
+    """What compaction counts as it goes (/metrics: kafscale_compaction_*)."""
+
+    rounds: int = 0  # looks at every owned compacted partition
+    runs: int = 0  # passes completed
+    bytes_read: int = 0
+    bytes_written: int = 0
+    segments_written: int = 0
+    records_removed: int = 0
+    recompressions: int = 0
+    key_map_peak_entries: int = 0  # a gauge: the most keys one pass held
+
+
 class Compactor:
-    def __init__(self, manager: "LogManager", key_map_bytes: int, schedule_delete):
-        self.manager = manager
+    """Compacts the logs `owned_logs()` gives through `rewriter`; `schedule_delete` is the
+    merger's (objects compacted away are deleted after its grace period)."""
+
+    def __init__(self, owned_logs: Callable[[], Iterable[PartitionLog]], rewriter: SegmentRewriter, key_map_bytes: int, schedule_delete):
+        self.owned_logs = owned_logs
+        self.rewriter = rewriter
         self.key_map_bytes = key_map_bytes
-        self.schedule_delete = schedule_delete  # the merger's: deleted after its grace period
+        self.schedule_delete = schedule_delete
         # Awaited after each group written (the merger's delete_expired): a long pass runs
         # in the merger's loop, and the objects merged or compacted away must still go.
         self.between_groups = None
-        # Shared with the LogManager's stats, so /metrics exports them.
-        self.stats = manager.stats
-        for k in ("compaction_rounds", "compaction_runs", "compaction_bytes_read", "compaction_bytes_written", "compaction_records_removed",
-                  "compaction_recompressions", "compaction_segments_written", "compaction_key_map_peak_entries"):
-            self.stats.setdefault(k, 0)
+        self.counters = CompactionCounters()
 
     async def run_once(self) -> int:
         """One pass over every owned compacted partition that is due. Returns the passes done."""
         done = 0
-        self.stats["compaction_rounds"] += 1
-        for lg in list(self.manager.logs.values()):
+        self.counters.rounds += 1
+        for lg in list(self.owned_logs()):
             if lg.closed or not lg.settings.cleanup_compact:
                 continue
             try:
@@ -72,7 +86,7 @@ class Compactor:
                 log.warning("compaction of %s-%s failed: %s", lg.topic, lg.partition, e, extra={"topic": lg.topic, "partition": lg.partition})
         return done
 
-    async def compact(self, lg: "PartitionLog", now_ms: int | None = None) -> bool:
+    async def compact(self, lg: PartitionLog, now_ms: int | None = None) -> bool:
         """One compaction pass over `lg` if it is due. True when a pass ran to its end."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         plan = cleaner.plan(lg.state.segments, last_stable_offset=lg.last_stable_offset, now_ms=now, settings=lg.settings)
@@ -86,7 +100,7 @@ class Compactor:
                 break
             data = await self._read(lg, seg)
             await asyncio.to_thread(key_map.add, data, plan.aborted)
-            self.stats["compaction_bytes_read"] += len(data)
+            self.counters.bytes_read += len(data)
             end += 1
         if plan.dirty and end == plan.first_dirty:
             log.warning(
@@ -94,7 +108,7 @@ class Compactor:
                 lg.topic, lg.partition, plan.dirty[0].base_offset, plan.dirty[0].record_count, key_map.capacity,
             )
             return False
-        self.stats["compaction_key_map_peak_entries"] = max(self.stats["compaction_key_map_peak_entries"], key_map.peak_entries)
+        self.counters.key_map_peak_entries = max(self.counters.key_map_peak_entries, key_map.peak_entries)
         # 2. Clean from the log start through the last mapped segment, group by group.
         c = cleaner.BatchCleaner(
             key_map,
@@ -109,9 +123,9 @@ class Compactor:
                 return False  # the rest waits for the next pass
             if self.between_groups is not None:
                 await self.between_groups()
-        self.stats["compaction_records_removed"] += (c.records_in - c.records_out) - removed_before
-        self.stats["compaction_recompressions"] += c.recompressions
-        self.stats["compaction_runs"] += 1
+        self.counters.records_removed += (c.records_in - c.records_out) - removed_before
+        self.counters.recompressions += c.recompressions
+        self.counters.runs += 1
         log.info(
             "compacted %s-%s (%s): offsets %d-%d, %d of %d records kept, key map %d entries",
             lg.topic, lg.partition, plan.reason, plan.segments[0].base_offset, plan.segments[end - 1].last_offset,
@@ -119,16 +133,16 @@ class Compactor:
         )
         return True
 
-    async def _read(self, lg: "PartitionLog", seg: segment.SegmentInfo) -> memoryview:
-        return await rewrite.read_segment_batches(self.manager, lg.topic, lg.partition, seg)
+    async def _read(self, lg: PartitionLog, seg: segment.SegmentInfo) -> memoryview:
+        return await self.rewriter.read_segment_batches(lg.topic, lg.partition, seg)
 
-    async def _clean_group(self, lg: "PartitionLog", group: list[segment.SegmentInfo], c: cleaner.BatchCleaner) -> bool:
-        read = await rewrite.read_run(self.manager, lg, group, "compaction")
+    async def _clean_group(self, lg: PartitionLog, group: list[segment.SegmentInfo], c: cleaner.BatchCleaner) -> bool:
+        read = await self.rewriter.read_run(lg, group, "compaction")
         if read is None:
             return False
         bodies = read.bodies
         results = await asyncio.to_thread(lambda: [c.clean(b) for b in bodies])
-        self.stats["compaction_bytes_read"] += sum(len(b) for b in bodies)
+        self.counters.bytes_read += sum(len(b) for b in bodies)
         horizons = [r.delete_horizon_ms for r in results if r.delete_horizon_ms >= 0]
         if len(group) == 1 and group[0].cleaned and not results[0].changed:
             # Already clean: nothing to write. A horizon that passed with nothing to remove
@@ -150,10 +164,10 @@ class Compactor:
             cleaned=True,
             delete_horizon_ms=min(horizons, default=-1),
         )
-        if not await rewrite.commit_run(self.manager, lg, group, enc, body, read, self.schedule_delete, "compaction"):
+        if not await self.rewriter.commit_run(lg, group, enc, body, read, self.schedule_delete, "compaction"):
             return False
-        self.stats["compaction_bytes_written"] += enc.info.size
-        self.stats["compaction_segments_written"] += 1
+        self.counters.bytes_written += enc.info.size
+        self.counters.segments_written += 1
         log.debug("compaction of %s-%s: %d segments (%d bytes) -> offsets %d-%d (%d bytes)", lg.topic, lg.partition, len(group),
                   sum(s.size for s in group), group[0].base_offset, enc.info.last_offset, enc.info.size)
         return True

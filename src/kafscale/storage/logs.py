@@ -17,6 +17,10 @@ The rest of storage/, by job:
   merger.py          merging small adjacent segments (and the loop the compactor runs in)
   cleaner.py         log compaction's decisions (cleanable range, key map, batch rewriting)
   compactor.py       log compaction's driver over the object store (docs/compaction.md)
+  rewrite.py         SegmentRewriter: reading a run of segments and writing it back as one
+                     (the merger's and the compactor's)
+  config.py          StorageConfig: the broker settings storage reads, typed, built once
+  metrics.py         StorageMetrics: the sink the jobs report their events to
   topic_cache.py     TopicCache: topic metadata and the topic-id table
   failures.py        StorageError, and how store failures become retriable Kafka errors
   segment.py, cache.py, producers.py: the segment codec, the segment cache,
@@ -35,16 +39,19 @@ from kafscale.errors import ErrorCode
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
 from kafscale.protocol import records as record_batches
 from kafscale.protocol.records import InvalidRecordError
-from kafscale.storage import segment, topic_marker
-from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
+from kafscale.storage import topic_marker
 from kafscale.storage.compactor import Compactor
+from kafscale.storage.config import StorageConfig
+from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
 from kafscale.storage.merger import SegmentMerger
+from kafscale.storage.metrics import StorageMetrics
 from kafscale.storage.objectstore import ObjectStore
 from kafscale.storage.partition_log import FlushedPartition, PartitionLog
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import SegmentReader
 from kafscale.storage.recovery import rebuild_producer_state, recover
 from kafscale.storage.retention import Retention
+from kafscale.storage.rewrite import SegmentRewriter
 from kafscale.storage.topic_cache import TopicCache
 from kafscale.storage.txn import TxnMarker
 
@@ -52,14 +59,18 @@ log = logging.getLogger("kafscale.storage")
 
 
 class LogManager:
-    """The partition logs this broker owns; the read path (self.reader), the topic cache
+    """The partition logs this broker owns. It builds the storage jobs and hands each the
+    narrow things it uses (the typed config, the store, the reader and its cache, the
+    metrics sink, the owned logs): the read path (self.reader), the topic cache
     (self.topics), retention (self.retention), the merger (self.merger) and the compactor
-    (self.compactor) hang off it."""
+    (self.compactor).
+
+    `config` is the broker's (BrokerConfig), read once into a StorageConfig, or one already."""
 
     def __init__(self, metadata: MetadataStore, store: ObjectStore, config, cluster):
         self.metadata = metadata
         self.store = store
-        self.config = config
+        self.config = config = config if isinstance(config, StorageConfig) else StorageConfig.of(config)
         self.cluster = cluster
         self.namespace = config.namespace
         self.logs: dict[tuple[str, int], PartitionLog] = {}
@@ -69,53 +80,26 @@ class LogManager:
         self._retention_task: asyncio.Task | None = None
         self._merge_task: asyncio.Task | None = None
         self.stopping = False
-        self.merger = SegmentMerger(
-            self, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000, config.merge_max_pending_objects, config.merge_min_grace_ms / 1000
-        )
-        self.stats = {"produce_bytes": 0, "produce_records": 0, "flushes": 0, "flush_failures": 0, "segment_bytes": 0, "puts": 0, "gets": 0}
-        self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.stats)
+        self.metrics = StorageMetrics()
+        # ops/metrics times and sizes each durable flush through these hooks.
+        self.flush_hooks = self.metrics.flush_hooks
+        self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.metrics)
         self.cache = self.reader.cache
-        self.retention = Retention(self, config.retention_check_interval_ms / 1000)
-        self.compactor = Compactor(self, config.compaction_key_map_bytes, self.merger.schedule_delete)
+        rewriter = SegmentRewriter(store, self.reader, self.namespace, config.index_min_bytes, self.metrics, cluster.owns)
+        self.merger = SegmentMerger(
+            store, self.logs.values, rewriter, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000,
+            config.merge_max_pending_objects, config.merge_min_grace_ms / 1000,
+        )
+        self.retention = Retention(self.logs.values, self.load_owned, config.retention_check_interval_ms / 1000, config.producer_id_expiration_ms)
+        self.compactor = Compactor(self.logs.values, rewriter, config.compaction_key_map_bytes, self.merger.schedule_delete)
         self.compactor.between_groups = self.merger.delete_expired
         if config.compaction_interval_ms > 0:
             self.merger.compactor = self.compactor
             self.merger.compaction_interval_s = config.compaction_interval_ms / 1000
-        # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
-        self.flush_hooks: list = []
         # topic -> async hook(partition, producer_id, commit) awaited after a transaction
         # marker on that topic's partition is durable (the group coordinator's, for the
         # transactional offsets of __consumer_offsets); a failing hook is logged only
         self.marker_hooks: dict = {}
-
-    # -- metrics hooks (ops/metrics reads these) -----------------------------------------
-
-    def metrics_produced(self, nbytes: int, nrecords: int) -> None:
-        self.stats["produce_bytes"] += nbytes
-        self.stats["produce_records"] += nrecords
-
-    def metrics_flushed(self, info: segment.SegmentInfo, seconds: float, puts: int) -> None:
-        self.stats["flushes"] += 1
-        self.stats["puts"] += puts
-        self.stats["segment_bytes"] += info.size
-        for hook in self.flush_hooks:
-            hook(info, seconds, puts)
-
-    def segment_objects(self, topic: str, partition: int, enc: segment.EncodedSegment) -> list[tuple[str, list]]:
-        """The objects to upload for one sealed segment: the .kfs, plus its .index when it
-        is big enough to be read by ranges (smaller segments are always read whole, so an
-        index would be one more PUT per flush that no reader needs)."""
-        objects = [(segment.segment_key(self.namespace, topic, partition, enc.info.base_offset), enc.parts)]
-        if enc.info.size >= self.config.index_min_bytes:
-            objects.append((segment.index_key(self.namespace, topic, partition, enc.info.base_offset), [enc.index]))
-        return objects
-
-    def metrics_flush_failed(self) -> None:
-        self.stats["flush_failures"] += 1
-
-    def metrics_uploaded(self, puts: int) -> None:
-        """Objects written other than by a flush (the merger's)."""
-        self.stats["puts"] += puts
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -218,21 +202,11 @@ class LogManager:
         if view is None or view.stale():
             st = await self._partition_state(topic, partition)
             if view is not None:
-                self.segments_seen(topic, partition, view.state.segments, st.segments)
+                self.reader.segments_changed(topic, partition, view.state.segments, st.segments)
             else:
                 self.reader.drop(topic, partition)  # views cached under an older segment list
-            view = self._readers[key] = FlushedPartition(self, st)
+            view = self._readers[key] = FlushedPartition(st, self.reader, self.metadata)
         return view
-
-    def segments_seen(self, topic: str, partition: int, old: list[segment.SegmentInfo], new: list[segment.SegmentInfo]) -> None:
-        """A partition owned elsewhere has a new segment list: forget the cached views of
-        segments the owner merged or compacted since (a view cached for a run's first
-        segment must not stand for the merged one under its key: it would lack the run's
-        other batches, and the reader would pass over their offsets as a gap)."""
-        before = {s.base_offset: s for s in old}
-        for seg in new:
-            if before.get(seg.base_offset, seg) != seg:
-                self.cache.drop((topic, partition, seg.base_offset))
 
     async def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The owned log of a partition, loading and recovering it on first use.
@@ -277,10 +251,20 @@ class LogManager:
             producers = ProducerStateTable()
             await rebuild_producer_state(self.reader, topic, partition, st.segments, producers)
             st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers, topic_id=meta.topic_id)
-            lg = PartitionLog(self, meta, st, producers)
+            lg = PartitionLog(
+                meta, st, producers, config=self.config, store=self.store, metadata=self.metadata, reader=self.reader,
+                metrics=self.metrics, owns=self.cluster.owns, forget=self.forget,
+            )
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
+
+    async def load_owned(self) -> None:
+        """Load every partition this broker owns but has not loaded yet (retention does, each round)."""
+        for meta in await self.metadata.list_topics():
+            for p in range(meta.partitions):
+                if (meta.name, p) not in self.logs and self.cluster.owns(meta.name, p):
+                    await self.get_log(meta.name, p)
 
     async def append_internal(self, topic: str, partition: int, recs: list[tuple[bytes | None, bytes | None]]) -> asyncio.Future:
         """The broker's own append (the group coordinator's records to `__consumer_offsets`):

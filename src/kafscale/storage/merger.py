@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Callable, Iterable
 
-from kafscale.storage import rewrite, segment
-
-if TYPE_CHECKING:
-    from kafscale.storage.logs import LogManager, PartitionLog
+from kafscale.storage import segment
+from kafscale.storage.objectstore import ObjectStore
+from kafscale.storage.partition_log import PartitionLog
+from kafscale.storage.rewrite import SegmentRewriter
 
 log = logging.getLogger("kafscale.merger")
 
@@ -70,10 +70,15 @@ class SegmentMerger:
     views are refreshed every FlushedPartition.MAX_AGE_S (0.5 s), and the pipeline reader
     re-lists a partition when a planned object is gone. So the store holds about
     (merged-away segments per second) x min_grace_s, or max_pending if more, beyond the
-    live segments (a partition's flushes since its last merge)."""
+    live segments (a partition's flushes since its last merge).
 
-    def __init__(self, manager: "LogManager", interval_s: float, grace_s: float, max_pending: int = 1000, min_grace_s: float = 5.0):
-        self.manager = manager
+    It merges the logs `owned_logs()` gives through `rewriter`, and deletes from `store`."""
+
+    def __init__(self, store: ObjectStore, owned_logs: Callable[[], Iterable[PartitionLog]], rewriter: SegmentRewriter | None,
+                 interval_s: float, grace_s: float, max_pending: int = 1000, min_grace_s: float = 5.0):
+        self.store = store
+        self.owned_logs = owned_logs
+        self.rewriter = rewriter
         self.interval_s = interval_s
         self.grace_s = grace_s
         self.max_pending = max_pending
@@ -115,7 +120,7 @@ class SegmentMerger:
     async def run_once(self) -> int:
         """Merge every owned partition once and delete objects past their grace period."""
         done = 0
-        for lg in list(self.manager.logs.values()):
+        for lg in list(self.owned_logs()):
             if lg.closed:
                 continue
             segments = lg.state.segments
@@ -134,14 +139,13 @@ class SegmentMerger:
         await self.delete_expired()
         return done
 
-    async def merge(self, lg: "PartitionLog", run: list[segment.SegmentInfo]) -> bool:
-        mgr = self.manager
+    async def merge(self, lg: PartitionLog, run: list[segment.SegmentInfo]) -> bool:
         base = run[0].base_offset
         # The object the merged one replaces, read with its version (the replace happens only
         # if the key still holds exactly this object), and exactly the others' committed
         # batches (never a stale cached view; an object holding more, from an earlier merge
         # that never committed, is bounded by its offsets).
-        read = await rewrite.read_run(mgr, lg, run, "merge")
+        read = await self.rewriter.read_run(lg, run, "merge")
         if read is None:
             return False
         body = b"".join(read.bodies)
@@ -158,7 +162,7 @@ class SegmentMerger:
         # batches at the same offsets plus the run's later ones, which readers bound by
         # offset (readers refuse an object that is not the committed segment, see
         # SegmentReader._load_segment).
-        if not await rewrite.commit_run(mgr, lg, run, enc, body, read, self.schedule_delete, "merge"):
+        if not await self.rewriter.commit_run(lg, run, enc, body, read, self.schedule_delete, "merge"):
             return False
         self.merges += 1
         self.merged_segments += len(run)
@@ -189,7 +193,7 @@ class SegmentMerger:
     async def delete_expired(self, force: bool = False) -> None:
         for keys in self._due(time.monotonic(), force):
             try:
-                await self.manager.store.delete(keys)
+                await self.store.delete(keys)
             except Exception as e:  # noqa: BLE001 - tried again next round
                 log.warning("deleting merged-away objects failed (will retry): %s", e)
                 self._doomed.insert(0, (time.monotonic() - self.grace_s, keys))  # due at the next look

@@ -12,36 +12,50 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.segments import SegmentInfo
-from kafscale.metadata.store import PartitionState, TopicMeta
+from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
 from kafscale.metadata.topic_config import LogSettings
 from kafscale.protocol import records
 from kafscale.storage import segment
+from kafscale.storage.config import StorageConfig
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
+from kafscale.storage.metrics import StorageMetrics
+from kafscale.storage.objectstore import ObjectStore
 from kafscale.storage.partition_core import Answer, Outcome, PartitionCore
 from kafscale.storage.producers import ProducerStateTable
-from kafscale.storage.retention import segments_past_retention
+from kafscale.storage.reader import SegmentReader
 from kafscale.storage.txn import AbortedIndex, aborted_in_range, cut_at
-
-if TYPE_CHECKING:
-    from kafscale.storage.logs import LogManager
 
 log = logging.getLogger("kafscale.storage")
 
 
 class PartitionLog:
-    def __init__(self, manager: "LogManager", meta: TopicMeta, state: PartitionState, producers: ProducerStateTable | None = None):
-        self.manager = manager
+    """One owned partition log. What it works with is given to it: the storage settings, the
+    store, the metadata, the shared reader, the metrics sink, `owns(topic, partition)` (is it
+    still ours?) and `forget(topic, partition)` (its registry drops it when ownership is lost)."""
+
+    def __init__(
+        self, meta: TopicMeta, state: PartitionState, producers: ProducerStateTable | None = None, *, config: StorageConfig,
+        store: ObjectStore, metadata: MetadataStore, reader: SegmentReader, metrics: StorageMetrics,
+        owns: Callable[[str, int], bool], forget: Callable[[str, int], None],
+    ):
         self.topic = meta.name
         self.partition = state.partition
-        cfg = manager.config
+        self.config = config
+        self.store = store
+        self.metadata = metadata
+        self.reader = reader
+        self.metrics = metrics
+        self._owns = owns
+        self._forget = forget
+        cfg = config
         self.core = PartitionCore(
             f"{self.topic}-{self.partition}",
             state,
-            LogSettings.from_configs(meta.configs, cfg.kafka_static_configs()),
+            LogSettings.from_configs(meta.configs, cfg.kafka_static_configs),
             cfg.flush_interval_ms / 1000,
             cfg.min_flush_interval_ms / 1000,
             producers,
@@ -104,7 +118,7 @@ class PartitionLog:
         return self._aborted.any_from(self.state.segments, start)
 
     def apply_configs(self, meta: TopicMeta) -> None:
-        self.core.settings = LogSettings.from_configs(meta.configs, self.manager.config.kafka_static_configs())
+        self.core.settings = LogSettings.from_configs(meta.configs, self.config.kafka_static_configs)
 
     def refusal(self) -> StorageError:
         return self.core.refusal()
@@ -127,7 +141,7 @@ class PartitionLog:
         if out.notify_readers:
             self._notify_data()
         if out.forget:
-            self.manager.forget(self.topic, self.partition)
+            self._forget(self.topic, self.partition)
 
     # -- write path -----------------------------------------------------------------------
 
@@ -144,7 +158,7 @@ class PartitionLog:
             if done.answer is not None:
                 self._deliver(done.answer)
             return done.base_offset, done.append_time, waiter
-        self.manager.metrics_produced(len(data), sum(h.record_count for h in headers))
+        self.metrics.produced(len(data), sum(h.record_count for h in headers))
         if self._flusher is None:
             self._flusher = loop.create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
         self._wake.set()
@@ -191,7 +205,7 @@ class PartitionLog:
 
     async def flush_once(self) -> None:
         async with self._flush_lock:
-            out = self.core.begin_flush(time.monotonic(), self.manager.cluster.owns(self.topic, self.partition))
+            out = self.core.begin_flush(time.monotonic(), self._owns(self.topic, self.partition))
             if out is None:
                 return
             if out.upload is None:  # ownership lost: halted
@@ -203,12 +217,11 @@ class PartitionLog:
         """Make one segment durable: upload it, commit it, answer its producers."""
         body = b"".join(b.data for b in batches)
         enc = segment.encode([body], base, aborted=aborted, open_txns=open_txns)
-        mgr = self.manager
         started = time.monotonic()
         try:
-            objects = mgr.segment_objects(self.topic, self.partition, enc)
-            await mgr.store.create_many(objects)  # never replaces another writer's segment
-            state = await mgr.metadata.commit_segment(self.core.state, enc.info)
+            objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
+            await self.store.create_many(objects)  # never replaces another writer's segment
+            state = await self.metadata.commit_segment(self.core.state, enc.info)
         except asyncio.CancelledError:
             self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
             raise
@@ -220,8 +233,8 @@ class PartitionLog:
             state = latest
         out = self.core.flush_committed(state)
         try:
-            mgr.metrics_flushed(enc.info, time.monotonic() - started, len(objects))
-            mgr.reader.cache_segment(self.topic, self.partition, base, body)
+            self.metrics.flushed(enc.info, time.monotonic() - started, len(objects))
+            self.reader.cache_segment(self.topic, self.partition, base, body)
         except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
             log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
         self._apply(out)
@@ -229,7 +242,7 @@ class PartitionLog:
     async def _reread_state(self) -> PartitionState | None:
         """After an ambiguous failure, the metadata as it is now (None: unreadable)."""
         try:
-            return await self.manager.metadata.get_partition(self.topic, self.partition)
+            return await self.metadata.get_partition(self.topic, self.partition)
         except Exception:  # noqa: BLE001
             return None
 
@@ -241,7 +254,7 @@ class PartitionLog:
             self.topic, self.partition, rejection, out.rejected_batches, rejection.error_code,
             extra={"topic": self.topic, "partition": self.partition},
         )
-        self.manager.metrics_flush_failed()
+        self.metrics.flush_failed()
         self._apply(out)
 
     # -- stopping (the rules: PartitionCore.halt) ----------------------------------------
@@ -292,20 +305,20 @@ class PartitionLog:
         """Stored batches from `offset` up to the high watermark (or the whole batches below
         `upto`, the last stable offset for read_committed), at most max_bytes (the first
         batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
-        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one, upto)
+        return await read_committed(self.reader, self.state, offset, max_bytes, at_least_one, upto)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
         """Begin loading the stored segment holding `offset` if it is not cached (None: nothing to wait for)."""
-        return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
+        return self.reader.start_load(self.topic, self.partition, self.state.segments, offset)
 
     async def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record with timestamp >= `timestamp`, or (-1, -1)."""
         st = self.state
-        return await self.manager.reader.offset_for_timestamp(self.topic, self.partition, st.segments, st.log_start_offset, timestamp)
+        return await self.reader.offset_for_timestamp(self.topic, self.partition, st.segments, st.log_start_offset, timestamp)
 
     async def max_timestamp_offset(self) -> tuple[int, int]:
         """(offset, timestamp) of the record with the largest timestamp, or (-1, -1)."""
-        return await self.manager.reader.max_timestamp_offset(self.topic, self.partition, self.state.segments)
+        return await self.reader.max_timestamp_offset(self.topic, self.partition, self.state.segments)
 
     # -- changes of the segment list (retention, DeleteRecords, merges) -------------------
     # Each runs under the flush lock, so it never races an upload's commit of the state.
@@ -318,27 +331,24 @@ class PartitionLog:
             doomed = [s for s in self.state.segments if s.last_offset < new_start]
             await self._drop_segments(doomed, new_start)
 
-    async def enforce_retention(self, now_ms: int) -> int:
-        """Delete whole segments past retention.ms / retention.bytes. Returns how many."""
-        doomed = segments_past_retention(self.state.segments, self.settings, now_ms)
-        if not doomed:
-            return 0
+    async def drop_leading_segments(self, doomed: list[SegmentInfo]) -> None:
+        """Retention: delete the leading segments `doomed` (those retention.py found past
+        retention.ms / retention.bytes); the log then starts after them."""
         async with self._flush_lock:
             nxt = doomed[-1].last_offset + 1
             await self._drop_segments(doomed, max(nxt, self.state.log_start_offset))
-        return len(doomed)
 
     async def _drop_segments(self, doomed: list[SegmentInfo], new_start: int) -> None:
-        mgr = self.manager
-        self.core.state = await mgr.metadata.update_partition(
+        ns = self.config.namespace
+        self.core.state = await self.metadata.update_partition(
             self.state, log_start_offset=new_start, remove_segments=[s.base_offset for s in doomed]
         )
         keys = []
         for seg in doomed:
-            keys.append(segment.segment_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
-            keys.append(segment.index_key(mgr.namespace, self.topic, self.partition, seg.base_offset))
+            keys.append(segment.segment_key(ns, self.topic, self.partition, seg.base_offset))
+            keys.append(segment.index_key(ns, self.topic, self.partition, seg.base_offset))
         if keys:
-            await mgr.store.delete(keys)
+            await self.store.delete(keys)
             log.info("partition %s-%s: deleted %d segments, log start offset now %d", self.topic, self.partition, len(doomed), new_start)
 
     async def swap_segments(self, run: list[SegmentInfo], merged: SegmentInfo) -> bool:
@@ -348,21 +358,21 @@ class PartitionLog:
             current = {s.base_offset: s for s in self.state.segments}
             if self.closed or any(current.get(s.base_offset) != s for s in run):
                 return False
-            self.core.state = await self.manager.metadata.update_partition(
+            self.core.state = await self.metadata.update_partition(
                 self.state, remove_segments=[s.base_offset for s in run], add_segments=[merged]
             )
             return True
 
 
 async def read_committed(
-    manager: "LogManager", st: PartitionState, offset: int, max_bytes: int, at_least_one: bool, upto: int | None = None
+    reader: SegmentReader, st: PartitionState, offset: int, max_bytes: int, at_least_one: bool, upto: int | None = None
 ) -> list[memoryview]:
     """Batches of a partition's committed segments from `offset`, owned or not; with `upto`
     only the whole batches ending below it."""
     if offset < st.log_start_offset or offset > st.high_watermark:
         raise StorageError(f"offset {offset} outside [{st.log_start_offset}, {st.high_watermark}]", ErrorCode.offset_out_of_range)
     end = st.high_watermark if upto is None else min(upto, st.high_watermark)
-    chunks = await manager.reader.read(st.topic, st.partition, st.segments, offset, end, max_bytes, at_least_one)
+    chunks = await reader.read(st.topic, st.partition, st.segments, offset, end, max_bytes, at_least_one)
     return chunks if end == st.high_watermark else cut_at(chunks, end)
 
 
@@ -372,8 +382,9 @@ class FlushedPartition:
 
     MAX_AGE_S = 0.5
 
-    def __init__(self, manager: "LogManager", state: PartitionState):
-        self.manager = manager
+    def __init__(self, state: PartitionState, reader: SegmentReader, metadata: MetadataStore):
+        self.reader = reader
+        self.metadata = metadata
         self.state = state
         self.topic, self.partition = state.topic, state.partition
         self.loaded = time.monotonic()
@@ -405,18 +416,18 @@ class FlushedPartition:
         return self._aborted.any_from(self.state.segments, start)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
-        return self.manager.reader.start_load(self.topic, self.partition, self.state.segments, offset)
+        return self.reader.start_load(self.topic, self.partition, self.state.segments, offset)
 
     async def read(self, offset: int, max_bytes: int, at_least_one: bool = True, upto: int | None = None) -> list[memoryview]:
         if self.stale():
             try:
-                st = await self.manager.metadata.get_partition(self.topic, self.partition)
+                st = await self.metadata.get_partition(self.topic, self.partition)
             except STORE_FAILURES as e:
                 raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
             if st is not None:
-                self.manager.segments_seen(self.topic, self.partition, self.state.segments, st.segments)
+                self.reader.segments_changed(self.topic, self.partition, self.state.segments, st.segments)
                 self.state, self.loaded = st, time.monotonic()
-        return await read_committed(self.manager, self.state, offset, max_bytes, at_least_one, upto)
+        return await read_committed(self.reader, self.state, offset, max_bytes, at_least_one, upto)
 
     def add_data_waiter(self, fut: asyncio.Future) -> None:
         # No local appends to wait for: wake the long poll when the view goes stale.

@@ -18,6 +18,7 @@ from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.cache import SegmentCache, SegmentView
 from kafscale.storage.failures import StorageError
+from kafscale.storage.metrics import StorageMetrics
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 
 log = logging.getLogger("kafscale.storage")
@@ -34,11 +35,11 @@ def _base_offset(seg: segment.SegmentInfo) -> int:
 class SegmentReader:
     """Reads stored batches of any partition, through the segment cache."""
 
-    def __init__(self, store: ObjectStore, namespace: str, cache_bytes: int, stats: dict):
+    def __init__(self, store: ObjectStore, namespace: str, cache_bytes: int, metrics: StorageMetrics):
         self.store = store
         self.namespace = namespace
         self.cache = SegmentCache(cache_bytes)
-        self.stats = stats  # the LogManager's: "gets" and "read_aheads" are counted here
+        self.metrics = metrics  # object reads and read-aheads are counted there
         self._segment_loads: dict[tuple, asyncio.Future] = {}
 
     async def read(
@@ -127,7 +128,7 @@ class SegmentReader:
         if seg.size > WHOLE_SEGMENT_READ_BYTES or self.cache.contains(key) or key in self._segment_loads:
             return
         self._whole_segment_load(topic, partition, seg)  # a failed read-ahead is harmless
-        self.stats["read_aheads"] = self.stats.get("read_aheads", 0) + 1
+        self.metrics.read_ahead()
 
     async def segment_view(self, topic: str, partition: int, seg: segment.SegmentInfo, offset: int | None = None, max_bytes: int | None = None) -> SegmentView:
         """The batches of `seg` from the cache, or loaded; a segment read by ranges gives the
@@ -153,7 +154,7 @@ class SegmentReader:
         key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
         try:
             data = await self.store.get(key)
-            self.stats["gets"] += 1
+            self.metrics.read_objects()
         except ObjectNotFound as e:
             raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
         except ObjectStoreError as e:
@@ -210,7 +211,7 @@ class SegmentReader:
             if first.size > len(data):  # one batch bigger than the range: read it whole
                 data = await self.store.get(skey, start, min(end_limit, start + first.size))
                 end = start + len(data)
-            self.stats["gets"] += 2
+            self.metrics.read_objects(2)
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
         for pos, h in records.iter_batches(data):
@@ -276,6 +277,16 @@ class SegmentReader:
         for base in old_bases:
             self.cache.drop((topic, partition, base))
         self.cache.put((topic, partition, base_offset), self._written_view(base_offset, body, last_offset))
+
+    def segments_changed(self, topic: str, partition: int, old: list[segment.SegmentInfo], new: list[segment.SegmentInfo]) -> None:
+        """A partition owned elsewhere has a new segment list: forget the cached views of
+        segments the owner merged or compacted since (a view cached for a run's first
+        segment must not stand for the merged one under its key: it would lack the run's
+        other batches, and the reader would pass over their offsets as a gap)."""
+        before = {s.base_offset: s for s in old}
+        for seg in new:
+            if before.get(seg.base_offset, seg) != seg:
+                self.cache.drop((topic, partition, seg.base_offset))
 
     def drop(self, topic: str, partition: int | None = None) -> None:
         """Forget the cached segments of a topic, or of one of its partitions."""

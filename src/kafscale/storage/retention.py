@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Awaitable, Callable, Iterable
 
 from kafscale.metadata.segments import SegmentInfo
 from kafscale.metadata.topic_config import LogSettings
-
-if TYPE_CHECKING:
-    from kafscale.storage.logs import LogManager
+from kafscale.storage.partition_log import PartitionLog
 
 log = logging.getLogger("kafscale.storage")
 
@@ -48,12 +46,16 @@ def segments_past_retention(segments: list[SegmentInfo], settings: LogSettings, 
 
 
 class Retention:
-    """Every interval: load the partitions this broker owns but has not loaded yet, expire
-    idle producer ids, and delete each owned log's segments past retention."""
+    """Every interval: load the partitions this broker owns but has not loaded yet
+    (`load_owned`), expire idle producer ids, and delete each owned log's segments past
+    retention (the logs `owned_logs()` gives)."""
 
-    def __init__(self, manager: "LogManager", interval_s: float):
-        self.manager = manager
+    def __init__(self, owned_logs: Callable[[], Iterable[PartitionLog]], load_owned: Callable[[], Awaitable[None]],
+                 interval_s: float, producer_id_expiration_ms: int):
+        self.owned_logs = owned_logs
+        self.load_owned = load_owned
         self.interval_s = interval_s
+        self.producer_id_expiration_ms = producer_id_expiration_ms
 
     async def run_forever(self) -> None:
         interval = self.interval_s
@@ -62,22 +64,21 @@ class Retention:
             await self.run_once()
 
     async def run_once(self) -> int:
-        mgr = self.manager
         now_ms = int(time.time() * 1000)
         deleted = 0
         try:
-            for meta in await mgr.metadata.list_topics():
-                for p in range(meta.partitions):
-                    if (meta.name, p) not in mgr.logs and mgr.cluster.owns(meta.name, p):
-                        await mgr.get_log(meta.name, p)
+            await self.load_owned()
         except Exception as e:  # noqa: BLE001 - stores unavailable: retry next round
             log.warning("retention: cannot load partitions: %s", e)
-        for lg in list(mgr.logs.values()):
+        for lg in list(self.owned_logs()):
             if lg.closed:
                 continue
-            lg.producers.expire(now_ms, mgr.config.producer_id_expiration_ms)
+            lg.producers.expire(now_ms, self.producer_id_expiration_ms)
             try:
-                deleted += await lg.enforce_retention(now_ms)
+                doomed = segments_past_retention(lg.state.segments, lg.settings, now_ms)
+                if doomed:
+                    await lg.drop_leading_segments(doomed)
+                    deleted += len(doomed)
             except Exception as e:  # noqa: BLE001 - retry next round
                 log.warning("retention of %s-%s failed: %s", lg.topic, lg.partition, e, extra={"topic": lg.topic, "partition": lg.partition})
         return deleted

@@ -134,6 +134,16 @@ def encode(
     return EncodedSegment(info, [header, *batches, footer], index)
 
 
+def segment_objects(namespace: str, topic: str, partition: int, enc: EncodedSegment, index_min_bytes: int) -> list[tuple[str, list]]:
+    """The objects to upload for one sealed segment: the .kfs, plus its .index when it is
+    big enough to be read by ranges (from `index_min_bytes` on; smaller segments are always
+    read whole, so an index would be one more PUT per flush that no reader needs)."""
+    objects = [(segment_key(namespace, topic, partition, enc.info.base_offset), enc.parts)]
+    if enc.info.size >= index_min_bytes:
+        objects.append((index_key(namespace, topic, partition, enc.info.base_offset), [enc.index]))
+    return objects
+
+
 @dataclass(frozen=True, slots=True)
 class DecodedSegment:
     info: SegmentInfo
