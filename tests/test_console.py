@@ -15,7 +15,7 @@ from tests.support.wait import wait_until
 
 pytest.importorskip("selenium")
 
-PAGES = ["/", "/topics", f"/topics/{TOPIC}", "/groups", f"/groups/{GROUP}", "/acls", "/users", "/login"]
+PAGES = ["/", "/topics", f"/topics/{TOPIC}", "/groups", f"/groups/{GROUP}", "/acls", "/users", "/quotas", "/transactions", "/login"]
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +159,46 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     admin(cluster.bootstrap).alter_consumer_group_offsets([ConsumerGroupTopicPartitions(GROUP, [TopicPartition(TOPIC, 0, 37)])])[GROUP].result(10)
 
 
+def _set_quota(bootstrap: str, user: str, key: str, value: float) -> None:
+    # Neither client library has an AlterClientQuotas call; kafka-python has the request.
+    from kafka.admin import KafkaAdminClient
+    from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest as Alter
+
+    kp = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        e = Alter.EntryData
+        req = Alter(entries=[e(entity=[e.EntityData(entity_type="user", entity_name=user)], ops=[e.OpData(key=key, value=value, remove=False)])],
+                    validate_only=False)
+
+        async def send():
+            return await kp._manager.send(req)
+
+        assert [x.error_code for x in kp._manager.run(send).entries] == [0]
+    finally:
+        kp.close()
+
+
+def test_transactions_and_quotas_pages(console, cluster, browser):
+    from confluent_kafka import Producer
+    from selenium.webdriver.common.by import By
+
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": "console-open-txn", "log_level": 0})
+    p.init_transactions(10)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"in a transaction", partition=2)
+    assert p.flush(10) == 0
+    try:
+        _open(browser, f"{console.url}/transactions")
+        row = browser.find_element(By.CSS_SELECTOR, '#transactions tr[data-id="console-open-txn"]')
+        assert row.find_element(By.CSS_SELECTOR, ".state").text == "Ongoing"
+        assert row.find_element(By.CSS_SELECTOR, ".partitions").text == f"{TOPIC}-2"
+    finally:
+        p.abort_transaction(10)
+    _set_quota(cluster.bootstrap, "quota-user", "producer_byte_rate", 2048.0)
+    _open(browser, f"{console.url}/quotas")
+    assert "user=quota-user producer_byte_rate=2048.0" in browser.find_element(By.ID, "quotas").text
+
+
 def test_a_post_without_the_csrf_token_is_refused(console, cluster):
     s = requests.Session()
     s.get(console.url + "/topics", timeout=10)
@@ -175,10 +215,19 @@ def test_a_post_without_the_csrf_token_is_refused(console, cluster):
     wait_until(lambda: name in admin(cluster.bootstrap).list_topics(timeout=10).topics, 10, "the topic made with the token")
 
 
+def _ends(bootstrap: str) -> dict[int, int]:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    futures = admin(bootstrap).list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(3)})
+    return {tp.partition: f.result(10).offset for tp, f in futures.items()}
+
+
 def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
     from selenium.webdriver.common.by import By
 
     c = ConsoleProcess(cluster.bootstrap, ["--read-only", "--metrics-port-offset", "-1"]).start()
+    ends_before = _ends(cluster.bootstrap)
     try:
         _open(browser, f"{c.url}/topics/{TOPIC}")
         assert browser.find_element(By.ID, "read-only").text == "read-only"
@@ -196,11 +245,7 @@ def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
         assert [r.status_code for r in refused] == [403, 403, 403]
         assert name not in admin(cluster.bootstrap).list_topics(timeout=10).topics
         assert committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37
-        from confluent_kafka.admin import OffsetSpec
-        from confluent_kafka import TopicPartition
-
-        ends = admin(cluster.bootstrap).list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(3)})
-        assert sum(f.result(10).offset for f in ends.values()) == 300
+        assert _ends(cluster.bootstrap) == ends_before  # nothing produced
     finally:
         _leave(browser)
         c.stop()

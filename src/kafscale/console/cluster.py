@@ -20,6 +20,7 @@ from kafscale.client import CliError, await_result, client_conf, list_offsets, p
 
 MAX_RECORDS = 200  # per page of the message browser
 FILTER_SCAN = 2000  # records a key/value filter may look through for one page
+MAX_LIST_ROWS = 1000  # transactions and quotas shown on one page
 METADATA_TTL_S = 10.0  # pages shown within this reuse one Metadata answer (the sampler refreshes it every interval)
 
 
@@ -56,6 +57,7 @@ class Cluster:
         self.args = SimpleNamespace(bootstrap=bootstrap, timeout=timeout, verbose=False, command_config=None,
                                     client_setting=[f"{k}={v}" for k, v in (settings or {}).items()])
         self._admin = None
+        self._kp_admin = None
         self._producer = None
         self._consumer = None
         self._consumer_lock = threading.Lock()
@@ -80,7 +82,68 @@ class Cluster:
         except CliError as e:
             raise ClusterError(str(e)) from None
 
+    # Client quotas and transactions: confluent-kafka's AdminClient has no API for them,
+    # kafka-python's has (with the same connection settings, translated).
+    KAFKA_PYTHON_SETTINGS = {"security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism", "sasl.mechanisms": "sasl_mechanism",
+                             "sasl.username": "sasl_plain_username", "sasl.password": "sasl_plain_password", "ssl.ca.location": "ssl_cafile",
+                             "ssl.certificate.location": "ssl_certfile", "ssl.key.location": "ssl_keyfile", "ssl.key.password": "ssl_password"}
+
+    def _kafka_python(self):
+        if self._kp_admin is None:
+            from kafka.admin import KafkaAdminClient
+
+            conf = self.conf()
+            kwargs = {self.KAFKA_PYTHON_SETTINGS[k]: v for k, v in conf.items() if k in self.KAFKA_PYTHON_SETTINGS}
+            if "security_protocol" in kwargs:
+                kwargs["security_protocol"] = kwargs["security_protocol"].upper()
+            try:
+                self._kp_admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="kafscale-console",
+                                                  request_timeout_ms=int(self.timeout * 1000), **kwargs)
+            except Exception as e:  # noqa: BLE001 - NoBrokersAvailable and the like
+                raise _err(e, "connecting (kafka-python)") from None
+        return self._kp_admin
+
+    def transactions(self) -> list[dict]:
+        """Open and recent transactions on every broker, described by their coordinators."""
+        admin = self._kafka_python()
+        try:
+            listed = [t for per_broker in admin.list_transactions().values() for t in per_broker]
+            described = admin.describe_transactions([t.transactional_id for t in listed]) if listed else {}
+        except Exception as e:  # noqa: BLE001 - a broker's error code, as kafka-python raises it
+            raise _err(e, "listing transactions") from None
+        rows = []
+        for t in sorted(listed, key=lambda t: t.transactional_id)[:MAX_LIST_ROWS]:
+            d = described.get(t.transactional_id)
+            rows.append({"id": t.transactional_id, "producer_id": t.producer_id, "state": getattr(t.state, "value", str(t.state)),
+                         "epoch": getattr(d, "producer_epoch", None), "timeout_ms": getattr(d, "transaction_timeout_ms", None),
+                         "started": getattr(d, "transaction_start_time_ms", None), "coordinator": getattr(d, "coordinator_id", None),
+                         "partitions": sorted(f"{tp.topic}-{tp.partition}" for tp in (getattr(d, "topic_partitions", None) or ()))})
+        return rows
+
+    def quotas(self) -> list[dict]:
+        """Every client quota (DescribeClientQuotas matching all entities)."""
+        from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest
+
+        admin = self._kafka_python()
+
+        async def describe():
+            return await admin._manager.send(DescribeClientQuotasRequest(components=[], strict=False))
+
+        try:
+            res = admin._manager.run(describe)
+        except Exception as e:  # noqa: BLE001
+            raise _err(e, "describing client quotas") from None
+        if res.error_code:
+            raise ClusterError(f"describing client quotas: error {res.error_code} {res.error_message or ''}")
+        rows = []
+        for entry in res.entries[:MAX_LIST_ROWS]:
+            entity = ", ".join(f"{e.entity_type}={e.entity_name if e.entity_name is not None else '<default>'}" for e in entry.entity)
+            rows.append({"entity": entity, "values": {v.key: v.value for v in entry.values}})
+        return sorted(rows, key=lambda r: r["entity"])
+
     def close(self) -> None:
+        if self._kp_admin is not None:
+            self._kp_admin.close()
         if self._consumer is not None:
             self._consumer.close()
         if self._producer is not None:

@@ -477,6 +477,14 @@ async def user_change(request: web.Request):
     raise back("/users", f"{mech} credentials of {user} set")
 
 
+async def transactions(request: web.Request):
+    return render(request, "transactions.html", txns=await run(request, request.app[CLUSTER].transactions))
+
+
+async def quotas(request: web.Request):
+    return render(request, "quotas.html", quotas=await run(request, request.app[CLUSTER].quotas))
+
+
 # -- the application -----------------------------------------------------------------------
 
 
@@ -543,6 +551,8 @@ def make_app(cluster: Cluster, metrics: MetricsReader, logins: dict[str, str] | 
     r.add_get("/users", users)
     r.add_post("/users", user_change)
     r.add_post("/users/delete", user_change)
+    r.add_get("/quotas", quotas)
+    r.add_get("/transactions", transactions)
     r.add_static("/static/", HERE / "static")
     app.on_startup.append(_start_sampler)
     app.on_cleanup.append(_stop)
