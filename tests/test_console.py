@@ -70,6 +70,8 @@ def test_topic_page_shows_the_partitions_and_the_latest_records(console, browser
     _open(browser, f"{console.url}/topics/{TOPIC}")
     parts = {int(r.get_attribute("data-partition")): r.find_element(By.CSS_SELECTOR, ".end").text for r in _rows(browser, "partitions")}
     assert parts == {0: "100", 1: "100", 2: "100"}
+    sizes = [r.find_element(By.CSS_SELECTOR, ".size").text for r in _rows(browser, "partitions")]
+    assert all(s.endswith("KiB") and float(s.split()[0]) > 0 for s in sizes), sizes  # DescribeLogDirs: the segments in the store
     records = browser.find_elements(By.CSS_SELECTOR, "#records tr.record")
     assert len(records) == 50  # the default page, newest first
     newest = {(int(r.get_attribute("data-partition")), int(r.get_attribute("data-offset"))) for r in records[:3]}
@@ -105,6 +107,36 @@ def test_message_browser_from_an_offset_with_a_filter(console, browser):
     _open(browser, f"{console.url}/topics/{TOPIC}?start=earliest&filter=k150&limit=10")
     keys = [r.find_elements(By.TAG_NAME, "td")[3].text for r in browser.find_elements(By.CSS_SELECTOR, "#records tr.record")]
     assert keys == ["k150"]
+
+
+def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser):
+    from confluent_kafka.admin import ConfigResource, ResourceType
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    _open(browser, f"{console.url}/topics/{TOPIC}")
+    form = browser.find_element(By.ID, "browse")
+    Select(form.find_element(By.NAME, "partition")).select_by_visible_text("2")
+    Select(form.find_element(By.NAME, "start")).select_by_visible_text("earliest")
+    limit = form.find_element(By.NAME, "limit")
+    limit.clear()
+    limit.send_keys("3")
+    old_table = browser.find_element(By.ID, "records")
+    browser.find_element(By.ID, "browse-button").click()
+    # htmx swaps the table in place: the page (and its URL) stay.
+    WebDriverWait(browser, 15).until(lambda d: [(r.get_attribute("data-partition"), r.get_attribute("data-offset"))
+                                                for r in d.find_elements(By.CSS_SELECTOR, "#records tr.record")] == [("2", "0"), ("2", "1"), ("2", "2")])
+    assert browser.current_url == f"{console.url}/topics/{TOPIC}"
+    assert old_table.id != browser.find_element(By.ID, "records").id
+    assert _js_errors(browser) == []
+
+    config = browser.find_element(By.ID, "set-config")
+    Select(config.find_element(By.NAME, "key")).select_by_visible_text("retention.ms")
+    config.find_element(By.NAME, "value").send_keys("3600000")
+    config.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 15).until(lambda d: "retention.ms set" in d.find_element(By.ID, "flash").text)
+    res = ConfigResource(ResourceType.TOPIC, TOPIC)
+    assert admin(cluster.bootstrap).describe_configs([res])[res].result(10)["retention.ms"].value == "3600000"
 
 
 def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, cluster, browser):

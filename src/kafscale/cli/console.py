@@ -62,6 +62,8 @@ def console(args) -> int:
     if args.add_user:
         return _add_user(args)
     logging_setup.setup(args.log_level, "text")
+    if args.log_level != "debug":
+        logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python (quotas, transactions): a line per connection
     host, port = hostport(args.listen)
     users = None
     if args.auth:

@@ -65,9 +65,20 @@ def show_bytes(b: bytes | None, fmt: str = "auto") -> str:
     return text
 
 
+def _size(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["ts"] = _ts
+    env.filters["size"] = _size
     env.filters["show"] = show_bytes
     env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters["num"] = lambda v: "-" if v is None else f"{v:,}"
