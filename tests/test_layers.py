@@ -3,9 +3,11 @@
 and top-level modules such as errors.py) has no cycle, and a few rules hold.
 
 Imports are read with `ast`, not by importing, so a lazy import inside a function counts
-as much as one at module level. Imports under `if TYPE_CHECKING:` are left out: they
-never run, and a type annotation naming a higher layer does not make the lower layer
-depend on it at run time.
+as much as one at module level. Between packages, imports under `if TYPE_CHECKING:` are
+left out: they never run, and a type annotation naming a higher layer does not make the
+lower layer depend on it at run time. Between files (modules), every import counts, those
+under TYPE_CHECKING too: no two files may need each other, even only to name a type
+(`test_no_import_cycle_between_files`).
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ def _is_type_checking_guard(node: ast.If) -> bool:
     )
 
 
-def _imported_modules(path: Path) -> list[tuple[str, int]]:
-    """(absolute module name, line) of every run-time import in the file."""
+def _imported_modules(path: Path, for_files: bool = False) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every run-time import in the file. `for_files`: of
+    those under `if TYPE_CHECKING:` too, and `from package import name` as `package.name`
+    (a module's own package, imported before it anyway, is no dependency of its own)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = _module_name(path)
     if path.name != "__init__.py":
@@ -48,7 +52,7 @@ def _imported_modules(path: Path) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking_guard(node):
+        if isinstance(node, ast.If) and _is_type_checking_guard(node) and not for_files:
             for child in node.orelse:  # the `else:` branch does run
                 visit(child)
             return
@@ -61,10 +65,13 @@ def _imported_modules(path: Path) -> list[tuple[str, int]]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            found.append((module, node.lineno))
-            # `from kafscale import storage` imports a package by its alias name.
-            if module == "kafscale":
-                found.extend((f"kafscale.{alias.name}", node.lineno) for alias in node.names)
+            if for_files:  # each name as `module.name`: file_graph keeps what is a module of it
+                found.extend((f"{module}.{alias.name}", node.lineno) for alias in node.names)
+            else:
+                found.append((module, node.lineno))
+                # `from kafscale import storage` imports a package by its alias name.
+                if module == "kafscale":
+                    found.extend((f"kafscale.{alias.name}", node.lineno) for alias in node.names)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -116,6 +123,74 @@ def find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str] | None:
             if cycle:
                 return cycle
     return None
+
+
+def file_graph() -> dict[str, dict[str, list[str]]]:
+    """module -> {module of src/ it imports: ["file:line", ...]}, counting every import:
+    at module level, inside functions and under TYPE_CHECKING."""
+    modules = {_module_name(path): path for path in sorted(PACKAGE_ROOT.rglob("*.py"))}
+    graph: dict[str, dict[str, list[str]]] = {}
+    for name, path in modules.items():
+        graph[name] = {}
+        for module, line in _imported_modules(path, for_files=True):
+            while module and module not in modules:  # `from x import name`: x when name is no module
+                module = module.rpartition(".")[0]
+            if module and module != name:
+                where = f"{path.relative_to(PACKAGE_ROOT.parent)}:{line}"
+                locations = graph[name].setdefault(module, [])
+                if where not in locations:
+                    locations.append(where)
+    return graph
+
+
+# Import circles between files that are still to be broken, as the import that closes each
+# (importer, imported) and who is breaking it. Every entry must still exist: remove it
+# with the import (test_allowed_file_cycles_are_still_there).
+ALLOWED_FILE_EDGES = {
+    # storage-shape (#26): ops reads the broker through a read-model interface ops defines
+    ("kafscale.ops.http", "kafscale.broker.app"): "ops read model (#26)",
+    ("kafscale.ops.metrics", "kafscale.broker.app"): "ops read model (#26)",
+}
+
+
+def _without(graph: dict[str, dict[str, list[str]]], edges) -> dict[str, dict[str, list[str]]]:
+    return {a: {b: w for b, w in targets.items() if (a, b) not in edges} for a, targets in graph.items()}
+
+
+def test_no_import_cycle_between_files():
+    graph = _without(file_graph(), ALLOWED_FILE_EDGES)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between files: " + " -> ".join(cycle) + "".join(
+        f"\n  {a} -> {b}: {', '.join(graph[a][b])}" for a, b in zip(cycle, cycle[1:])
+    )
+
+
+def test_allowed_file_cycles_are_still_there():
+    graph = file_graph()
+    gone = [edge for edge in ALLOWED_FILE_EDGES if edge[1] not in graph.get(edge[0], {})]
+    assert gone == [], f"no longer imported, remove from ALLOWED_FILE_EDGES: {gone}"
+
+
+def test_file_graph_counts_function_level_and_type_checking_imports():
+    graph = file_graph()
+    # under TYPE_CHECKING (broker/router.py names the broker's parts for BrokerServices)
+    assert "kafscale.storage.logs" in graph["kafscale.broker.router"]
+    # inside a function (registry/types.py loads the Avro module when first asked)
+    assert "kafscale.registry.avro_schema" in graph["kafscale.registry.types"]
+    # `from kafscale.broker import authz_checks, memory`: the modules, not the package
+    assert {"kafscale.broker.authz_checks", "kafscale.broker.memory"} <= set(graph["kafscale.broker.server"])
+
+
+def test_file_cycle_check_sees_a_circle(tmp_path, monkeypatch):
+    fake_root = tmp_path / "kafscale"
+    (fake_root / "storage").mkdir(parents=True)
+    (fake_root / "storage" / "logs.py").write_text("from kafscale.storage import merger\n")
+    (fake_root / "storage" / "merger.py").write_text("if TYPE_CHECKING:\n    from kafscale.storage.logs import LogManager\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["x"]), "PACKAGE_ROOT", fake_root)
+    assert find_cycle(file_graph()) in (
+        ["kafscale.storage.logs", "kafscale.storage.merger", "kafscale.storage.logs"],
+        ["kafscale.storage.merger", "kafscale.storage.logs", "kafscale.storage.merger"],
+    )
 
 
 def _edges_to(graph, source: str, forbidden: set[str]) -> dict[str, list[str]]:

@@ -8,20 +8,50 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 from kafscale.protocol import legacy
 from kafscale.protocol.codec import RequestHeader, kio_versions
 
 if TYPE_CHECKING:
-    from kafscale.broker.app import Broker
+    from kafscale.broker.auth import Authenticator
+    from kafscale.broker.authz import BrokerAuthorizer
+    from kafscale.broker.config import BrokerConfig
+    from kafscale.broker.quota_manager import QuotaManager
+    from kafscale.cluster.membership import Cluster
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata.producer_ids import ProducerIdAllocator
+    from kafscale.metadata.store import MetadataStore
+    from kafscale.storage.logs import LogManager
+    from kafscale.storage.objectstore import ObjectStore
+    from kafscale.transactions.coordinator import TransactionCoordinator
+
+
+class BrokerServices(Protocol):
+    """What handlers, the request path and the broker's helpers reach through `ctx.broker`:
+    the `Broker` (app.py) has these. Named here, below app.py, so that nothing the broker
+    is built from imports it back, not even for type checking."""
+
+    config: "BrokerConfig"
+    metadata: "MetadataStore"
+    store: "ObjectStore"
+    logs: "LogManager"
+    cluster: "Cluster"
+    producer_ids: "ProducerIdAllocator"
+    router: "Router"
+    groups: "GroupCoordinator"
+    transactions: "TransactionCoordinator | None"
+    auth: "Authenticator"
+    authorizer: "BrokerAuthorizer"
+    quotas: "QuotaManager"
+    schema_validator: Any  # registry/validation.py ProduceValidator (the registry is built over the broker)
 
 
 @dataclass(slots=True)
 class RequestContext:
     """What a handler knows about the request besides its body."""
 
-    broker: "Broker"
+    broker: BrokerServices
     header: RequestHeader
     peer: str = ""
     # Kafka handles a connection's requests in order. Ours run concurrently, so a handler

@@ -29,7 +29,7 @@ from kafscale.security.sasl import IllegalSaslState
 from kafscale.security.tls import ReloadingContext
 
 if TYPE_CHECKING:
-    from kafscale.broker.app import Broker
+    from kafscale.broker.router import BrokerServices
     from kafscale.broker.config import BrokerConfig
     from kafscale.security.listeners import Listener
 
@@ -420,7 +420,7 @@ class TlsAcceptor(asyncio.BufferedProtocol):
 
 
 class KafkaServer:
-    def __init__(self, broker: "Broker", config: "BrokerConfig"):
+    def __init__(self, broker: "BrokerServices", config: "BrokerConfig"):
         self.broker = broker
         self.config = config
         self.connections: set[KafkaConnection] = set()

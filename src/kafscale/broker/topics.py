@@ -15,7 +15,7 @@ from kafscale.storage import topic_marker
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
 if TYPE_CHECKING:
-    from kafscale.broker.app import Broker
+    from kafscale.broker.router import BrokerServices
 
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249
@@ -47,7 +47,7 @@ def check_name(name: str | None) -> None:
         raise TopicError(ErrorCode.invalid_topic_exception, f"topic name {name!r} has characters other than ASCII alphanumerics, '.', '_' and '-'")
 
 
-async def create(broker: "Broker", name: str, partitions: int, configs: dict[str, str], *, replication_factor: int = -1, validate_only: bool = False) -> TopicMeta:
+async def create(broker: "BrokerServices", name: str, partitions: int, configs: dict[str, str], *, replication_factor: int = -1, validate_only: bool = False) -> TopicMeta:
     check_name(name)
     if partitions == -1:
         partitions = broker.config.default_partitions
@@ -77,7 +77,7 @@ async def create(broker: "Broker", name: str, partitions: int, configs: dict[str
     return meta
 
 
-async def _clear_prefix(broker: "Broker", name: str, dry_run: bool) -> None:
+async def _clear_prefix(broker: "BrokerServices", name: str, dry_run: bool) -> None:
     """No new topic adopts objects of an earlier topic of its name (Kafka's topic ids exist
     for this): an interrupted deletion's leftovers go, anything else refuses the create.
     TopicExistsError when the objects are those of the topic another broker just created
@@ -91,7 +91,7 @@ async def _clear_prefix(broker: "Broker", name: str, dry_run: bool) -> None:
         raise TopicError(ErrorCode.policy_violation, str(e)) from None
 
 
-async def _mark_created(broker: "Broker", meta: TopicMeta) -> None:
+async def _mark_created(broker: "BrokerServices", meta: TopicMeta) -> None:
     """The new topic's marker, before the create is answered. Without it the create is
     undone (as far as the store lets) and answered as a store failure: the client retries."""
     try:
@@ -105,7 +105,7 @@ async def _mark_created(broker: "Broker", meta: TopicMeta) -> None:
         raise _unavailable(e) from None
 
 
-async def _mark_changed(broker: "Broker", meta: TopicMeta) -> None:
+async def _mark_changed(broker: "BrokerServices", meta: TopicMeta) -> None:
     """The marker follows a change of partitions or configs; the change stands if this
     fails (the marker is a copy; brokers bring stale ones up to date at start)."""
     try:
@@ -114,7 +114,7 @@ async def _mark_changed(broker: "Broker", meta: TopicMeta) -> None:
         log.warning("topic %s changed, but rewriting its marker failed: %s", meta.name, e)
 
 
-async def sync_markers(broker: "Broker") -> None:
+async def sync_markers(broker: "BrokerServices") -> None:
     """At broker start: markers for topics created before markers existed (or whose marker
     write failed), stale ones rewritten. A store that is down only delays it to the next start."""
     try:
@@ -128,7 +128,7 @@ async def sync_markers(broker: "Broker") -> None:
         log.info("topic markers: %d written, %d brought up to date", counts["written"], counts["updated"])
 
 
-async def ensure_internal_topics(broker: "Broker") -> TopicMeta | None:
+async def ensure_internal_topics(broker: "BrokerServices") -> TopicMeta | None:
     """Create `__consumer_offsets` if it does not exist yet, with Kafka's configs for it
     (--offsets-topic-num-partitions, compacted, --offsets-topic-segment-bytes). Brokers
     starting together race on one guarded create: one wins, the others find it. A store
@@ -164,7 +164,7 @@ def check_not_internal(name: str, what: str) -> None:
         raise TopicError(ErrorCode.invalid_topic_exception, f"Cannot {what} internal topic {name}")
 
 
-async def delete(broker: "Broker", name: str) -> TopicMeta:
+async def delete(broker: "BrokerServices", name: str) -> TopicMeta:
     check_not_internal(name, "delete")
     try:
         meta = await broker.metadata.get_topic(name)
@@ -193,14 +193,14 @@ async def delete(broker: "Broker", name: str) -> TopicMeta:
     return meta
 
 
-async def add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
+async def add_partitions(broker: "BrokerServices", name: str, count: int, validate_only: bool) -> TopicMeta:
     try:
         return await _add_partitions(broker, name, count, validate_only)
     except _STORE_DOWN as e:
         raise _unavailable(e) from None
 
 
-async def _add_partitions(broker: "Broker", name: str, count: int, validate_only: bool) -> TopicMeta:
+async def _add_partitions(broker: "BrokerServices", name: str, count: int, validate_only: bool) -> TopicMeta:
     check_not_internal(name, "add partitions to")
     meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
@@ -217,7 +217,7 @@ async def _add_partitions(broker: "Broker", name: str, count: int, validate_only
     return meta
 
 
-async def alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
+async def alter_configs(broker: "BrokerServices", name: str, change, validate_only: bool) -> TopicMeta:
     """`change(old_configs) -> new_configs`; validated before anything is stored."""
     try:
         return await _alter_configs(broker, name, change, validate_only)
@@ -225,7 +225,7 @@ async def alter_configs(broker: "Broker", name: str, change, validate_only: bool
         raise _unavailable(e) from None
 
 
-async def _alter_configs(broker: "Broker", name: str, change, validate_only: bool) -> TopicMeta:
+async def _alter_configs(broker: "BrokerServices", name: str, change, validate_only: bool) -> TopicMeta:
     meta = await broker.logs.topics.get(name, refresh=True)
     if meta is None:
         raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
@@ -247,7 +247,7 @@ class TopicIdResolver:
     from the log manager's id table (LogManager.topic_name), and topics by name or id from
     the metadata store, each read once per request."""
 
-    def __init__(self, broker: "Broker"):
+    def __init__(self, broker: "BrokerServices"):
         self.broker = broker
         self._by_name: dict[str, TopicMeta | None] = {}
 

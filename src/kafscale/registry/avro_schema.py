@@ -16,7 +16,7 @@ import avro.name
 import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
-from kafscale.registry.types import InvalidSchema, ParsedSchema
+from kafscale.registry.parsed import InvalidSchema, ParsedSchema
 
 SCHEMA_TYPE = "AVRO"
 

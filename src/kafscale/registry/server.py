@@ -17,7 +17,7 @@ from kafscale.registry.service import RegistryService
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from kafscale.broker.app import Broker
+    from kafscale.broker.router import BrokerServices
 
 log = logging.getLogger("kafscale.registry")
 
@@ -37,7 +37,7 @@ class RegistryHandle:
         await self.runner.cleanup()
 
 
-async def start_registry(broker: "Broker", service: RegistryService) -> RegistryHandle:
+async def start_registry(broker: "BrokerServices", service: RegistryService) -> RegistryHandle:
     """Serve `service` (the broker's registry state) on --schema-registry."""
     from aiohttp import web
 

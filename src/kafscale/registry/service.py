@@ -34,7 +34,7 @@ from kafscale.storage.failures import STORE_FAILURES, StorageError
 from kafscale.storage.partition_log import read_committed
 
 if TYPE_CHECKING:
-    from kafscale.broker.app import Broker
+    from kafscale.broker.router import BrokerServices
 
 log = logging.getLogger("kafscale.registry")
 
@@ -56,7 +56,7 @@ def store_error(e: BaseException) -> RegistryError:
 
 
 class RegistryService:
-    def __init__(self, broker: "Broker", create_topic: Callable[[], Awaitable[object]]):
+    def __init__(self, broker: "BrokerServices", create_topic: Callable[[], Awaitable[object]]):
         self.broker = broker
         self._create_topic = create_topic  # the broker's topic creation, with `_schemas`' configs
         self._topic_known = False

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, replace
 
 from kafscale.registry import codec, types
-from kafscale.registry.types import InvalidSchema, ParsedSchema
+from kafscale.registry.parsed import InvalidSchema, ParsedSchema
 
 COMPATIBILITY_LEVELS = (
     "NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE",

@@ -5,19 +5,7 @@ and Protobuf are left out until they can be done well (docs/schema-registry.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-
-class InvalidSchema(ValueError):
-    """The schema text does not parse (Confluent's 42201)."""
-
-
-@dataclass(frozen=True)
-class ParsedSchema:
-    schema_type: str
-    text: str  # the stored form (compact JSON for Avro)
-    parsed: Any = field(compare=False)  # the library's object
+from kafscale.registry.parsed import InvalidSchema, ParsedSchema
 
 
 def _modules() -> dict:
