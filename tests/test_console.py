@@ -339,3 +339,41 @@ def test_a_broker_that_dies_shows_down_and_recovers(broker_factory, browser):
     finally:
         _leave(browser)
         c.stop()
+
+
+def test_users_topic_and_group_deleted_through_the_pages(console, cluster, browser):
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    _open(browser, f"{console.url}/users")
+    browser.find_element(By.CSS_SELECTOR, "#create-user summary").click()
+    form = browser.find_element(By.CSS_SELECTOR, "#create-user form")
+    form.find_element(By.NAME, "user").send_keys("carol")
+    Select(form.find_element(By.NAME, "mechanism")).select_by_visible_text("SCRAM-SHA-256")
+    form.find_element(By.NAME, "password").send_keys("carol-secret")
+    form.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 15).until(lambda d: "credentials of carol set" in d.find_element(By.ID, "flash").text)
+    described = admin(cluster.bootstrap).describe_user_scram_credentials(["carol"])["carol"].result(10)
+    assert [c.mechanism.name for c in described.scram_credential_infos] == ["SCRAM_SHA_256"]
+    browser.find_element(By.XPATH, "//table[@id='users']//button[contains(., 'delete SCRAM-SHA-256')]").click()
+    WebDriverWait(browser, 15).until(lambda d: "deleted" in d.find_element(By.ID, "flash").text)
+    assert "carol" not in admin(cluster.bootstrap).describe_user_scram_credentials().result(10)
+
+    doomed = f"doomed-{free_port()}"
+    admin(cluster.bootstrap).create_topics([NewTopic(doomed, 1, 1)])[doomed].result(15)
+    admin(cluster.bootstrap).alter_consumer_group_offsets([ConsumerGroupTopicPartitions(doomed, [TopicPartition(TOPIC, 1, 5)])])[doomed].result(15)
+    _open(browser, f"{console.url}/groups/{doomed}")
+    browser.find_element(By.CSS_SELECTOR, "#delete-group summary").click()
+    browser.find_element(By.CSS_SELECTOR, "#delete-group button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith("/groups"))
+    assert doomed not in [g.group_id for g in admin(cluster.bootstrap).list_consumer_groups().result(10).valid]
+
+    _open(browser, f"{console.url}/topics/{doomed}")
+    browser.find_element(By.CSS_SELECTOR, "#delete-topic summary").click()
+    browser.find_element(By.CSS_SELECTOR, "#delete-topic input[name=confirm]").send_keys(doomed)
+    browser.find_element(By.CSS_SELECTOR, "#delete-topic button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith("/topics"))
+    wait_until(lambda: doomed not in admin(cluster.bootstrap).list_topics(timeout=10).topics, 15, "the topic to be deleted")
+    assert _js_errors(browser) == []
