@@ -12,6 +12,12 @@ request seen by the client. Produce is acks=-1 with one 10-record batch (the ans
 for the group commit, so its figure includes the flushes); Fetch reads from offset 0 with
 max_wait 0 (records cached). Rounds alternate the kinds, so a busy machine spreads its
 noise over all of them.
+
+`--in-process` measures `KafkaServer.handle` alone instead: a Broker built (not started) in
+this process, a connection object without a socket, and the wall time per request of
+GetTelemetrySubscriptions (a constant answer: the request path's own cost dominates) and
+Metadata without topics in CPU time of this process per request (a busy machine stretches
+wall time, much less CPU time), median of `--rounds` runs of `--requests` each.
 """
 
 from __future__ import annotations
@@ -74,12 +80,50 @@ def run_kind(client: RawClient, api_key: int, version: int, body, requests: int,
     return time.perf_counter() - started
 
 
+def in_process(requests: int, rounds: int) -> None:
+    import asyncio
+    import tempfile
+
+    from kafscale.broker.app import Broker
+    from kafscale.broker.config import BrokerConfig
+    from kafscale.broker.server import KafkaConnection
+
+    kinds = {
+        "GetTelemetrySubscriptions v0": (ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, 0, req(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, 0, client_instance_id=__import__("uuid").UUID(int=1))),
+        "Metadata v12 (no topics)": (ApiKey.METADATA, 12, req(ApiKey.METADATA, 12, topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)),
+    }
+
+    async def run() -> dict[str, list[float]]:
+        broker = Broker(BrokerConfig(data_dir=tempfile.mkdtemp(prefix="bench-request-path-"), listen="127.0.0.1:0", advertise="127.0.0.1:9092"))
+        conn = KafkaConnection(broker.server)
+        out: dict[str, list[float]] = {k: [] for k in kinds}
+        for _ in range(rounds + 1):  # the first round warms up
+            for kind, (key, version, body) in kinds.items():
+                frame = encode_request(key, version, body, 1, "bench")
+                started = time.process_time()
+                for _ in range(requests):
+                    await broker.server.handle(conn, bytearray(frame))
+                out[kind].append((time.process_time() - started) / requests * 1e6)
+        return {k: v[1:] for k, v in out.items()}
+
+    import kafscale
+
+    print(f"kafscale from {Path(kafscale.__file__).parent}; in process")
+    per = asyncio.run(run())
+    for kind, values in per.items():
+        print(f"{kind:<32} {statistics.median(values):8.2f} us CPU per request (median; min {min(values):.2f}; rounds: {', '.join(f'{v:.2f}' for v in values)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=20000)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--in-process", action="store_true", help="time KafkaServer.handle alone (no socket, no client)")
     args = ap.parse_args()
+    if args.in_process:
+        in_process(args.requests, args.rounds)
+        return
     broker = BrokerProcess().start()
     try:
         import kafscale
