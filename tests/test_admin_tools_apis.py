@@ -206,10 +206,11 @@ def test_kafka_python_alter_calls(broker, admin, kp, topic_name):
 
 def test_features_in_api_versions_and_update_features_refused(broker, kp):
     # As a new Kafka 4.0 cluster: metadata.version 3.3-IV3..4.0-IV3, transaction.version 2
-    # (transactions v2; tests/test_transactions_v2.py).
+    # (transactions v2; tests/test_transactions_v2.py), group.version 1 (KIP-848 consumer groups).
     assert kp.describe_features() == {
         "metadata.version": {"supported": (7, 25), "finalized": (25, 25), "finalized_epoch": 0},
         "transaction.version": {"supported": (0, 2), "finalized": (2, 2), "finalized_epoch": 0},
+        "group.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
     }
     from kafka.errors import InvalidUpdateVersionError
 
@@ -221,15 +222,15 @@ def test_features_in_api_versions_and_update_features_refused(broker, kp):
         with RawClient(broker.bootstrap) as c:
             r = c.request(18, v, req(18, v, client_software_name="t", client_software_version="1"))
         # Below v4 Kafka leaves out supported features whose minimum is 0.
-        tv = [("transaction.version", 0, 2)] if v >= 4 else []
+        tv = [("transaction.version", 0, 2), ("group.version", 0, 1)] if v >= 4 else []
         assert [(f.name, f.min_version, f.max_version) for f in r.supported_features] == [("metadata.version", 7, 25), *tv]
         assert [(f.name, f.min_version_level, f.max_version_level) for f in r.finalized_features] == [
-            ("metadata.version", 25, 25), ("transaction.version", 2, 2)]
+            ("metadata.version", 25, 25), ("transaction.version", 2, 2), ("group.version", 1, 1)]
         assert r.finalized_features_epoch == 0
     for v in versions(57, broker.bootstrap):
         with RawClient(broker.bootstrap) as c:
             ups = tuple(req(57, v, "FeatureUpdateKey", feature=f, max_version_level=lvl, allow_downgrade=False, upgrade_type=1)
-                        for f, lvl in (("metadata.version", 25), ("group.version", 1)))
+                        for f, lvl in (("metadata.version", 25), ("group.version", 0)))
             resp = c.request(57, v, req(57, v, timeout=5000, feature_updates=ups, validate_only=False))
         if v >= 2:
             assert error_code(resp.error_code) == ErrorCode.invalid_update_version.value, v

@@ -127,6 +127,12 @@ def _group(op: Op) -> Callable[[Any], list[Check]]:
     return lambda req: [Need(op, Res.GROUP, req.group_id)]
 
 
+def _consumer_group_heartbeat(req) -> list[Check]:
+    # Kafka: READ on the group, DESCRIBE on each topic named in the subscription.
+    return [Need(Op.READ, Res.GROUP, req.group_id),
+            *(Need(Op.DESCRIBE, Res.TOPIC, t) for t in (req.subscribed_topic_names or ()))]
+
+
 def _produce(req) -> list[Check]:
     return [_writes_txn(req.transactional_id)] if getattr(req, "transactional_id", None) else []
 
@@ -227,6 +233,8 @@ RULES: dict[int, Rule] = {
     ApiKey.LEAVE_GROUP: Rule(_group(Op.READ)),
     ApiKey.SYNC_GROUP: Rule(_group(Op.READ)),
     ApiKey.DESCRIBE_GROUPS: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.groups]),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: Rule(_consumer_group_heartbeat),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
     ApiKey.CREATE_TOPICS: Rule(_create_topics),
     ApiKey.DELETE_TOPICS: Rule(topics=WholeTopics(Op.DELETE, _deleted_topics)),
     ApiKey.DELETE_RECORDS: Rule(topics=PerTopic("topics", "topics", Op.DELETE)),

@@ -97,6 +97,10 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata={"help": "wait for more members before the first rebalance of a new group"})
     group_min_session_timeout_ms: int = field(default=6000, metadata={"help": "least session timeout a group member may ask for (Kafka's group.min.session.timeout.ms)"})
     group_max_session_timeout_ms: int = field(default=1_800_000, metadata={"help": "greatest session timeout a group member may ask for (Kafka's group.max.session.timeout.ms)"})
+    group_consumer_session_timeout_ms: int = field(default=45_000, metadata={"help": "session timeout of consumer-protocol (KIP-848, group.protocol=consumer) group members, set by the broker (Kafka's group.consumer.session.timeout.ms)"})
+    group_consumer_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often consumer-protocol group members heartbeat (Kafka's group.consumer.heartbeat.interval.ms)"})
+    group_consumer_max_size: int = field(default=2**31 - 1, metadata={"help": "most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.consumer.max.size)"})
+    group_consumer_assignors: str = field(default="uniform,range", metadata={"help": "server-side assignors of consumer-protocol groups, the first the default (Kafka's group.consumer.assignors)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     offsets_topic_num_partitions: int = field(default=50, metadata={"help": "partitions of the internal topic __consumer_offsets when the broker creates it; a group's coordinator is the owner of partition hash(group) % its partition count (Kafka's offsets.topic.num.partitions)"})
@@ -281,6 +285,10 @@ KAFKA_NAMES = {
     "group_initial_rebalance_delay_ms": "group.initial.rebalance.delay.ms",
     "group_min_session_timeout_ms": "group.min.session.timeout.ms",
     "group_max_session_timeout_ms": "group.max.session.timeout.ms",
+    "group_consumer_session_timeout_ms": "group.consumer.session.timeout.ms",
+    "group_consumer_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
+    "group_consumer_max_size": "group.consumer.max.size",
+    "group_consumer_assignors": "group.consumer.assignors",
     "offsets_retention_minutes": "offsets.retention.minutes",
     "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
     "offsets_topic_num_partitions": "offsets.topic.num.partitions",

@@ -161,7 +161,7 @@ def validate_request(req: HeartbeatRequest, config: ConsumerGroupConfig) -> None
             invalid("RebalanceTimeoutMs must be provided in first request.")
         if req.owned is None or req.owned:
             invalid("TopicPartitions must be empty when (re-)joining.")
-        if req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
+        if req.subscribed_topic_names is None and not req.subscribed_topic_regex:
             invalid("SubscribedTopicNames or SubscribedTopicRegex must be set in first request.")
     elif req.member_epoch == STATIC_LEAVE_EPOCH:
         if not req.member_id:
@@ -172,8 +172,9 @@ def validate_request(req: HeartbeatRequest, config: ConsumerGroupConfig) -> None
         invalid(f"MemberEpoch {req.member_epoch} is invalid.")
     elif not req.member_id:
         invalid("MemberId can't be empty.")
-    if req.subscribed_topic_regex is not None:
+    if req.subscribed_topic_regex:
         # Regex subscriptions (RE2/J) are not resolved yet: refuse rather than assign nothing.
+        # (An empty regex, as librdkafka sends beside topic names, means none, as in Kafka.)
         raise KafkaError(ErrorCode.invalid_request, "SubscribedTopicRegex is not supported yet by this broker.")
     if req.server_assignor is not None and req.server_assignor not in config.assignors:
         raise KafkaError(ErrorCode.unsupported_assignor, f"ServerAssignor {req.server_assignor} is not supported. "

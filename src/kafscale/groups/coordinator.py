@@ -30,7 +30,9 @@ import time
 from collections import defaultdict
 from typing import Awaitable, Callable, Iterable
 
-from kafscale.errors import ErrorCode
+from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups.consumer_coordinator import ConsumerGroupCoordinator
+from kafscale.groups.consumer_group import is_consumer_group_doc
 from kafscale.groups.state import (
     CONSUMER_PROTOCOL_TYPE,
     PERSIST,
@@ -120,6 +122,8 @@ class GroupCoordinator:
         # What was last logged of each group (state, generation, members): rebalances and
         # evictions are logged once each, as Kafka's coordinator does.
         self._logged: dict[str, tuple[str, int, frozenset[str]]] = {}
+        # Consumer-protocol (KIP-848) groups: same locks, same store keys (consumer_coordinator.py)
+        self.consumer = ConsumerGroupCoordinator(self)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -131,6 +135,7 @@ class GroupCoordinator:
 
     async def stop(self) -> None:
         self._stopping = True
+        await self.consumer.stop()
         if self._cleanup_task is not None:
             self._cleanup_task.cancel()
             await asyncio.gather(self._cleanup_task, return_exceptions=True)
@@ -164,7 +169,7 @@ class GroupCoordinator:
             listeners.append(self._on_membership_change)
 
     def _on_membership_change(self, cluster) -> None:
-        for group_id in [g for g in self.groups if not self.owns(g)]:
+        for group_id in [g for g in {*self.groups, *self.consumer.groups} if not self.owns(g)]:
             task = asyncio.ensure_future(self.release(group_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -175,9 +180,10 @@ class GroupCoordinator:
     async def release(self, group_id: str) -> None:
         """This broker no longer coordinates the group: forget it (another broker loads it)."""
         async with self._locks[group_id]:
+            self.consumer.forget(group_id)
             group = self.groups.pop(group_id, None)
             if group is not None:
-                self._cancel_timer(group_id)
+                self.cancel_timer(group_id)
                 self._resolve(group.unload(ErrorCode.not_coordinator))
             for pid in [p for p, gs in self._txn_groups.items() if group_id in gs]:
                 self._txn_groups[pid].discard(group_id)
@@ -249,6 +255,15 @@ class GroupCoordinator:
         api = "TxnOffsetCommit" if transactional else "OffsetCommit"
         async with self._locks[group_id]:
             now = self.clock()
+            consumer = await self.consumer.loaded(group_id)
+            if consumer is not None:
+                error = self.consumer.validate_offset_commit(consumer, member_id, generation_id, api_version, transactional)
+                if error is not ErrorCode.none:
+                    log_commit_refused(api, group_id, member_id, group_instance_id, error,
+                                       f"member epoch {generation_id} refused by the consumer group")
+                    return error
+                await self._store_offsets(group_id, offsets, now, pending_producer_id)
+                return ErrorCode.none
             group = await self._load(group_id)
             created = False
             if group is None:
@@ -272,18 +287,23 @@ class GroupCoordinator:
                 if created:
                     self._forget(group)
                 return error
-            if offsets:
-                stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
-                if pending_producer_id is None:
-                    await self.metadata.commit_offsets(group_id, stamped)
-                    await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
-                else:
-                    await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
-                    self._txn_groups[pending_producer_id].add(group_id)
+            await self._store_offsets(group_id, offsets, now, pending_producer_id)
             if created:
                 await self._persist(group)
             self._reschedule(group)
             return ErrorCode.none
+
+    async def _store_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset], now: float,
+                             pending_producer_id: int | None) -> None:
+        if not offsets:
+            return
+        stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
+        if pending_producer_id is None:
+            await self.metadata.commit_offsets(group_id, stamped)
+            await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
+        else:
+            await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
+            self._txn_groups[pending_producer_id].add(group_id)
 
     async def txn_marker_written(self, partition: int, producer_id: int, commit: bool) -> None:
         """A transaction's marker reached this group's partition of __consumer_offsets
@@ -344,6 +364,9 @@ class GroupCoordinator:
 
     async def describe(self, group_id: str) -> dict | None:
         async with self._locks[group_id]:
+            if await self.consumer.loaded(group_id) is not None:
+                # Kafka (KIP-1043): DescribeGroups answers only for classic groups.
+                raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} is not a classic group.")
             group = await self._load(group_id)
             return None if group is None else describe_group(group)
 
@@ -351,7 +374,7 @@ class GroupCoordinator:
         """(group id, protocol type, state) of every group this broker coordinates."""
         owned = owned or self.owns
         for group_id, doc in (await self.metadata.list_groups()).items():
-            if group_id not in self.groups and owned(group_id):
+            if group_id not in self.groups and owned(group_id) and not is_consumer_group_doc(doc):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
                         self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
@@ -363,6 +386,9 @@ class GroupCoordinator:
 
     async def delete_group(self, group_id: str) -> ErrorCode:
         async with self._locks[group_id]:
+            consumer = await self.consumer.loaded(group_id)
+            if consumer is not None:
+                return await self.consumer.delete(consumer)
             group = await self._load(group_id)
             if group is None:
                 return ErrorCode.group_id_not_found
@@ -378,7 +404,7 @@ class GroupCoordinator:
         """One retention pass (Kafka's rules); returns how many offsets were removed."""
         owned = self.owns
         for group_id, doc in (await self.metadata.list_groups()).items():
-            if group_id not in self.groups and owned(group_id):
+            if group_id not in self.groups and owned(group_id) and not is_consumer_group_doc(doc):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
                         self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
@@ -442,7 +468,12 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is not None:
             return group
+        if group_id in self.consumer.groups:
+            raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a consumer-protocol group.")
         doc = await self.metadata.get_group(group_id)
+        if is_consumer_group_doc(doc):
+            # Classic requests to a KIP-848 group (migration of members is not supported yet).
+            raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a consumer-protocol group.")
         if doc is None:
             if not await self.metadata.fetch_offsets(group_id):
                 return None
@@ -461,7 +492,7 @@ class GroupCoordinator:
         if self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
             self._logged.pop(group.group_id, None)
-        self._cancel_timer(group.group_id)
+        self.cancel_timer(group.group_id)
 
     async def _remove_group(self, group: Group) -> None:
         self._resolve(group.mark_dead())
@@ -556,22 +587,26 @@ class GroupCoordinator:
             group_id, OFFSETS_TOPIC, partition, error,
         )
 
-    def _cancel_timer(self, group_id: str) -> None:
+    def cancel_timer(self, group_id: str) -> None:
         handle = self._timers.pop(group_id, None)
         if handle is not None:
             handle.cancel()
 
     def _reschedule(self, group: Group) -> None:
-        self._cancel_timer(group.group_id)
-        if self._stopping or self.groups.get(group.group_id) is not group:
-            return
-        deadline = group.next_deadline()
-        if deadline is None:
+        self.cancel_timer(group.group_id)
+        if self.groups.get(group.group_id) is group:
+            self.arm_timer(group.group_id, group.next_deadline())
+
+    def arm_timer(self, group_id: str, deadline: float | None) -> None:
+        """The group's one timer, at `deadline` (ms; None: none). Classic and consumer groups
+        share the table: a group id is one or the other."""
+        self.cancel_timer(group_id)
+        if self._stopping or deadline is None:
             return
         # +1 ms: the loop's monotonic clock and wall-clock milliseconds may disagree slightly.
         delay = max(0.0, (deadline - self.clock()) / 1000.0) + 0.001
         loop = asyncio.get_running_loop()
-        self._timers[group.group_id] = loop.call_later(delay, self._fire, group.group_id)
+        self._timers[group_id] = loop.call_later(delay, self._fire, group_id)
 
     def _fire(self, group_id: str) -> None:
         self._timers.pop(group_id, None)
@@ -580,6 +615,9 @@ class GroupCoordinator:
         task.add_done_callback(self._tasks.discard)
 
     async def _on_timer(self, group_id: str) -> None:
+        if group_id in self.consumer.groups:
+            await self.consumer.on_timer(group_id)
+            return
         try:
             async with self._locks[group_id]:
                 group = self.groups.get(group_id)

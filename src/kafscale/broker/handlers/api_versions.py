@@ -11,8 +11,10 @@ read from ApiVersions, as a new Kafka 4.0 cluster has them:
   an epoch bump per transaction (docs/transactions.md). Level 0 is finalized by leaving
   the feature out of the finalized list, as Kafka does; with --transactions false it is
   not advertised at all.
-Nothing else is claimed: no kraft.version (there is no KRaft quorum), no group.version (no
-KIP-848 consumer groups). The levels are fixed per broker: UpdateFeatures answers
+- group.version: supported 0 to 1, finalized at 1: the consumer group protocol of KIP-848
+  (ConsumerGroupHeartbeat / ConsumerGroupDescribe, handlers/consumer_groups.py), as a new
+  Kafka 4.0 cluster has it.
+Nothing else is claimed: no kraft.version (there is no KRaft quorum). The levels are fixed per broker: UpdateFeatures answers
 INVALID_UPDATE_VERSION for any change (a no-op request for the current level succeeds);
 an operator picks the transaction.version level with the flag, on every broker alike."""
 
@@ -24,6 +26,7 @@ from kafscale.protocol.build import make, nested, response
 
 METADATA_VERSION = (7, 25, 25)  # (supported min, supported max, finalized level): 3.3-IV3 .. 4.0-IV3
 TRANSACTION_VERSION_MAX = 2
+GROUP_VERSION = (0, 1, 1)  # KIP-848's consumer group protocol
 
 
 def features(broker) -> dict[str, tuple[int, int, int]]:
@@ -31,6 +34,7 @@ def features(broker) -> dict[str, tuple[int, int, int]]:
     out = {"metadata.version": METADATA_VERSION}
     if getattr(broker, "transactions", None) is not None:
         out["transaction.version"] = (0, TRANSACTION_VERSION_MAX, broker.config.transaction_version)
+    out["group.version"] = GROUP_VERSION
     return out
 FINALIZED_EPOCH = 0
 # What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import datetime
 
 from kafscale.broker.topics import TopicIdResolver
-from kafscale.errors import ErrorCode
+from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups.consumer_group import CONSUMER_GROUP_TYPE
 from kafscale.groups.coordinator import log_commit_refused
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
@@ -314,10 +315,13 @@ async def offset_commit(ctx, req):
 
 
 async def _fetch_group_offsets(ctx, groups, resolver, group_id: str, topics, by_id: bool, with_epoch: bool,
-                              require_stable: bool = False):
-    """(group error, response topics) for one group of an OffsetFetch."""
+                              require_stable: bool = False, member: tuple[str | None, int] = (None, -1)):
+    """(group error, response topics) for one group of an OffsetFetch; `member`: (member id,
+    member epoch) of v9+, checked against a consumer-protocol group."""
     if groups is None or not await _owned(ctx, group_id):
         return ErrorCode.not_coordinator, None
+    if (error := await groups.consumer.validate_offset_fetch(group_id, *member)) is not ErrorCode.none:
+        return error, None
     committed = await groups.fetch_offsets(group_id)
     # require_stable (KIP-447): a partition with a transactional offset still pending answers
     # UNSTABLE_OFFSET_COMMIT (retriable) instead of an offset that may be about to change.
@@ -376,8 +380,9 @@ async def offset_fetch(ctx, req):
         results = []
         for g in req.groups:
             try:
-                error, topics = await _fetch_group_offsets(ctx, groups, resolver, g.group_id, g.topics, by_id, with_epoch,
-                                                           require_stable)
+                error, topics = await _fetch_group_offsets(
+                    ctx, groups, resolver, g.group_id, g.topics, by_id, with_epoch, require_stable,
+                    (getattr(g, "member_id", None), getattr(g, "member_epoch", -1)))
             except STORE_DOWN:
                 error, topics = ErrorCode.coordinator_not_available, None
             results.append(dict(group_id=g.group_id, error_code=error, topics=topics or []))
@@ -449,6 +454,10 @@ async def describe_groups(ctx, req):
                 out.append(entry)
                 continue
             described = await groups.describe(group_id)
+        except KafkaError as e:  # a consumer-protocol group: Kafka answers GROUP_ID_NOT_FOUND
+            entry.update(error_code=e.code, error_message=e.message)
+            out.append(entry)
+            continue
         except STORE_DOWN:
             entry.update(error_code=ErrorCode.coordinator_not_available)
             out.append(entry)
@@ -479,13 +488,16 @@ async def list_groups(ctx, req):
     states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     try:
-        listed = await groups.list_groups(ctx.broker.cluster.is_group_coordinator)
+        listed = [(gid, ptype, state, CLASSIC_GROUP_TYPE)
+                  for gid, ptype, state in await groups.list_groups(ctx.broker.cluster.is_group_coordinator)]
+        listed += [(gid, CONSUMER_GROUP_TYPE, state, CONSUMER_GROUP_TYPE)
+                   for gid, state in await groups.consumer.list_groups(ctx.broker.cluster.is_group_coordinator)]
     except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     entries = [
-        dict(group_id=gid, protocol_type=ptype, group_state=state, group_type=CLASSIC_GROUP_TYPE)
-        for gid, ptype, state in listed
-        if (not states or state.lower() in states) and (not types or CLASSIC_GROUP_TYPE in types)
+        dict(group_id=gid, protocol_type=ptype, group_state=state, group_type=gtype)
+        for gid, ptype, state, gtype in sorted(listed)
+        if (not states or state.lower() in states) and (not types or gtype in types)
     ]
     authz = getattr(ctx.broker, "authorizer", None)
     if authz is not None and authz.enabled:

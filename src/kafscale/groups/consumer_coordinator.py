@@ -1,0 +1,203 @@
+"""The asyncio driver of consumer-protocol groups (KIP-848), beside the classic coordinator.
+
+It lives inside `GroupCoordinator` (`groups.consumer`) and shares its per-group locks, its
+view of which groups this broker coordinates and its store: a group id is one group,
+classic or consumer, never both. The group's document is kept under the same store key as
+a classic group's, marked `"type": "consumer"` (`ConsumerGroup.to_doc`), and written after
+every heartbeat that changed it, so a coordinator failover (another broker loading the
+group) keeps members, epochs and assignments; session timers restart on load. Committed
+offsets are the classic ones (`MetadataStore.commit_offsets`).
+
+Not yet: __consumer_offsets records for these groups (Kafka's ConsumerGroupMetadata,
+TargetAssignment and CurrentAssignment records); the store is the source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable, Iterable, Mapping
+
+from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
+from kafscale.groups.consumer_group import (
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    GroupState,
+    HeartbeatRequest,
+    HeartbeatResult,
+    is_consumer_group_doc,
+    validate_request,
+)
+
+log = logging.getLogger("kafscale.groups")
+
+# name -> (topic id as a string, partition count) of the existing topics among `names`
+TopicLookup = Callable[[Iterable[str]], Awaitable[Mapping[str, tuple[str, int]]]]
+
+
+def consumer_group_config(config) -> ConsumerGroupConfig:
+    """The broker flags (Kafka's group.consumer.* settings)."""
+    assignors = tuple(a.strip() for a in str(getattr(config, "group_consumer_assignors", ",".join(DEFAULT_ASSIGNORS))).split(",") if a.strip())
+    unknown = [a for a in assignors if a not in ASSIGNORS]
+    if unknown or not assignors:
+        raise ValueError(f"group.consumer.assignors: unknown assignor(s) {unknown}; known: {', '.join(ASSIGNORS)}")
+    return ConsumerGroupConfig(
+        session_timeout_ms=int(getattr(config, "group_consumer_session_timeout_ms", 45_000)),
+        heartbeat_interval_ms=int(getattr(config, "group_consumer_heartbeat_interval_ms", 5_000)),
+        max_size=int(getattr(config, "group_consumer_max_size", 2**31 - 1)),
+        assignors=assignors,
+    )
+
+
+class ConsumerGroupCoordinator:
+    def __init__(self, parent):
+        # parent: the GroupCoordinator (its locks, clock, store, timers and classic groups);
+        # not imported here, as it imports this module
+        self.parent = parent
+        self.metadata = parent.metadata
+        self.config = consumer_group_config(parent.config)
+        self.groups: dict[str, ConsumerGroup] = {}
+
+    async def stop(self) -> None:
+        # (their timers are the classic coordinator's, stopped with it)
+        self.groups.clear()
+
+    def forget(self, group_id: str) -> None:
+        """This broker no longer coordinates the group (call with its lock held)."""
+        if self.groups.pop(group_id, None) is not None:
+            self.parent.cancel_timer(group_id)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def heartbeat(self, group_id: str, req: HeartbeatRequest, lookup: TopicLookup) -> HeartbeatResult:
+        """One ConsumerGroupHeartbeat; refusals raise KafkaError."""
+        if not group_id:
+            raise KafkaError(ErrorCode.invalid_request, "GroupId can't be empty.")
+        validate_request(req, self.config)
+        async with self.parent._locks[group_id]:
+            group = await self.loaded(group_id)
+            if group is None:
+                if req.member_epoch != 0:
+                    raise KafkaError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
+                group = await self._create(group_id)
+            names = group.subscribed_topic_names() | set(req.subscribed_topic_names or ())
+            topics = await lookup(names)
+            before = (group.state, group.group_epoch)
+            try:
+                result = group.heartbeat(self.parent.clock(), req, topics)
+            finally:
+                await self._settle(group)
+            if (group.state, group.group_epoch) != before:
+                log.info("consumer group %s: %s, group epoch %d, target epoch %d, %d members", group_id,
+                         group.state.value, group.group_epoch, group.target_epoch, len(group.members))
+            return result
+
+    async def describe(self, group_id: str) -> ConsumerGroup | None:
+        async with self.parent._locks[group_id]:
+            return await self.loaded(group_id)
+
+    async def list_groups(self, owned: Callable[[str], bool]) -> list[tuple[str, str]]:
+        """(group id, state) of the consumer groups this broker coordinates."""
+        out = []
+        for group_id, doc in (await self.metadata.list_groups()).items():
+            if is_consumer_group_doc(doc) and owned(group_id):
+                group = self.groups.get(group_id) or ConsumerGroup.from_doc(group_id, doc, self.config, self.parent.clock())
+                out.append((group_id, group.state.value))
+        return sorted(out)
+
+    def validate_offset_commit(self, group: ConsumerGroup, member_id: str, member_epoch: int, api_version: int,
+                               transactional: bool) -> ErrorCode:
+        try:
+            group.validate_offset_commit(member_id, member_epoch, api_version, transactional)
+        except KafkaError as e:
+            return e.code
+        return ErrorCode.none
+
+    async def validate_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode:
+        """OffsetFetch v9+ of a member: UNKNOWN_MEMBER_ID / STALE_MEMBER_EPOCH as Kafka."""
+        async with self.parent._locks[group_id]:
+            group = await self.loaded(group_id)
+            if group is None:
+                return ErrorCode.none
+            try:
+                group.validate_offset_fetch(member_id, member_epoch)
+            except KafkaError as e:
+                return e.code
+            return ErrorCode.none
+
+    async def delete(self, group: ConsumerGroup) -> ErrorCode:
+        """DeleteGroups: only an empty group (NON_EMPTY_GROUP otherwise), with its offsets."""
+        if group.members:
+            return ErrorCode.non_empty_group
+        self.forget(group.group_id)
+        await self.metadata.delete_group(group.group_id)
+        return ErrorCode.none
+
+    # -- loading and persistence ---------------------------------------------------------------
+
+    async def loaded(self, group_id: str) -> ConsumerGroup | None:
+        """The consumer group from memory or the store; None if the id is free or classic
+        (call with the group's lock held)."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            return group
+        if group_id in self.parent.groups:
+            return None  # a classic group this broker has loaded
+        doc = await self.metadata.get_group(group_id)
+        if not is_consumer_group_doc(doc):
+            return None
+        group = ConsumerGroup.from_doc(group_id, doc, self.config, self.parent.clock())
+        self.groups[group_id] = group
+        self._reschedule(group)
+        return group
+
+    async def _create(self, group_id: str) -> ConsumerGroup:
+        classic = await self.parent._load(group_id)
+        if classic is not None:
+            if not classic.is_empty or classic.pending_members:
+                # Migration of a live classic group (KIP-848's upgrade path) is not there yet.
+                raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group.")
+            # An empty classic group (or offsets only) becomes a consumer group; offsets stay.
+            self.parent._forget(classic)
+        group = ConsumerGroup(group_id, self.config)
+        self.groups[group_id] = group
+        return group
+
+    async def _settle(self, group: ConsumerGroup) -> None:
+        if group.changed:
+            group.changed = False
+            try:
+                await self.metadata.put_group(group.group_id, group.to_doc())
+            except Exception:
+                # The group keeps working from memory; only failover recovery is affected.
+                log.exception("could not persist consumer group %s", group.group_id)
+        self._reschedule(group)
+
+    # -- timers (the classic coordinator's table: one timer per group id) -----------------------
+
+    def _reschedule(self, group: ConsumerGroup) -> None:
+        if self.groups.get(group.group_id) is group:
+            self.parent.arm_timer(group.group_id, group.next_deadline())
+        else:
+            self.parent.cancel_timer(group.group_id)
+
+    async def on_timer(self, group_id: str) -> None:
+        try:
+            async with self.parent._locks[group_id]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    return
+                if not self.parent.owns(group_id):
+                    self.forget(group_id)
+                    return
+                for member_id, why in group.tick(self.parent.clock()):
+                    log.info("consumer group %s: member %s removed (%s)", group_id, member_id, why)
+                await self._settle(group)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer group %s timer failed", group_id)
+
+
+__all__ = ["ConsumerGroupCoordinator", "GroupState", "consumer_group_config"]

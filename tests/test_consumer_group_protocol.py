@@ -1,0 +1,320 @@
+"""The consumer group protocol of KIP-848 (ConsumerGroupHeartbeat / ConsumerGroupDescribe)
+against a real broker: confluent-kafka consumers with group.protocol=consumer, and raw
+frames for the error paths with Apache Kafka's codes."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from tests.support.broker import BrokerProcess
+from tests.support.raw import RawClient, error_code, req
+from tests.support.wait import wait_until
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+HEARTBEAT, DESCRIBE = 68, 69
+PARTITIONS = 6
+MAX_SIZE = 3
+
+
+@pytest.fixture(scope="module")
+def cgbroker():
+    # Heartbeats every 300 ms so reassignments take a second, not Kafka's 5 s.
+    b = BrokerProcess(extra_args=["--group-consumer-heartbeat-interval-ms", "300", "--group-consumer-max-size",
+                                  str(MAX_SIZE), "--group-initial-rebalance-delay-ms", "0"]).start()
+    yield b
+    b.stop()
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        fut.result(15)
+
+
+def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(start, start + count):
+        p.produce(topic, value=str(i).encode(), partition=i % PARTITIONS)
+    assert p.flush(20) == 0
+
+
+# -- confluent-kafka members ---------------------------------------------------------------------
+
+
+class Ledger:
+    """What every member holds and read, shared by the member threads."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.owner: dict[int, str] = {}
+        self.violations: list[str] = []
+        self.read: list[tuple[int, int, str]] = []  # (partition, offset, member)
+        self.revoked: dict[str, list[int]] = {}
+        self.errors: list[str] = []
+
+    def assigned(self, name: str, partitions) -> None:
+        with self.lock:
+            for p in partitions:
+                holder = self.owner.get(p.partition)
+                if holder is not None and holder != name:
+                    self.violations.append(f"partition {p.partition} given to {name} while {holder} holds it")
+                self.owner[p.partition] = name
+
+    def released(self, name: str, partitions) -> None:
+        with self.lock:
+            for p in partitions:
+                if self.owner.get(p.partition) == name:
+                    del self.owner[p.partition]
+                self.revoked.setdefault(name, []).append(p.partition)
+
+    def split(self) -> list[int]:
+        with self.lock:
+            counts: dict[str, int] = {}
+            for name in self.owner.values():
+                counts[name] = counts.get(name, 0) + 1
+            return sorted(counts.values()) if len(self.owner) == PARTITIONS else []
+
+    def holdings(self, name: str) -> set[int]:
+        with self.lock:
+            return {p for p, n in self.owner.items() if n == name}
+
+
+class Member(threading.Thread):
+    def __init__(self, name: str, bootstrap: str, group: str, topic: str, ledger: Ledger):
+        super().__init__(name=name, daemon=True)
+        self.member, self.ledger, self.topic = name, ledger, topic
+        self.stopping = threading.Event()
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+                                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": name})
+
+    def run(self) -> None:
+        c, ledger = self.consumer, self.ledger
+        c.subscribe([self.topic], on_assign=lambda _c, ps: ledger.assigned(self.member, ps),
+                    on_revoke=lambda _c, ps: ledger.released(self.member, ps),
+                    on_lost=lambda _c, ps: ledger.released(self.member, ps))
+        try:
+            while not self.stopping.is_set():
+                msgs = c.consume(100, 0.2)
+                got = [m for m in msgs if m.error() is None]
+                ledger.errors += [str(m.error()) for m in msgs if m.error() is not None]
+                with ledger.lock:
+                    ledger.read += [(m.partition(), m.offset(), self.member) for m in got]
+                if got:
+                    self.commit()
+        finally:
+            c.close()  # leaves the group (member epoch -1)
+
+    def commit(self) -> None:
+        # Synchronously, before the next consume (where revocations run): whoever reads a
+        # partition next starts after these records. A commit racing a heartbeat that
+        # moved the member's epoch gets STALE_MEMBER_EPOCH; it is retried.
+        for _ in range(50):
+            try:
+                self.consumer.commit(asynchronous=False)
+                return
+            except KafkaException as e:
+                if e.args[0].code() == confluent_kafka.KafkaError._NO_OFFSET:
+                    return
+                last = e
+        self.ledger.errors.append(f"{self.member}: commit failed: {last}")
+
+    def leave(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+def test_members_join_and_leave_every_record_read_once(cgbroker):
+    bootstrap = cgbroker.bootstrap
+    topic, group = f"kip848-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic)
+    ledger = Ledger()
+    members = {n: Member(n, bootstrap, group, topic, ledger) for n in ("a", "b", "c")}
+    total = 0
+
+    def produce_more(n: int = 300) -> None:
+        nonlocal total
+        produce(bootstrap, topic, total, n)
+        total += n
+
+    def read_all() -> bool:
+        with ledger.lock:
+            return len(ledger.read) >= total
+
+    try:
+        produce_more()
+        members["a"].start()
+        members["b"].start()
+        wait_until(lambda: ledger.split() == [3, 3], 60, "a and b holding three partitions each")
+        produce_more()
+        wait_until(read_all, 60, "the first records read")
+        held = {n: ledger.holdings(n) for n in ("a", "b")}
+        revoked_before = {n: len(ledger.revoked.get(n, [])) for n in ("a", "b")}
+
+        members["c"].start()  # a third member: each of a and b gives up exactly one partition
+        wait_until(lambda: ledger.split() == [2, 2, 2], 60, "a, b and c holding two partitions each")
+        for n in ("a", "b"):
+            # Members keep what they keep without interruption: only the moved partition is revoked.
+            now_held = ledger.holdings(n)
+            assert now_held < held[n]
+            assert sorted(ledger.revoked.get(n, [])[revoked_before[n]:]) == sorted(held[n] - now_held)
+        produce_more()
+        wait_until(read_all, 60, "the records after c joined")
+
+        members["a"].leave()  # its partitions go to b and c
+        wait_until(lambda: ledger.split() == [3, 3], 60, "b and c holding three partitions each")
+        assert set(ledger.owner.values()) == {"b", "c"}
+        produce_more()
+        wait_until(read_all, 60, "the records after a left")
+    finally:
+        for m in members.values():
+            if m.is_alive():
+                m.leave()
+    assert not ledger.violations, ledger.violations
+    assert not ledger.errors, ledger.errors
+    seen: dict[tuple[int, int], list[str]] = {}
+    for p, off, name in ledger.read:
+        seen.setdefault((p, off), []).append(name)
+    twice = {k: v for k, v in seen.items() if len(v) > 1}
+    assert not twice, f"records read more than once: {sorted(twice.items())[:10]}"
+    assert len(seen) == total == 1200
+    with RawClient(bootstrap) as c:
+        # The group is empty again; what it committed is every record.
+        r = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False))
+        [g] = r.groups
+        assert (error_code(g.error_code), g.group_state, g.members) == (0, "Empty", ())
+        topics = (req(9, 9, "OffsetFetchRequestTopics", name=topic, partition_indexes=tuple(range(PARTITIONS))),)
+        r = c.request(9, 9, req(9, 9, groups=(req(9, 9, "OffsetFetchRequestGroup", group_id=group, topics=topics),),
+                                require_stable=False))
+        assert sum(p.committed_offset for t in r.groups[0].topics for p in t.partitions) == total
+
+
+# -- raw frames --------------------------------------------------------------------------------
+
+
+def heartbeat(c: RawClient, group: str, member_id: str, epoch: int, topics=None, owned=None, version: int = 1, **kw):
+    fields = dict(group_id=group, member_id=member_id, member_epoch=epoch, rebalance_timeout=kw.pop("rebalance_timeout", -1),
+                  subscribed_topic_names=topics, topic_partitions=owned, **kw)
+    return c.request(HEARTBEAT, version, req(HEARTBEAT, version, **fields))
+
+
+def join(c: RawClient, group: str, member_id: str, topic: str, **kw):
+    return heartbeat(c, group, member_id, 0, topics=(topic,), owned=(), rebalance_timeout=30_000, **kw)
+
+
+def owned_of(resp, version: int = 1):
+    return tuple(req(HEARTBEAT, version, "TopicPartitions", topic_id=t.topic_id, partitions=t.partitions)
+                 for t in resp.assignment.topic_partitions)
+
+
+def count(resp) -> int:
+    return sum(len(t.partitions) for t in resp.assignment.topic_partitions)
+
+
+def test_heartbeat_errors_with_kafkas_codes(cgbroker):
+    bootstrap = cgbroker.bootstrap
+    topic, group = f"kip848-raw-{uuid.uuid4().hex[:8]}", f"raw-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic)
+    with RawClient(bootstrap) as c:
+        r = join(c, group, "m1", topic)
+        assert (error_code(r.error_code), r.member_id, r.member_epoch, count(r)) == (0, "m1", 1, PARTITIONS)
+        assert r.heartbeat_interval.total_seconds() == 0.3
+        owned = owned_of(r)
+        # An epoch the member never had, an unknown member, a group that does not exist.
+        assert error_code(heartbeat(c, group, "m1", 7, owned=owned).error_code) == ErrorCode.fenced_member_epoch.value
+        assert error_code(heartbeat(c, group, "nobody", 1).error_code) == ErrorCode.unknown_member_id.value
+        assert error_code(heartbeat(c, f"none-{group}", "m1", 1).error_code) == ErrorCode.group_id_not_found.value
+        # Kafka's assignors only; a join without its rebalance timeout is invalid.
+        r = join(c, group, "m2", topic, server_assignor="sticky")
+        assert error_code(r.error_code) == ErrorCode.unsupported_assignor.value and "uniform" in r.error_message
+        r = heartbeat(c, group, "m2", 0, topics=(topic,), owned=())
+        assert error_code(r.error_code) == ErrorCode.invalid_request.value
+        assert error_code(heartbeat(c, group, "", 0, topics=(topic,), owned=(), rebalance_timeout=1000).error_code) \
+            == ErrorCode.invalid_request.value
+        # m2 joins: m1 must revoke three partitions before m2 gets them.
+        r2 = join(c, group, "m2", topic)
+        assert (error_code(r2.error_code), r2.member_epoch, count(r2)) == (0, 2, 0)
+        r = heartbeat(c, group, "m1", 1, owned=owned)
+        assert (r.member_epoch, count(r)) == (1, 3)
+        # OffsetCommit v9 with the member epoch: the current one only (STALE_MEMBER_EPOCH).
+        assert commit(c, group, "m1", 2, topic) == ErrorCode.stale_member_epoch.value
+        assert commit(c, group, "m1", 1, topic) == 0
+        assert commit(c, group, "ghost", 1, topic) == ErrorCode.unknown_member_id.value
+        assert fetch(c, group, "m1", 5) == ErrorCode.stale_member_epoch.value
+        assert fetch(c, group, "m1", 1) == 0 and fetch(c, group, None, -1) == 0
+        r = heartbeat(c, group, "m1", 1, owned=owned_of(r))  # revocation acknowledged
+        assert (r.member_epoch, r.assignment) == (2, None)
+        r2 = heartbeat(c, group, "m2", 2, owned=())
+        assert count(r2) == 3
+        # The group at its size limit; a static member's instance id held by a live member.
+        assert error_code(join(c, group, "m3", topic, instance_id="i3").error_code) == 0
+        r = join(c, group, "m4", topic)
+        assert error_code(r.error_code) == ErrorCode.group_max_size_reached.value
+        heartbeat(c, group, "m2", -1)  # m2 leaves
+        assert error_code(join(c, group, "m5", topic, instance_id="i3").error_code) == ErrorCode.unreleased_instance_id.value
+        # Described as a consumer group, listed with its type, and not a classic group.
+        r = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group, f"none-{group}"), include_authorized_operations=True))
+        g, missing = r.groups
+        assert (error_code(g.error_code), g.assignor_name) == (0, "uniform")
+        assert sorted((m.member_id, m.instance_id) for m in g.members) == [("m1", None), ("m3", "i3")]
+        assert all(m.member_type == 1 for m in g.members) and g.group_epoch >= 4
+        assert error_code(missing.error_code) == ErrorCode.group_id_not_found.value
+        r = c.request(16, 5, req(16, 5, states_filter=(), types_filter=("consumer",)))
+        assert (group, "consumer", "consumer") in [(x.group_id, x.protocol_type, x.group_type) for x in r.groups]
+        r = c.request(16, 5, req(16, 5, states_filter=(), types_filter=("classic",)))
+        assert group not in [x.group_id for x in r.groups]
+        [d] = c.request(15, 5, req(15, 5, groups=(group,), include_authorized_operations=False)).groups
+        assert error_code(d.error_code) == ErrorCode.group_id_not_found.value
+        # A classic JoinGroup cannot take over the group (no migration yet).
+        r = c.request(11, 9, req(11, 9, group_id=group, session_timeout=10_000, rebalance_timeout=10_000, member_id="",
+                                 group_instance_id=None, protocol_type="consumer", reason=None,
+                                 protocols=(req(11, 9, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
+        assert error_code(r.error_code) == ErrorCode.inconsistent_group_protocol.value
+        # Leaving: -1 removes, -2 keeps a static member for its comeback.
+        assert heartbeat(c, group, "m3", -2, instance_id="i3").member_epoch == -2
+        assert heartbeat(c, group, "m1", -1).member_epoch == -1
+        assert error_code(heartbeat(c, group, "m1", 2).error_code) == ErrorCode.unknown_member_id.value
+
+
+def commit(c: RawClient, group: str, member_id: str, epoch: int, topic: str) -> int:
+    parts = (req(8, 9, "OffsetCommitRequestPartition", partition_index=0, committed_offset=0, committed_leader_epoch=-1,
+                 committed_metadata=""),)
+    r = c.request(8, 9, req(8, 9, group_id=group, generation_id_or_member_epoch=epoch, member_id=member_id,
+                            group_instance_id=None, topics=(req(8, 9, "OffsetCommitRequestTopic", name=topic, partitions=parts),)))
+    return error_code(r.topics[0].partitions[0].error_code)
+
+
+def fetch(c: RawClient, group: str, member_id: str | None, epoch: int) -> int:
+    g = req(9, 9, "OffsetFetchRequestGroup", group_id=group, member_id=member_id, member_epoch=epoch, topics=None)
+    return error_code(c.request(9, 9, req(9, 9, groups=(g,), require_stable=False)).groups[0].error_code)
+
+
+def test_group_survives_a_coordinator_restart(broker_factory, tmp_path):
+    """Members, epochs and assignments are in the metadata store: after a kill -9 and a
+    restart the members heartbeat on at their epochs."""
+    b = broker_factory(data_dir=str(tmp_path), extra_args=["--group-initial-rebalance-delay-ms", "0"])
+    topic, group = "kip848-restart", "restart-group"
+    create_topic(b.bootstrap, topic)
+    with RawClient(b.bootstrap) as c:
+        r1 = join(c, group, "m1", topic)
+        r2 = join(c, group, "m2", topic)
+        r1 = heartbeat(c, group, "m1", 1, owned=owned_of(r1))
+        r1 = heartbeat(c, group, "m1", 1, owned=owned_of(r1))
+        assert r1.member_epoch == 2
+        r2 = heartbeat(c, group, "m2", 2, owned=())
+        assert count(r2) == 3
+    b.kill9()
+    b.start()
+    with RawClient(b.bootstrap) as c:
+        r = wait_until(lambda: heartbeat(c, group, "m2", 2, owned=owned_of(r2)), 20, "the restarted coordinator")
+        assert (error_code(r.error_code), r.member_epoch, r.assignment) == (0, 2, None)
+        r = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False))
+        [g] = r.groups
+        assert (g.group_state, g.group_epoch, g.assignment_epoch) == ("Stable", 2, 2)
+        assert sorted(sum(len(t.partitions) for t in m.assignment.topic_partitions) for m in g.members) == [3, 3]
