@@ -13,6 +13,7 @@ from kafscale.broker.auth import Authenticator
 from kafscale.broker.authz import BrokerAuthorizer
 from kafscale.broker.quota_manager import QuotaManager
 from kafscale.broker.config import BrokerConfig
+from kafscale.broker.ops_view import BrokerOpsView
 from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
@@ -106,7 +107,7 @@ class Broker:
         await self.quotas.start()
         await self.server.start()
         await self.snapshots.start()
-        self.ops = await start_ops(self)
+        self.ops = await start_ops(BrokerOpsView(self))
         if self.config.schema_registry:
             from kafscale.registry.server import start_registry
 

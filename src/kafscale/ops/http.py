@@ -1,8 +1,9 @@
 """The broker's operations endpoint: /metrics, /healthz, /readyz on aiohttp's low-level
 HTTP server, plus the background sampling behind the metrics that need awaits.
 
-Wiring (broker/app.py): `self.ops = await start_ops(self)` once the Kafka listener is up,
-`await self.ops.stop()` first thing on shutdown.
+Wiring (broker/app.py): `self.ops = await start_ops(BrokerOpsView(self))` once the Kafka
+listener is up, `await self.ops.stop()` first thing on shutdown. The broker is seen through
+the read model of read_model.py, never imported.
 
 The server runs on the broker's own event loop, deliberately: collectors read live broker
 structures (dicts of partition logs, the connection set) that are only safe to iterate from
@@ -18,13 +19,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.exposition import choose_encoder
 
-from kafscale.ops.metrics import BrokerMetrics, _state_name, live_group_states
+from kafscale.ops.metrics import BrokerMetrics
+from kafscale.ops.read_model import BrokerReadModel
 from kafscale.security.http_basic import basic_auth_ok
 
 if TYPE_CHECKING:
     from aiohttp import web
-
-    from kafscale.broker.app import Broker
 
 log = logging.getLogger("kafscale.ops")
 
@@ -47,7 +47,7 @@ class _OneLineErrors(logging.LoggerAdapter):
 class OpsHandle:
     """What start_ops returns: the HTTP server, the samplers, and the metrics registry."""
 
-    def __init__(self, broker: "Broker", metrics: BrokerMetrics, lag_interval: float, health_interval: float):
+    def __init__(self, broker: BrokerReadModel, metrics: BrokerMetrics, lag_interval: float, health_interval: float):
         self.broker = broker
         self.metrics = metrics
         self.lag_interval = lag_interval
@@ -64,7 +64,7 @@ class OpsHandle:
     # -- readiness --------------------------------------------------------------------------
 
     def _listener_up(self) -> bool:
-        return self.broker.server.is_serving()
+        return self.broker.listener_serving()
 
     async def _probe(self, what: str, coro) -> str | None:
         """None when the dependency answered, else the reason it is considered down."""
@@ -78,8 +78,8 @@ class OpsHandle:
 
     async def _check(self) -> tuple[bool, str]:
         md, st = await asyncio.gather(
-            self._probe("metadata store", self.broker.metadata.check()),
-            self._probe("object store", self.broker.store.check()),
+            self._probe("metadata store", self.broker.check_metadata()),
+            self._probe("object store", self.broker.check_object_store()),
         )
         listener = self._listener_up()
         h = self.metrics.health
@@ -117,7 +117,7 @@ class OpsHandle:
         # Each group's lag is reported by its coordinator only, so a cluster-wide sum in
         # Prometheus does not count a group once per broker.
         try:
-            return bool(self.broker.cluster.is_group_coordinator(group))
+            return bool(self.broker.coordinates_group(group))
         except Exception:  # noqa: BLE001
             return True
 
@@ -125,45 +125,31 @@ class OpsHandle:
         key = (topic, partition)
         if key in cache:
             return cache[key]
-        lg = self.broker.logs.logs.get(key)
-        if lg is not None:
-            hw = lg.high_watermark
-        else:  # owned by another broker (or not loaded yet): the committed state
-            st = await self.broker.metadata.get_partition(topic, partition, with_segments=False)
-            hw = st.high_watermark if st is not None else None
-        cache[key] = hw
+        hw = cache[key] = await self.broker.high_watermark(topic, partition)
         return hw
 
     async def sample(self) -> None:
         """One round: consumer lag and group states of the groups coordinated here, and
         the live topic names (to forget series of deleted topics)."""
-        md = self.broker.metadata
-        states: dict[str, str] = {}
-        coordinator = getattr(self.broker, "groups", None)
-        if coordinator is not None and hasattr(coordinator, "list_groups"):
-            # Also loads groups persisted before a restart, so their states count too.
-            for entry in await coordinator.list_groups():
-                states[entry[0]] = _state_name(entry[-1])
-            group_ids = set(states)
-        else:
-            group_ids = set(await md.list_groups())
-        group_ids |= set(live_group_states(self.broker) or ())
+        # Also loads groups persisted before a restart, so their lag counts too.
+        group_ids = set(await self.broker.coordinated_group_states())
+        group_ids |= set(self.broker.scrape().group_states)
         lag: dict[tuple[str, str, int], tuple[int, int]] = {}
         hws: dict = {}
         for group in sorted(group_ids):
             if not self._coordinates(group):
                 continue
-            for (topic, partition), committed in (await md.fetch_offsets(group)).items():
-                if committed.offset < 0:
+            for (topic, partition), committed in (await self.broker.committed_offsets(group)).items():
+                if committed < 0:
                     continue
                 hw = await self._high_watermark(topic, partition, hws)
                 if hw is not None:
-                    lag[(group, topic, partition)] = (committed.offset, max(hw - committed.offset, 0))
-        topics = await md.list_topics()
+                    lag[(group, topic, partition)] = (committed, max(hw - committed, 0))
+        topics = await self.broker.live_topics()
         m = self.metrics
-        m.group_states, m.lag, m.lag_sampled_at = states, lag, time.time()
-        m.topic_names = {t.uuid: t.name for t in topics}
-        m.forget_topics({t.name for t in topics})
+        m.lag, m.lag_sampled_at = lag, time.time()
+        m.topic_names = dict(topics)
+        m.forget_topics(set(topics.values()))
 
     async def _lag_loop(self) -> None:
         while True:
@@ -209,7 +195,7 @@ class OpsHandle:
 
     def _authorized(self, header: str) -> bool:
         """--http-basic-auth USER:PASSWORD, when set, guards /metrics."""
-        return basic_auth_ok(header, getattr(self.broker.config, "http_basic_auth", ""))
+        return basic_auth_ok(header, self.broker.settings.http_basic_auth)
 
     async def _respond(self, method: str, path: str, accept: str) -> tuple[int, dict, bytes]:
         """(status, headers, body) for a request; aiohttp drops the body of a HEAD answer."""
@@ -242,49 +228,43 @@ class OpsHandle:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        hooks = self.broker.server.request_hooks
-        if self.metrics.on_request in hooks:
-            hooks.remove(self.metrics.on_request)
         self.metrics.remove_taps()
 
+    async def start(self) -> None:
+        """Hook the metrics into the broker, then serve /metrics, /healthz, /readyz where
+        the settings say ('' disables the HTTP server and the samplers). Raises OSError,
+        with nothing left hooked, when the address cannot be bound."""
+        self.metrics.install_taps()
+        settings = self.broker.settings
+        if settings.http_address is None:
+            return
+        # Imported here: aiohttp.web costs ~0.2 s of imports, which brokers without --http skip.
+        from aiohttp import web
 
-async def start_ops(broker: "Broker", *, lag_interval: float = 15.0, health_interval: float = 10.0) -> OpsHandle:
-    """Register the metrics on `broker` and serve /metrics, /healthz, /readyz on
-    `broker.config.http` ('' disables the HTTP server and the samplers)."""
-    metrics = BrokerMetrics(broker)
-    handle = OpsHandle(broker, metrics, lag_interval, health_interval)
-    broker.server.request_hooks.append(metrics.on_request)
-    metrics.install_taps()
-    spec = broker.config.http
-    if not spec:
-        return handle
-    host, port = broker.config.split_hostport(spec)  # through the instance: ops never imports broker
-    # Imported here: aiohttp.web costs ~0.2 s of imports, which brokers without --http skip.
-    from aiohttp import web
+        self._runner = web.ServerRunner(
+            web.Server(self._handle, access_log=None, logger=_OneLineErrors(log, {}), keepalive_timeout=REQUEST_TIMEOUT_S),
+            shutdown_timeout=STOP_TIMEOUT_S,
+        )
+        host, port = settings.http_address
+        try:
+            await self._runner.setup()
+            ssl_context = settings.http_ssl_context() if settings.http_ssl_context is not None else None
+            await web.TCPSite(self._runner, host, port, reuse_address=True, ssl_context=ssl_context).start()
+        except OSError as e:
+            await self.stop()
+            raise OSError(e.errno, f"cannot serve /metrics on {settings.http} (--http): {e.strerror or e}") from e
+        bound = self._runner.addresses[0]
+        self.address = (bound[0], bound[1])
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._lag_loop(), name="ops-lag-sampler"),
+            loop.create_task(self._health_loop(), name="ops-health"),
+        ]
+        log.info("ops endpoint on %s://%s:%d (/metrics /healthz /readyz)", "https" if settings.http_ssl_context else "http", *self.address)
 
-    handle._runner = web.ServerRunner(
-        web.Server(handle._handle, access_log=None, logger=_OneLineErrors(log, {}), keepalive_timeout=REQUEST_TIMEOUT_S),
-        shutdown_timeout=STOP_TIMEOUT_S,
-    )
-    try:
-        await handle._runner.setup()
-        ssl_context = None
-        if getattr(broker.config, "http_tls", False):
-            import dataclasses
 
-            from kafscale.security.tls import server_context
-
-            ssl_context = server_context(dataclasses.replace(broker.config.tls_settings(), client_auth="none", ca="", truststore=""))
-        await web.TCPSite(handle._runner, host, port, reuse_address=True, ssl_context=ssl_context).start()
-    except OSError as e:
-        await handle.stop()
-        raise OSError(e.errno, f"cannot serve /metrics on {spec} (--http): {e.strerror or e}") from e
-    bound = handle._runner.addresses[0]
-    handle.address = (bound[0], bound[1])
-    loop = asyncio.get_running_loop()
-    handle._tasks = [
-        loop.create_task(handle._lag_loop(), name="ops-lag-sampler"),
-        loop.create_task(handle._health_loop(), name="ops-health"),
-    ]
-    log.info("ops endpoint on %s://%s:%d (/metrics /healthz /readyz)", "https" if getattr(broker.config, "http_tls", False) else "http", *handle.address)
+async def start_ops(broker: BrokerReadModel, *, lag_interval: float = 15.0, health_interval: float = 10.0) -> OpsHandle:
+    """Register the metrics on `broker` (its read model) and serve its ops endpoint."""
+    handle = OpsHandle(broker, BrokerMetrics(broker), lag_interval, health_interval)
+    await handle.start()
     return handle

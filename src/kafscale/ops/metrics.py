@@ -5,19 +5,20 @@ benchmarks) never clash. Almost everything is read from live broker state at scr
 by `_LiveCollector`; only what has no live source is counted as it happens:
 
 * request counts and latencies, via `KafkaServer.request_hooks`;
-* per-topic bytes in/out and per-partition error codes, via `KafkaServer.response_hooks`
-  for Produce and Fetch, which see the request and the response without the handler
-  modules knowing;
-* flush times and sizes, via `LogManager.flush_hooks`;
+* per-topic bytes in/out and per-partition error codes, via the response hooks for Produce
+  and Fetch, which see the request and the response without the handler modules knowing;
+* flush times and sizes, via the flush hooks;
 * consumer lag and group states, sampled by a background task (they need awaits, a scrape
   is synchronous).
+
+The broker is seen through the read model of read_model.py (`BrokerReadModel`), never
+imported.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -25,10 +26,8 @@ from prometheus_client.registry import Collector
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol import legacy_records, records
+from kafscale.ops.read_model import BrokerReadModel
 from kafscale.protocol.api_keys import ApiKey
-
-if TYPE_CHECKING:
-    from kafscale.broker.app import Broker
 
 log = logging.getLogger("kafscale.ops")
 
@@ -57,7 +56,7 @@ def error_name(code: int) -> str:
 class BrokerMetrics:
     """The registry of one broker plus the event-driven metrics feeding it."""
 
-    def __init__(self, broker: "Broker"):
+    def __init__(self, broker: BrokerReadModel):
         self.broker = broker
         self.registry = CollectorRegistry()
         r = self.registry
@@ -88,7 +87,6 @@ class BrokerMetrics:
         # Filled by the sampler (OpsHandle); read by the collector.
         self.health: dict[str, Any] = {"ready": None, "metadata": None, "object_store": None, "listener": None, "checked_at": 0.0}
         self.lag: dict[tuple[str, str, int], tuple[int, int]] = {}  # (group, topic, partition) -> (committed, lag)
-        self.group_states: dict[str, str] = {}  # group -> state, when the coordinator has no live view
         self.lag_sampled_at = 0.0
         self.topic_names: dict[Any, str] = {}  # topic id -> name, for Fetch v13+ (ids only)
         # Label children cached per key: resolving labels costs more than the increment.
@@ -172,8 +170,8 @@ class BrokerMetrics:
             return None
         name = self.topic_names.get(topic_id)
         if name is None:
-            # Fetch by id already loaded the topic into the log manager's cache.
-            name = self.broker.logs.topics.cached_name_for_id(topic_id)
+            # Fetch by id already loaded the topic into the broker's topic cache.
+            name = self.broker.topic_name_for_id(topic_id)
             if name is not None:
                 self.topic_names[topic_id] = name
         return name
@@ -186,17 +184,22 @@ class BrokerMetrics:
         self.sasl_authentications.labels(mechanism, "succeeded" if succeeded else "failed").inc()
 
     def install_taps(self) -> None:
-        """Register on the server's Produce and Fetch response hooks and the log manager's
-        flush hooks; `remove_taps` unregisters."""
+        """Register on the broker's request, Produce and Fetch response, flush and
+        authentication hooks; `remove_taps` unregisters."""
         self.remove_taps()
+        points = self.broker.hooks
+        points.request_hooks.append(self.on_request)
         self._response_hooks = {ApiKey.PRODUCE: _never_raising(self.account_produce), ApiKey.FETCH: _never_raising(self.account_fetch)}
         for key, hook in self._response_hooks.items():
-            self.broker.server.response_hooks.setdefault(key, []).append(hook)
-        self.broker.logs.flush_hooks.append(self.on_flush)
-        self.broker.auth.hooks.append(self.on_authentication)
+            points.response_hooks.setdefault(key, []).append(hook)
+        points.flush_hooks.append(self.on_flush)
+        points.authentication_hooks.append(self.on_authentication)
 
     def remove_taps(self) -> None:
-        hooks = self.broker.server.response_hooks
+        points = self.broker.hooks
+        if self.on_request in points.request_hooks:
+            points.request_hooks.remove(self.on_request)
+        hooks = points.response_hooks
         for key, hook in self._response_hooks.items():
             observers = hooks.get(key, [])
             if hook in observers:
@@ -204,10 +207,10 @@ class BrokerMetrics:
             if not observers:
                 hooks.pop(key, None)  # an API with no observers costs the request path nothing
         self._response_hooks = {}
-        if self.on_flush in self.broker.logs.flush_hooks:
-            self.broker.logs.flush_hooks.remove(self.on_flush)
-        if self.on_authentication in self.broker.auth.hooks:
-            self.broker.auth.hooks.remove(self.on_authentication)
+        if self.on_flush in points.flush_hooks:
+            points.flush_hooks.remove(self.on_flush)
+        if self.on_authentication in points.authentication_hooks:
+            points.authentication_hooks.remove(self.on_authentication)
 
 
 def _never_raising(account):
@@ -220,39 +223,10 @@ def _never_raising(account):
     return hook
 
 
-def _state_name(state) -> str:
-    """Kafka's spelling of a group state (Empty, Stable, PreparingRebalance, ...)."""
-    value = getattr(state, "value", None)
-    s = value if isinstance(value, str) else getattr(state, "name", None) or str(state)
-    if "_" in s or s.isupper() or s.islower():  # an enum name such as PREPARING_REBALANCE
-        s = "".join(part.title() for part in s.split("_"))
-    return s
-
-
-def live_group_states(broker) -> dict[str, str] | None:
-    """group -> state from the coordinator's in-memory view, or None if it has none.
-
-    The coordinator is written separately, so look for the likely shapes defensively."""
-    groups = getattr(broker, "groups", None)
-    if groups is None:
-        return None
-    table = getattr(groups, "groups", None)
-    if isinstance(table, dict):
-        out = {}
-        for gid, g in list(table.items()):
-            state = getattr(g, "state", None)
-            if state is None and hasattr(g, "group"):  # a driver wrapping a state machine
-                state = getattr(g.group, "state", None)
-            if state is not None:
-                out[str(gid)] = _state_name(state)
-        return out
-    return None
-
-
 class _LiveCollector(Collector):
     """Reads broker state at scrape time: no work at all on the request path."""
 
-    def __init__(self, broker: "Broker", metrics: BrokerMetrics):
+    def __init__(self, broker: BrokerReadModel, metrics: BrokerMetrics):
         self.broker = broker
         self.metrics = metrics
 
@@ -260,40 +234,31 @@ class _LiveCollector(Collector):
         return []  # dynamic series: no registration-time name clash checks
 
     def collect(self):
-        b = self.broker
         m = self.metrics
-        logs = b.logs
-        counted = logs.metrics
-        stats = {name: getattr(counted, name) for name in ("produce_bytes", "produce_records", "flushes", "flush_failures", "segment_bytes", "puts", "gets")}
-        stats.update({f"compaction_{name}": value for name, value in dataclasses.asdict(logs.compactor.counters).items()})
-        cfg = b.config
+        settings = self.broker.settings
+        st = self.broker.scrape()
 
         info = GaugeMetricFamily("kafscale_broker_info", "Static facts about this broker (value 1)", labels=["broker_id", "storage", "metadata"])
-        info.add_metric([str(cfg.broker_id), cfg.storage_url.scheme, cfg.metadata_url.scheme], 1)
+        info.add_metric([str(settings.broker_id), settings.storage_kind, settings.metadata_kind], 1)
         yield info
 
-        def counter(name, doc, key):
-            if key in stats:
-                yield CounterMetricFamily(name, doc, value=stats[key])
-
-        yield from counter("kafscale_produce_bytes", "Record-batch bytes appended to partition write buffers", "produce_bytes")
-        yield from counter("kafscale_produce_records", "Records appended to partition write buffers", "produce_records")
-        yield from counter("kafscale_flushes", "Segments uploaded and committed (one per group-commit flush)", "flushes")
-        yield from counter("kafscale_flush_failures", "Flushes that failed (upload or metadata commit); their batches were rejected", "flush_failures")
-        yield from counter("kafscale_segment_bytes", "Bytes of segments uploaded to the object store", "segment_bytes")
-        yield from counter("kafscale_compaction_rounds", "Times the compactor looked at every owned compacted partition (every --compaction-interval-ms)", "compaction_rounds")
-        yield from counter("kafscale_compaction_runs", "Log compaction passes completed over compacted partitions", "compaction_runs")
-        yield from counter("kafscale_compaction_bytes_read", "Segment bytes read by log compaction (key map and cleaning)", "compaction_bytes_read")
-        yield from counter("kafscale_compaction_bytes_written", "Segment bytes written by log compaction", "compaction_bytes_written")
-        yield from counter("kafscale_compaction_segments_written", "Segments written by log compaction", "compaction_segments_written")
-        yield from counter("kafscale_compaction_records_removed", "Records removed by log compaction (superseded, aborted, keyless, tombstones past their delete horizon, markers)", "compaction_records_removed")
-        yield from counter("kafscale_compaction_recompressions", "Compressed batches log compaction decompressed and compressed again (not in kafscale_decompressions_total)", "compaction_recompressions")
-        if "compaction_key_map_peak_entries" in stats:
-            yield GaugeMetricFamily("kafscale_compaction_key_map_peak_entries", "Most keys one compaction pass held in its key map (budget: --compaction-key-map-bytes)", value=stats["compaction_key_map_peak_entries"])
+        counted, compaction = st.storage, st.compaction
+        yield CounterMetricFamily("kafscale_produce_bytes", "Record-batch bytes appended to partition write buffers", value=counted.produce_bytes)
+        yield CounterMetricFamily("kafscale_produce_records", "Records appended to partition write buffers", value=counted.produce_records)
+        yield CounterMetricFamily("kafscale_flushes", "Segments uploaded and committed (one per group-commit flush)", value=counted.flushes)
+        yield CounterMetricFamily("kafscale_flush_failures", "Flushes that failed (upload or metadata commit); their batches were rejected", value=counted.flush_failures)
+        yield CounterMetricFamily("kafscale_segment_bytes", "Bytes of segments uploaded to the object store", value=counted.segment_bytes)
+        yield CounterMetricFamily("kafscale_compaction_rounds", "Times the compactor looked at every owned compacted partition (every --compaction-interval-ms)", value=compaction.rounds)
+        yield CounterMetricFamily("kafscale_compaction_runs", "Log compaction passes completed over compacted partitions", value=compaction.runs)
+        yield CounterMetricFamily("kafscale_compaction_bytes_read", "Segment bytes read by log compaction (key map and cleaning)", value=compaction.bytes_read)
+        yield CounterMetricFamily("kafscale_compaction_bytes_written", "Segment bytes written by log compaction", value=compaction.bytes_written)
+        yield CounterMetricFamily("kafscale_compaction_segments_written", "Segments written by log compaction", value=compaction.segments_written)
+        yield CounterMetricFamily("kafscale_compaction_records_removed", "Records removed by log compaction (superseded, aborted, keyless, tombstones past their delete horizon, markers)", value=compaction.records_removed)
+        yield CounterMetricFamily("kafscale_compaction_recompressions", "Compressed batches log compaction decompressed and compressed again (not in kafscale_decompressions_total)", value=compaction.recompressions)
+        yield GaugeMetricFamily("kafscale_compaction_key_map_peak_entries", "Most keys one compaction pass held in its key map (budget: --compaction-key-map-bytes)", value=compaction.key_map_peak_entries)
         ops = CounterMetricFamily("kafscale_object_store_requests", "Object-store requests issued by the log manager, by operation", labels=["op"])
-        for op, key in (("put", "puts"), ("get", "gets")):
-            if key in stats:
-                ops.add_metric([op], stats[key])
+        ops.add_metric(["put"], counted.puts)
+        ops.add_metric(["get"], counted.gets)
         yield ops
         yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
         yield CounterMetricFamily("kafscale_schema_check_decompressions", "Compressed record batches produce decompressed to check the schema ids of records sent to topics with confluent.key/value.schema.validation (0 unless compressed batches go to such topics)", value=records.schema_check_decompressions)
@@ -303,53 +268,41 @@ class _LiveCollector(Collector):
         conversions.add_metric(["down"], legacy_records.down_conversions)
         yield conversions
 
-        cache = getattr(logs, "cache", None)
-        if cache is not None:
-            yield CounterMetricFamily("kafscale_cache_hits", "Segment cache lookups that found the segment", value=cache.hits)
-            yield CounterMetricFamily("kafscale_cache_misses", "Segment cache lookups that had to read the object store", value=cache.misses)
-            yield GaugeMetricFamily("kafscale_cache_bytes", "Bytes of segments held in the cache", value=cache.bytes)
-            yield GaugeMetricFamily("kafscale_cache_max_bytes", "Cache budget (--cache-bytes)", value=cache.max_bytes)
+        cache = st.cache
+        yield CounterMetricFamily("kafscale_cache_hits", "Segment cache lookups that found the segment", value=cache.hits)
+        yield CounterMetricFamily("kafscale_cache_misses", "Segment cache lookups that had to read the object store", value=cache.misses)
+        yield GaugeMetricFamily("kafscale_cache_bytes", "Bytes of segments held in the cache", value=cache.bytes)
+        yield GaugeMetricFamily("kafscale_cache_max_bytes", "Cache budget (--cache-bytes)", value=cache.max_bytes)
 
-        yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=len(b.server.connections))
-        yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=b.server.request_memory)
-        authz = getattr(b, "authorizer", None)
-        if authz is not None and authz.enabled:
+        yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=st.connections)
+        yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=st.request_memory)
+        if st.authorization_denials is not None:
             denials = CounterMetricFamily("kafscale_authorization_denials", "Requests refused by the ACL authorizer, by operation", labels=["operation"])
-            for op, n in sorted(authz.denials_by_operation.items()):
+            for op, n in sorted(st.authorization_denials.items()):
                 denials.add_metric([op], n)
             yield denials
-        contexts = set(b.server.tls_contexts.values())
-        if contexts:
-            yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=b.server.tls_handshake_failures)
-            yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=sum(t.reloads for t in contexts))
-            yield CounterMetricFamily("kafscale_tls_reload_failures", "Times changed TLS files could not be loaded (the previous certificate stayed)", value=sum(t.reload_failures for t in contexts))
+        if st.tls is not None:
+            yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=st.tls.handshake_failures)
+            yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=st.tls.reloads)
+            yield CounterMetricFamily("kafscale_tls_reload_failures", "Times changed TLS files could not be loaded (the previous certificate stayed)", value=st.tls.reload_failures)
 
-        cluster = b.cluster
-        try:
-            yield GaugeMetricFamily("kafscale_cluster_brokers", "Live brokers this broker sees (itself included)", value=len(cluster.brokers()))
-        except Exception:  # noqa: BLE001 - a cluster view being rebuilt: skip this scrape
-            pass
-        lease_alive = getattr(cluster, "lease_alive", None)
-        if callable(lease_alive):
-            yield GaugeMetricFamily("kafscale_cluster_lease_alive", "1 while the etcd lease is fresh enough to write (etcd clusters only)", value=1 if lease_alive() else 0)
+        if st.cluster_brokers is not None:
+            yield GaugeMetricFamily("kafscale_cluster_brokers", "Live brokers this broker sees (itself included)", value=st.cluster_brokers)
+        if st.lease_alive is not None:
+            yield GaugeMetricFamily("kafscale_cluster_lease_alive", "1 while the etcd lease is fresh enough to write (etcd clusters only)", value=1 if st.lease_alive else 0)
 
-        owned = list(logs.logs.items())
-        yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(owned))
+        yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(st.partitions))
         hw = GaugeMetricFamily("kafscale_partition_high_watermark", "High watermark (next offset to be made durable) of an owned partition", labels=["topic", "partition"])
         lso = GaugeMetricFamily("kafscale_partition_log_start_offset", "First offset still kept of an owned partition", labels=["topic", "partition"])
-        unflushed = 0
-        for (topic, partition), lg in owned:
-            hw.add_metric([topic, str(partition)], lg.high_watermark)
-            lso.add_metric([topic, str(partition)], lg.log_start_offset)
-            unflushed += max(getattr(lg, "next_offset", lg.high_watermark) - lg.high_watermark, 0)
+        for p in st.partitions:
+            hw.add_metric([p.topic, str(p.partition)], p.high_watermark)
+            lso.add_metric([p.topic, str(p.partition)], p.log_start_offset)
         yield hw
         yield lso
-        yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=unflushed)
+        yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=sum(p.unflushed_records for p in st.partitions))
 
-        snapshots = getattr(b, "snapshots", None)
-        age = snapshots.age_seconds() if snapshots is not None else None
-        if age is not None:
-            yield GaugeMetricFamily("kafscale_metadata_snapshot_age_seconds", "Age of the newest metadata snapshot in the backup location (docs/operations.md: alert when it exceeds a few snapshot intervals)", value=age)
+        if st.metadata_snapshot_age_s is not None:
+            yield GaugeMetricFamily("kafscale_metadata_snapshot_age_seconds", "Age of the newest metadata snapshot in the backup location (docs/operations.md: alert when it exceeds a few snapshot intervals)", value=st.metadata_snapshot_age_s)
 
         h = m.health
         for key, name, doc in (
@@ -363,9 +316,7 @@ class _LiveCollector(Collector):
         if h.get("checked_at"):
             yield GaugeMetricFamily("kafscale_health_checked_timestamp_seconds", "Unix time of the last health check", value=h["checked_at"])
 
-        states = live_group_states(b)
-        if states is None:
-            states = m.group_states
+        states = st.group_states
         by_state: dict[str, int] = {}
         for s in states.values():
             by_state[s] = by_state.get(s, 0) + 1

@@ -1,0 +1,127 @@
+"""What ops reads of a broker: the read model ops defines and the broker implements
+(broker/ops_view.py). ops imports nothing of broker/; it sees a broker only through this.
+
+A scrape gathers everything it shows in one synchronous `scrape()` (it runs on the broker's
+loop, where the structures it reads are safe to iterate); what needs awaits (readiness,
+consumer lag, the groups persisted before a restart) has its own calls, used by the samplers.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class OpsSettings:
+    broker_id: int
+    storage_kind: str  # "file" or "s3": the broker_info label
+    metadata_kind: str  # "embedded", "sqlite" or "etcd"
+    http: str  # --http as given ('' disables the HTTP server and the samplers)
+    http_address: tuple[str, int] | None  # where to bind it
+    http_basic_auth: str  # USER:PASSWORD guarding /metrics ('' for none)
+    http_ssl_context: Callable[[], ssl.SSLContext] | None  # --http-tls: builds the server context
+
+
+@dataclass(frozen=True, slots=True)
+class HookPoints:
+    """The lists ops registers its observers on (and removes them from on stop)."""
+
+    request_hooks: list  # hook(api key, version, seconds, error) after each request
+    response_hooks: dict  # api key -> [hook(request, response)]; no key without hooks
+    flush_hooks: list  # hook(segment info, seconds, puts) after each durable flush
+    authentication_hooks: list  # hook(mechanism, succeeded) after each SASL authentication
+
+
+class StorageCounts(Protocol):
+    produce_bytes: int
+    produce_records: int
+    flushes: int
+    flush_failures: int
+    segment_bytes: int
+    puts: int
+    gets: int
+
+
+class CompactionCounts(Protocol):
+    rounds: int
+    runs: int
+    bytes_read: int
+    bytes_written: int
+    segments_written: int
+    records_removed: int
+    recompressions: int
+    key_map_peak_entries: int
+
+
+class CacheCounts(Protocol):
+    hits: int
+    misses: int
+    bytes: int
+    max_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TlsCounts:
+    handshake_failures: int
+    reloads: int
+    reload_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class OwnedPartition:
+    topic: str
+    partition: int
+    high_watermark: int
+    log_start_offset: int
+    unflushed_records: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerState:
+    """One scrape's view of the broker."""
+
+    storage: StorageCounts
+    compaction: CompactionCounts
+    cache: CacheCounts
+    connections: int
+    request_memory: int
+    authorization_denials: dict[str, int] | None  # by operation; None without the ACL authorizer
+    tls: TlsCounts | None  # None without TLS listeners
+    cluster_brokers: int | None  # None while the cluster view is being rebuilt
+    lease_alive: bool | None  # None on a single-node (non-etcd) cluster
+    partitions: list[OwnedPartition]  # the owned, loaded partition logs
+    group_states: dict[str, str]  # group -> state (Kafka's spelling) of the groups in memory here
+    metadata_snapshot_age_s: float | None  # None: no snapshot known
+
+
+class BrokerReadModel(Protocol):
+    settings: OpsSettings
+    hooks: HookPoints
+
+    def scrape(self) -> BrokerState: ...
+
+    def listener_serving(self) -> bool: ...
+
+    async def check_metadata(self) -> None:
+        """Raise when the metadata store does not answer."""
+
+    async def check_object_store(self) -> None:
+        """Raise when the object store does not answer."""
+
+    def topic_name_for_id(self, topic_id: Any) -> str | None:
+        """A topic's name from the ids this broker has seen (Fetch v13+ names topics by id)."""
+
+    async def coordinated_group_states(self) -> dict[str, str]:
+        """group -> state of the groups this broker coordinates, persisted ones loaded too."""
+
+    def coordinates_group(self, group: str) -> bool: ...
+
+    async def committed_offsets(self, group: str) -> dict[tuple[str, int], int]: ...
+
+    async def high_watermark(self, topic: str, partition: int) -> int | None:
+        """The owned log's, else the committed one (None: no such partition)."""
+
+    async def live_topics(self) -> dict[Any, str]:
+        """topic id -> name of every topic."""
