@@ -43,7 +43,7 @@ from kafscale.metadata.sqlite import SqliteKV  # noqa: E402
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta, _dump, _segment_json  # noqa: E402
 from kafscale.protocol import records  # noqa: E402
 from kafscale.storage import segment, topic_marker  # noqa: E402
-from kafscale.storage.backends import open_store  # noqa: E402
+from kafscale.storage.s3 import S3ObjectStore  # noqa: E402
 from kafscale.storage.objectstore import ObjectStore  # noqa: E402
 from tests.support.servers import start_moto  # noqa: E402
 
@@ -145,7 +145,9 @@ async def run(args) -> None:
         os.environ.update(moto.env)
         bucket = "bench-restore"
         create_bucket(moto.endpoint, bucket)
-        store = open_store(f"s3://{bucket}/data")
+        # moto answers a LIST page of a 50,000-object bucket in seconds (S3: well under one):
+        # patient timeouts, so the figures are moto's speed, not a timeout.
+        store = S3ObjectStore.from_url(f"s3://{bucket}/data", read_timeout=120.0, retry_budget=300.0)
         await store.put("warm-up", [b"x"])  # the client's connection pool, before the flood
         await store.delete(["warm-up"])
         tmp = Path(tempfile.mkdtemp(prefix="bench-restore-"))

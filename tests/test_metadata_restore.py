@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from kafscale.backup.snapshot import created_ms_of
 from tests.support.broker import REPO, wait_for_leader
 from tests.support.wait import wait_until
 
@@ -188,6 +190,9 @@ def test_kill9_under_load_every_acknowledged_record_back(broker_factory):
     t.start()
     wait_until(lambda: len(acked) >= 3000, 60, "3000 acknowledged records")
     commit(b.bootstrap, "billing", {0: 100})
+    committed_ms = time.time() * 1000
+    snapdir = Path(b.data_dir, "objects", "default", "~metadata")
+    wait_until(lambda: any((created_ms_of(p.name[9:-4]) or 0) > committed_ms for p in snapdir.glob("*.kms")), 30, "a snapshot after the commit")
     wait_until(lambda: len(acked) >= 4000, 60, "more records after the commit")
     b.kill9()
     stop.set()
