@@ -51,6 +51,15 @@ def _open(driver, url: str):
     assert _js_errors(driver) == [], f"JavaScript errors on {url}"
 
 
+def _until(driver, timeout: float, cond):
+    """Until `cond(driver)` holds; elements replaced under it (a page loading, htmx swapping
+    a table) count as not yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)).until(cond)
+
+
 def _leave(driver) -> None:
     """Off a console about to stop: its pages' polling would fail into the next test's log."""
     driver.get("about:blank")
@@ -112,7 +121,7 @@ def test_message_browser_from_an_offset_with_a_filter(console, browser):
 def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser):
     from confluent_kafka.admin import ConfigResource, ResourceType
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     _open(browser, f"{console.url}/topics/{TOPIC}")
     form = browser.find_element(By.ID, "browse")
@@ -124,7 +133,7 @@ def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser
     old_table = browser.find_element(By.ID, "records")
     browser.find_element(By.ID, "browse-button").click()
     # htmx swaps the table in place: the page (and its URL) stay.
-    WebDriverWait(browser, 15).until(lambda d: [(r.get_attribute("data-partition"), r.get_attribute("data-offset"))
+    _until(browser, 15, lambda d: [(r.get_attribute("data-partition"), r.get_attribute("data-offset"))
                                                 for r in d.find_elements(By.CSS_SELECTOR, "#records tr.record")] == [("2", "0"), ("2", "1"), ("2", "2")])
     assert browser.current_url == f"{console.url}/topics/{TOPIC}"
     assert old_table.id != browser.find_element(By.ID, "records").id
@@ -134,7 +143,7 @@ def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser
     Select(config.find_element(By.NAME, "key")).select_by_visible_text("retention.ms")
     config.find_element(By.NAME, "value").send_keys("3600000")
     config.find_element(By.TAG_NAME, "button").click()
-    WebDriverWait(browser, 15).until(lambda d: "retention.ms set" in d.find_element(By.ID, "flash").text)
+    _until(browser, 15, lambda d: "retention.ms set" in d.find_element(By.ID, "flash").text)
     res = ConfigResource(ResourceType.TOPIC, TOPIC)
     assert admin(cluster.bootstrap).describe_configs([res])[res].result(10)["retention.ms"].value == "3600000"
 
@@ -142,7 +151,7 @@ def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser
 def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, cluster, browser):
     from confluent_kafka import Consumer, TopicPartition
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     name = f"made-in-browser-{free_port()}"
     _open(browser, f"{console.url}/topics")
@@ -152,7 +161,7 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     field.clear()
     field.send_keys("2")
     browser.find_element(By.ID, "create-topic-button").click()
-    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith(f"/topics/{name}"))
+    _until(browser, 15, lambda d: d.current_url.split("?")[0].endswith(f"/topics/{name}"))
     assert _js_errors(browser) == []
     md = admin(cluster.bootstrap).list_topics(timeout=10)
     assert name in md.topics and len(md.topics[name].partitions) == 2
@@ -160,7 +169,7 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     browser.find_element(By.ID, "produce-key").send_keys("who")
     browser.find_element(By.ID, "produce-value").send_keys("hello from a browser")
     browser.find_element(By.ID, "produce-button").click()
-    WebDriverWait(browser, 15).until(lambda d: "produced a record" in d.find_element(By.ID, "flash").text)
+    _until(browser, 15, lambda d: "produced a record" in d.find_element(By.ID, "flash").text)
     consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "console-test-reader", "enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(name, p, 0) for p in (0, 1)])
@@ -176,12 +185,12 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     Select(browser.find_element(By.ID, "reset-to")).select_by_visible_text("offset")
     browser.find_element(By.ID, "reset-value").send_keys("10")
     browser.find_element(By.ID, "reset-preview").click()
-    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "reset-plan"))
+    _until(browser, 15, lambda d: d.find_elements(By.ID, "reset-plan"))
     plan = {int(r.get_attribute("data-partition")): r.find_element(By.CSS_SELECTOR, ".new").text for r in _rows(browser, "reset-plan")}
     assert plan == {0: "10", 1: "10", 2: "10"}
     assert committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37  # a dry run changes nothing
     browser.find_element(By.ID, "reset-execute").click()
-    WebDriverWait(browser, 15).until(lambda d: "reset" in d.find_element(By.ID, "flash").text)
+    _until(browser, 15, lambda d: "reset" in d.find_element(By.ID, "flash").text)
     assert committed(cluster.bootstrap, GROUP, TOPIC, [0, 1, 2]) == {0: 10, 1: 10, 2: 10}
     row = browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-topic="{TOPIC}"][data-partition="0"]')
     assert row.find_element(By.CSS_SELECTOR, ".lag").text == "90"
@@ -285,7 +294,6 @@ def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
 
 def test_login_is_required_when_configured(cluster, browser, tmp_path):
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     users = str(tmp_path / "users")
     add_console_user(users, "alice", "s3cret-pass")
@@ -306,12 +314,12 @@ def test_login_is_required_when_configured(cluster, browser, tmp_path):
         browser.find_element(By.ID, "user").send_keys("alice")
         browser.find_element(By.ID, "password").send_keys("wrong")
         browser.find_element(By.ID, "login").click()
-        WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "error"))
+        _until(browser, 10, lambda d: d.find_elements(By.ID, "error"))
         browser.find_element(By.ID, "user").clear()
         browser.find_element(By.ID, "user").send_keys("alice")
         browser.find_element(By.ID, "password").send_keys("s3cret-pass")
         browser.find_element(By.ID, "login").click()
-        WebDriverWait(browser, 10).until(lambda d: d.current_url.endswith(f"/groups/{GROUP}"))
+        _until(browser, 10, lambda d: d.current_url.endswith(f"/groups/{GROUP}"))
         assert browser.find_element(By.CSS_SELECTOR, f'#offsets tr[data-partition="0"] .committed').text == "37"
         assert "user=alice logged in" in c.log_text()
     finally:
@@ -345,7 +353,7 @@ def test_users_topic_and_group_deleted_through_the_pages(console, cluster, brows
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
     from confluent_kafka.admin import NewTopic
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     _open(browser, f"{console.url}/users")
     browser.find_element(By.CSS_SELECTOR, "#create-user summary").click()
@@ -354,11 +362,11 @@ def test_users_topic_and_group_deleted_through_the_pages(console, cluster, brows
     Select(form.find_element(By.NAME, "mechanism")).select_by_visible_text("SCRAM-SHA-256")
     form.find_element(By.NAME, "password").send_keys("carol-secret")
     form.find_element(By.TAG_NAME, "button").click()
-    WebDriverWait(browser, 15).until(lambda d: "credentials of carol set" in d.find_element(By.ID, "flash").text)
+    _until(browser, 15, lambda d: "credentials of carol set" in d.find_element(By.ID, "flash").text)
     described = admin(cluster.bootstrap).describe_user_scram_credentials(["carol"])["carol"].result(10)
     assert [c.mechanism.name for c in described.scram_credential_infos] == ["SCRAM_SHA_256"]
     browser.find_element(By.XPATH, "//table[@id='users']//button[contains(., 'delete SCRAM-SHA-256')]").click()
-    WebDriverWait(browser, 15).until(lambda d: "deleted" in d.find_element(By.ID, "flash").text)
+    _until(browser, 15, lambda d: "deleted" in d.find_element(By.ID, "flash").text)
     assert "carol" not in admin(cluster.bootstrap).describe_user_scram_credentials().result(10)
 
     doomed = f"doomed-{free_port()}"
@@ -367,13 +375,13 @@ def test_users_topic_and_group_deleted_through_the_pages(console, cluster, brows
     _open(browser, f"{console.url}/groups/{doomed}")
     browser.find_element(By.CSS_SELECTOR, "#delete-group summary").click()
     browser.find_element(By.CSS_SELECTOR, "#delete-group button").click()
-    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith("/groups"))
+    _until(browser, 15, lambda d: d.current_url.split("?")[0].endswith("/groups"))
     assert doomed not in [g.group_id for g in admin(cluster.bootstrap).list_consumer_groups().result(10).valid]
 
     _open(browser, f"{console.url}/topics/{doomed}")
     browser.find_element(By.CSS_SELECTOR, "#delete-topic summary").click()
     browser.find_element(By.CSS_SELECTOR, "#delete-topic input[name=confirm]").send_keys(doomed)
     browser.find_element(By.CSS_SELECTOR, "#delete-topic button").click()
-    WebDriverWait(browser, 15).until(lambda d: d.current_url.split("?")[0].endswith("/topics"))
+    _until(browser, 15, lambda d: d.current_url.split("?")[0].endswith("/topics"))
     wait_until(lambda: doomed not in admin(cluster.bootstrap).list_topics(timeout=10).topics, 15, "the topic to be deleted")
     assert _js_errors(browser) == []
