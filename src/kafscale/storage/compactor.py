@@ -7,7 +7,7 @@ merging and compaction of a partition never run at once on a broker. The decisio
 storage/cleaner.py's (pure); this module does the I/O around them:
 
 1. `cleaner.plan` picks the cleanable segments (or none: not due).
-2. The key map is filled from the dirty segments (read by `read_segment_batches`: the
+2. The key map is filled from the dirty segments (read by `SegmentRewriter.read_segment_batches`: the
    cached view only when it is exactly the committed object, else the store), whole
    segments only, within `key_map_bytes` (--compaction-key-map-bytes); the pass then covers
    the log from its start through the last segment mapped.
