@@ -5,6 +5,7 @@ what the console refuses (read-only, no CSRF token, no login)."""
 from __future__ import annotations
 
 import tempfile
+import time
 
 import pytest
 import requests
@@ -116,6 +117,14 @@ def test_message_browser_from_an_offset_with_a_filter(console, browser):
     _open(browser, f"{console.url}/topics/{TOPIC}?start=earliest&filter=k150&limit=10")
     keys = [r.find_elements(By.TAG_NAME, "td")[3].text for r in browser.find_elements(By.CSS_SELECTOR, "#records tr.record")]
     assert keys == ["k150"]
+    # From a time: epoch 0 is the start of the partition, a day ahead is past its end.
+    _open(browser, f"{console.url}/topics/{TOPIC}?partition=0&start=timestamp&value=0&limit=2")
+    assert [r.get_attribute("data-offset") for r in browser.find_elements(By.CSS_SELECTOR, "#records tr.record")] == ["0", "1"]
+    ahead = int(time.time() * 1000) + 86_400_000
+    _open(browser, f"{console.url}/topics/{TOPIC}?partition=0&start=timestamp&value={ahead}&limit=2")
+    assert browser.find_elements(By.CSS_SELECTOR, "#records tr.record") == []
+    _open(browser, f"{console.url}/topics/{TOPIC}?partition=0&start=offset&value=3&limit=1&format=hex")
+    assert browser.find_element(By.CSS_SELECTOR, "#records tr.record td:nth-child(4)").text == b"k9".hex(" ")
 
 
 def test_browser_form_swaps_in_records_and_config_edit(console, cluster, browser):
@@ -163,6 +172,7 @@ def test_create_a_topic_produce_and_reset_offsets_through_the_pages(console, clu
     browser.find_element(By.ID, "create-topic-button").click()
     _until(browser, 15, lambda d: d.current_url.split("?")[0].endswith(f"/topics/{name}"))
     assert _js_errors(browser) == []
+    assert f"user=anonymous create topic {name} partitions=2" in console.log_text()  # the audit log names the console user
     md = admin(cluster.bootstrap).list_topics(timeout=10)
     assert name in md.topics and len(md.topics[name].partitions) == 2
 
