@@ -215,9 +215,9 @@ def test_groups_list_describe_delete(broker, topic_name):
     produce(broker.bootstrap, topic_name, 2, partitions=2)  # one record of lag per partition
 
     listing = ok(cli(broker, "groups", "list"))
-    assert listing.splitlines()[0].split() == ["GROUP", "STATE", "TYPE"]
-    assert [group, "Empty", "consumer"] in rows(listing)
-    assert {"group": group, "state": "Empty", "type": "consumer"} in json.loads(ok(cli(broker, "groups", "list", "--json")))
+    assert listing.splitlines()[0].split() == ["GROUP", "STATE", "TYPE", "PROTOCOL"]
+    assert [group, "Empty", "consumer", "classic"] in rows(listing)
+    assert {"group": group, "state": "Empty", "type": "consumer", "protocol": "classic"} in json.loads(ok(cli(broker, "groups", "list", "--json")))
 
     out = ok(cli(broker, "groups", "describe", group))
     assert f"Group: {group}" in out and "State: Empty" in out and "Total lag: 2" in out
@@ -255,6 +255,28 @@ def test_groups_describe_active_member(broker, topic_name):
         assert busy.returncode == 1 and "is not empty" in busy.stderr
         busy = cli(broker, "groups", "delete", group)
         assert busy.returncode == 1 and "active members" in busy.stderr
+    finally:
+        c.close()
+
+
+def test_groups_list_describe_consumer_protocol(broker, topic_name):
+    """A KIP-848 group (group.protocol=consumer) is listed and described with its protocol
+    and each member's target assignment."""
+    group = topic_name + "-kip848"
+    ok(cli(broker, "topics", "create", topic_name, "--partitions", "2"))
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "client.id": "member-k", "group.protocol": "consumer"})
+    try:
+        c.subscribe([topic_name])
+        deadline = time.monotonic() + 30
+        while len(c.assignment()) < 2 and time.monotonic() < deadline:
+            c.poll(0.2)
+        assert len(c.assignment()) == 2
+        assert [group, "Stable", "consumer", "consumer"] in rows(ok(cli(broker, "groups", "list")))
+        doc = json.loads(ok(cli(broker, "groups", "describe", group, "--json")))
+        assert (doc["state"], doc["protocol"], doc["assignor"]) == ("Stable", "consumer", "uniform")
+        [m] = doc["members"]
+        assert m["client"] == "member-k" and m["assignment"] == m["target_assignment"] == [f"{topic_name}-0", f"{topic_name}-1"]
+        assert "Protocol: consumer" in ok(cli(broker, "groups", "describe", group))
     finally:
         c.close()
 

@@ -87,12 +87,15 @@ class Ledger:
 
 
 class Member(threading.Thread):
-    def __init__(self, name: str, bootstrap: str, group: str, topic: str, ledger: Ledger):
+    def __init__(self, name: str, bootstrap: str, group: str, topic: str, ledger: Ledger, instance_id: str | None = None):
         super().__init__(name=name, daemon=True)
         self.member, self.ledger, self.topic = name, ledger, topic
         self.stopping = threading.Event()
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
-                                  "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": name})
+        conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+                "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": name}
+        if instance_id is not None:
+            conf["group.instance.id"] = instance_id
+        self.consumer = Consumer(conf)
 
     def run(self) -> None:
         c, ledger = self.consumer, self.ledger
@@ -193,6 +196,41 @@ def test_members_join_and_leave_every_record_read_once(cgbroker):
         r = c.request(9, 9, req(9, 9, groups=(req(9, 9, "OffsetFetchRequestGroup", group_id=group, topics=topics),),
                                 require_stable=False))
         assert sum(p.committed_offset for t in r.groups[0].topics for p in t.partitions) == total
+        # An empty consumer group is deleted with its offsets.
+        assert error_code(c.request(42, 2, req(42, 2, groups_names=(group,))).results[0].error_code) == 0
+        [g] = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False)).groups
+        assert error_code(g.error_code) == ErrorCode.group_id_not_found.value
+
+
+def test_static_member_restart_keeps_its_partitions(cgbroker):
+    """A static member closing leaves with epoch -2: its partitions wait for it (nobody else
+    gets them) and its restart under a new member id takes them back, no rebalance."""
+    bootstrap = cgbroker.bootstrap
+    topic, group = f"kip848-static-{uuid.uuid4().hex[:8]}", f"gs-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic)
+    ledger = Ledger()
+    a = Member("a", bootstrap, group, topic, ledger, instance_id="static-a")
+    b = Member("b", bootstrap, group, topic, ledger, instance_id="static-b")
+    a2 = Member("a2", bootstrap, group, topic, ledger, instance_id="static-a")
+    try:
+        a.start()
+        b.start()
+        wait_until(lambda: ledger.split() == [3, 3], 60, "a and b holding three partitions each")
+        held_a, held_b = ledger.holdings("a"), ledger.holdings("b")
+        a.leave()
+        with RawClient(bootstrap) as c:
+            def a_away():
+                [g] = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False)).groups
+                return {m.instance_id: m.member_epoch for m in g.members}.get("static-a") == -2
+            wait_until(a_away, 30, "a's static leave")
+        a2.start()
+        wait_until(lambda: ledger.holdings("a2") == held_a, 60, "a's partitions back with its restart")
+        assert ledger.holdings("b") == held_b and not ledger.revoked.get("b")
+    finally:
+        for m in (a, b, a2):
+            if m.is_alive():
+                m.leave()
+    assert not ledger.violations and not ledger.errors, (ledger.violations, ledger.errors)
 
 
 # -- raw frames --------------------------------------------------------------------------------
@@ -276,10 +314,18 @@ def test_heartbeat_errors_with_kafkas_codes(cgbroker):
                                  group_instance_id=None, protocol_type="consumer", reason=None,
                                  protocols=(req(11, 9, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
         assert error_code(r.error_code) == ErrorCode.inconsistent_group_protocol.value
+        # OffsetDelete: not while the group subscribes to the topic.
+        r = c.request(47, 0, req(47, 0, group_id=group, topics=(req(47, 0, "OffsetDeleteRequestTopic", name=topic, partitions=(
+            req(47, 0, "OffsetDeleteRequestPartition", partition_index=0),)),)))
+        assert (error_code(r.error_code), error_code(r.topics[0].partitions[0].error_code)) == (
+            0, ErrorCode.group_subscribed_to_topic.value)
         # Leaving: -1 removes, -2 keeps a static member for its comeback.
         assert heartbeat(c, group, "m3", -2, instance_id="i3").member_epoch == -2
         assert heartbeat(c, group, "m1", -1).member_epoch == -1
         assert error_code(heartbeat(c, group, "m1", 2).error_code) == ErrorCode.unknown_member_id.value
+        # Once empty (m3 expires only after its session): DeleteGroups refuses, then OffsetDelete works.
+        r = c.request(42, 2, req(42, 2, groups_names=(group,)))
+        assert error_code(r.results[0].error_code) == ErrorCode.non_empty_group.value
 
 
 def commit(c: RawClient, group: str, member_id: str, epoch: int, topic: str) -> int:

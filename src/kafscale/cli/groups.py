@@ -13,16 +13,23 @@ def _state(state) -> str:
     return "".join(p.title() for p in name.split("_"))
 
 
+def _protocol(group) -> str:
+    """The group's protocol, as clients name it (group.protocol): classic, or consumer (KIP-848)."""
+    kind = getattr(getattr(group, "type", None), "name", "UNKNOWN")
+    return "-" if kind == "UNKNOWN" else kind.lower()
+
+
 def groups_list(args) -> int:
     admin = admin_client(args)
     res = await_result(admin.list_consumer_groups(request_timeout=args.timeout), args, "listing groups")
-    rows = sorted(((g.group_id, _state(g.state), "simple" if g.is_simple_consumer_group else "consumer") for g in res.valid), key=lambda r: r[0])
+    rows = sorted(((g.group_id, _state(g.state), "simple" if g.is_simple_consumer_group else "consumer", _protocol(g))
+                   for g in res.valid), key=lambda r: r[0])
     for err in res.errors:
         note(f"warning: a broker did not list its groups: {err}")
     if args.json:
-        print_json([{"group": g, "state": s, "type": t} for g, s, t in rows])
+        print_json([{"group": g, "state": s, "type": t, "protocol": p} for g, s, t, p in rows])
     else:
-        table(["GROUP", "STATE", "TYPE"], [list(r) for r in rows])
+        table(["GROUP", "STATE", "TYPE", "PROTOCOL"], [list(r) for r in rows])
     return EXIT_OK if not res.errors else EXIT_FAILED
 
 
@@ -74,13 +81,23 @@ def groups_describe(args) -> int:
         rows.append({"topic": key[0], "partition": key[1], "committed": off, "end": end, "lag": lag,
                      "member": m.member_id if m else None, "client": m.client_id if m else None, "host": m.host if m else None})
     coordinator = getattr(desc.coordinator, "id", None)
+    def partitions(assignment) -> list[str]:
+        return [f"{tp.topic}-{tp.partition}" for tp in (getattr(assignment, "topic_partitions", None) or ())]
+
+    # A consumer-protocol (KIP-848) member also has the target the broker reconciles it to.
     members = [{"member": m.member_id, "client": m.client_id, "host": m.host, "instance": m.group_instance_id,
-                "assignment": [f"{tp.topic}-{tp.partition}" for tp in (getattr(m.assignment, "topic_partitions", None) or ())]} for m in desc.members]
+                "assignment": partitions(m.assignment),
+                **({"target_assignment": partitions(m.target_assignment)} if getattr(m, "target_assignment", None) else {})}
+               for m in desc.members]
+    protocol = _protocol(desc)
     if args.json:
-        print_json({"group": args.name, "state": state, "assignor": desc.partition_assignor, "coordinator": coordinator,
+        print_json({"group": args.name, "state": state, "protocol": protocol, "assignor": desc.partition_assignor, "coordinator": coordinator,
                    "members": members, "partitions": rows, "total_lag": sum(r["lag"] or 0 for r in rows)})
         return EXIT_OK
-    print(f"Group: {args.name}   State: {state}   Members: {len(members)}   Assignor: {desc.partition_assignor or '-'}   Coordinator: {coordinator}")
+    print(f"Group: {args.name}   State: {state}   Protocol: {protocol}   Members: {len(members)}   Assignor: {desc.partition_assignor or '-'}   Coordinator: {coordinator}")
+    pending = [(m["member"], m["target_assignment"]) for m in members if "target_assignment" in m and sorted(m["target_assignment"]) != sorted(m["assignment"])]
+    for member, target in pending:
+        print(f"Reconciling: member {member} moves to {', '.join(target) or 'nothing'}")
     print(f"Total lag: {sum(r['lag'] or 0 for r in rows)}")
     print()
     table(["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER", "CLIENT", "HOST"],

@@ -457,6 +457,13 @@ class ConsumerGroup:
     def is_subscribed_to(self, topic: str) -> bool:
         return topic in self.subscribed_topic_names()
 
+    @property
+    def is_empty(self) -> bool:
+        return not self.members
+
+    def validate_offset_delete(self) -> ErrorCode:
+        return ErrorCode.none  # Kafka: any consumer group; subscribed topics are refused per partition
+
     # -- persistence --------------------------------------------------------------------------
 
     def to_doc(self) -> dict:

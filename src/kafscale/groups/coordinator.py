@@ -338,7 +338,8 @@ class GroupCoordinator:
         self, group_id: str, partitions: Iterable[tuple[str, int]]
     ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
         async with self._locks[group_id]:
-            group = await self._load(group_id)
+            consumer = await self.consumer.loaded(group_id)  # a KIP-848 group answers the same calls
+            group = consumer if consumer is not None else await self._load(group_id)
             if group is None:
                 return ErrorCode.group_id_not_found, {}
             error = group.validate_offset_delete()
@@ -357,7 +358,7 @@ class GroupCoordinator:
                 await self._write_records(group_id, offsets_topic.offset_tombstones(group_id, deletable))
             if group.is_empty and not await self.metadata.fetch_offsets(group_id):
                 # Kafka drops an Empty group once its last offset is gone.
-                await self._remove_group(group)
+                await (self.consumer.delete(consumer) if consumer is not None else self._remove_group(group))
             return ErrorCode.none, results
 
     # -- admin ------------------------------------------------------------------------------
