@@ -4,10 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev chromium chromium-driver
-# Quix Streams (tests/test_quix_streams.py) lives in a venv of its own: it pins
-# confluent-kafka < 2.13 and pydantic < 2.14, older than the test venv's clients.
-QUIX_VENV := .venv-quix
-QUIX_STAMP := $(QUIX_VENV)/.installed
+# Stream processing libraries the tests run apps of, each in a venv of its own built from
+# the pyproject extra of its name (.venv-NAME from extra NAME): Quix Streams
+# (tests/test_quix_streams.py) pins confluent-kafka < 2.13 and pydantic < 2.14, older than
+# the test venv's clients; Faust (tests/test_faust.py) brings its own aiokafka/aiohttp stack.
+APP_VENVS := .venv-quix .venv-faust
+APP_STAMPS := $(APP_VENVS:%=%/.installed)
 
 .PHONY: install run test bench system-deps clean
 
@@ -19,11 +21,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-$(QUIX_STAMP): pyproject.toml $(STAMP)
-	$(PYTHON) -m venv $(QUIX_VENV)
+.venv-%/.installed: pyproject.toml $(STAMP)
+	$(PYTHON) -m venv .venv-$*
 	@# unquoted: one word per requirement (word splitting only, no redirection or globbing here)
-	$(QUIX_VENV)/bin/pip install -q $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["quix"])')
-	touch $(QUIX_STAMP)
+	.venv-$*/bin/pip install -q $$($(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["$*"])')
+	touch $@
 
 run: install
 	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
@@ -46,7 +48,7 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-test: install system-deps $(QUIX_STAMP)
+test: install system-deps $(APP_STAMPS)
 	@# pytest exit code 5 (nothing collected) is not a failure of the suite
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
@@ -55,4 +57,4 @@ bench: install system-deps
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(QUIX_VENV) data
+	rm -rf $(VENV) $(APP_VENVS) data
