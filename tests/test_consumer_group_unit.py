@@ -189,3 +189,34 @@ def test_doc_round_trip():
     back = ConsumerGroup.from_doc("g", g.to_doc(), CONFIG, 0.0)
     assert back.to_doc() == g.to_doc()
     assert back.members["a"].state is MemberState.UNREVOKED_PARTITIONS
+
+
+async def test_offset_retention_of_consumer_groups(tmp_path):
+    """Through the coordinator over a real store: offsets of topics the group no longer
+    subscribes to expire after the retention; an empty group goes with its last offset."""
+    from types import SimpleNamespace
+
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata.sqlite import SqliteKV
+    from kafscale.metadata.store import CommittedOffset, MetadataStore
+    from tests.test_groups_unit import FakeClock
+
+    clock = FakeClock()
+    md = MetadataStore(SqliteKV(tmp_path / "meta.db"))
+    coord = GroupCoordinator(md, SimpleNamespace(offsets_retention_minutes=1, group_initial_rebalance_delay_ms=0), clock=clock)
+    await coord.start()
+
+    async def lookup(names):
+        return {n: {"t": TOPICS["t"], "u": ("00000000-0000-0000-0000-00000000000b", 1)}[n] for n in names}
+
+    req = HeartbeatRequest(member_id="a", member_epoch=0, rebalance_timeout_ms=1000, subscribed_topic_names=("t",), owned=frozenset())
+    assert (await coord.consumer.heartbeat("cg", req, lookup)).member_epoch == 1
+    kw = dict(member_id="a", group_instance_id=None, generation_id=1, api_version=9)
+    await coord.commit_offsets("cg", offsets={("t", 0): CommittedOffset(5), ("u", 0): CommittedOffset(7)}, **kw)
+    clock.now += 60_000
+    assert await coord.expire_offsets() == 1  # u: not subscribed; t stays while subscribed
+    assert set(await coord.fetch_offsets("cg")) == {("t", 0)}
+    leave = HeartbeatRequest(member_id="a", member_epoch=-1)
+    assert (await coord.consumer.heartbeat("cg", leave, lookup)).member_epoch == -1
+    assert await coord.expire_offsets() == 1 and await md.get_group("cg") is None
+    await coord.stop()

@@ -134,6 +134,30 @@ class ConsumerGroupCoordinator:
         await self.metadata.delete_group(group.group_id)
         return ErrorCode.none
 
+    async def expire_offsets(self, owned: Callable[[str], bool], retention_ms: int) -> list[tuple[str, list[tuple[str, int]]]]:
+        """Kafka's retention for consumer groups: an offset of a topic the group does not
+        subscribe to expires `retention_ms` after its commit (so every offset of an empty
+        group), and an empty group without offsets is removed. [(group, expired)]."""
+        out = []
+        for group_id, doc in (await self.metadata.list_groups()).items():
+            if not is_consumer_group_doc(doc) or not owned(group_id):
+                continue
+            async with self.parent._locks[group_id]:
+                group = await self.loaded(group_id)
+                if group is None:
+                    continue
+                now = self.parent.clock()
+                offsets = await self.metadata.fetch_offsets(group_id)
+                expired = [tp for tp, o in offsets.items()
+                           if not group.is_subscribed_to(tp[0]) and now - o.commit_ms >= retention_ms]
+                if expired:
+                    await self.metadata.delete_offsets(group_id, expired)
+                    out.append((group_id, expired))
+                if group.is_empty and len(expired) == len(offsets):
+                    log.info("consumer group %s is empty and has no offsets left; removing it", group_id)
+                    await self.delete(group)
+        return out
+
     # -- loading and persistence ---------------------------------------------------------------
 
     async def loaded(self, group_id: str) -> ConsumerGroup | None:

@@ -427,6 +427,9 @@ class GroupCoordinator:
                 if group.is_empty and not group.pending_members and len(expired) == len(offsets):
                     log.info("group %s is empty and has no offsets left; removing it", group_id)
                     await self._remove_group(group)
+        for group_id, expired in await self.consumer.expire_offsets(owned, self.offsets_retention_ms):
+            await self._write_records(group_id, offsets_topic.offset_tombstones(group_id, expired))
+            removed += len(expired)
         return removed
 
     def _offset_expired(self, group: Group, topic: str, offset: CommittedOffset, now: float) -> bool:
