@@ -808,6 +808,34 @@ async def test_driver_logs_every_refused_commit(store, caplog):
     await coord.stop()
 
 
+async def test_driver_txn_offset_commit_to_a_consumer_protocol_group(store, caplog):
+    """KIP-848 groups: a TxnOffsetCommit with a stale member epoch gets ILLEGAL_GENERATION
+    (Kafka's transactional commit has no STALE_MEMBER_EPOCH), an unknown member
+    UNKNOWN_MEMBER_ID, one without member while the group has members UNKNOWN_MEMBER_ID."""
+    from kafscale.groups.consumer_group import HeartbeatRequest
+    from kafscale.metadata.store import CommittedOffset
+
+    coord = make_coordinator(store)
+    await coord.start()
+
+    async def lookup(names):
+        return {n: ("00000000-0000-0000-0000-00000000000a", 2) for n in names}
+
+    res = await coord.consumer.heartbeat("cg", HeartbeatRequest(
+        member_id="m1", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",), owned=frozenset()), lookup)
+    epoch = res.member_epoch
+    kw = dict(group_instance_id=None, offsets={("t", 0): CommittedOffset(4)}, api_version=3, pending_producer_id=9)
+    caplog.set_level("INFO", logger="kafscale.groups")
+    assert await coord.commit_offsets("cg", member_id="m1", generation_id=epoch, **kw) is E.none
+    assert await coord.commit_offsets("cg", member_id="m1", generation_id=epoch - 1, **kw) is E.illegal_generation
+    assert await coord.commit_offsets("cg", member_id="ghost", generation_id=epoch, **kw) is E.unknown_member_id
+    assert await coord.commit_offsets("cg", member_id="", generation_id=-1, **kw) is E.unknown_member_id
+    refused = [r.getMessage() for r in caplog.records if " refused with " in r.getMessage()]
+    assert [m.split(" refused with ")[1].split(":")[0] for m in refused] == ["ILLEGAL_GENERATION", "UNKNOWN_MEMBER_ID", "UNKNOWN_MEMBER_ID"]
+    assert all(m.startswith("TxnOffsetCommit to group 'cg' by member ") for m in refused)
+    await coord.stop()
+
+
 async def test_driver_offset_retention_for_empty_groups(store):
     from kafscale.metadata.store import CommittedOffset
 

@@ -111,6 +111,9 @@ class ConsumerGroupCoordinator:
         try:
             group.validate_offset_commit(member_id, member_epoch, api_version, transactional)
         except KafkaError as e:
+            if transactional and e.code is ErrorCode.stale_member_epoch:
+                # Kafka: TxnOffsetCommit knows no STALE_MEMBER_EPOCH, a stale epoch is ILLEGAL_GENERATION.
+                return ErrorCode.illegal_generation
             return e.code
         return ErrorCode.none
 
