@@ -98,6 +98,21 @@ def test_group_page_shows_committed_end_and_lag(console, browser):
             row.find_element(By.CSS_SELECTOR, ".lag").text) == ("37", "100", "63")
 
 
+def test_lag_chart_goes_on_while_nobody_looks(console):
+    s = requests.Session()
+    assert s.get(f"{console.url}/groups/{GROUP}", timeout=10).status_code == 200
+    calls = 0
+
+    def points_by_sampler():
+        nonlocal calls
+        calls += 1
+        lag = s.get(f"{console.url}/groups/{GROUP}/lag.json", timeout=10).json()
+        assert lag["lag"] and all(isinstance(x, int) and x >= 63 for x in lag["lag"])
+        return len(lag["t"]) - calls - 1 >= 3  # each view adds one point, the sampler the rest
+
+    wait_until(points_by_sampler, 30, "the console's sampler to add lag points", interval=1.0)
+
+
 def test_no_javascript_errors_on_any_page(console, browser):
     for page in PAGES:
         _open(browser, console.url + page)

@@ -64,6 +64,7 @@ class Cluster:
         self._producer = None
         self._consumer = None
         self._consumer_lock = threading.Lock()
+        self._make_lock = threading.Lock()
         self._md = None
         self._md_at = 0.0
         self._md_lock = threading.Lock()
@@ -73,11 +74,14 @@ class Cluster:
 
     @property
     def admin(self):
-        if self._admin is None:
-            from confluent_kafka.admin import AdminClient
+        # One client, made once: a second one made by a racing thread would be dropped,
+        # and a dropped AdminClient never answers the futures it handed out.
+        with self._make_lock:
+            if self._admin is None:
+                from confluent_kafka.admin import AdminClient
 
-            self._admin = AdminClient(self.conf())
-        return self._admin
+                self._admin = AdminClient(self.conf())
+            return self._admin
 
     def _wait(self, future, what: str):
         try:
@@ -92,6 +96,10 @@ class Cluster:
                              "ssl.certificate.location": "ssl_certfile", "ssl.key.location": "ssl_keyfile", "ssl.key.password": "ssl_password"}
 
     def _kafka_python(self):
+        with self._make_lock:
+            return self._make_kafka_python()
+
+    def _make_kafka_python(self):
         if self._kp_admin is None:
             from kafka.admin import KafkaAdminClient
 
@@ -374,8 +382,9 @@ class Cluster:
         from confluent_kafka import Producer
 
         self._topic(topic)  # never auto-create by producing to a misspelled name
-        if self._producer is None:
-            self._producer = Producer(self.conf(**{"acks": "all", "linger.ms": 0, "message.timeout.ms": int(self.timeout * 1000)}))
+        with self._make_lock:
+            if self._producer is None:
+                self._producer = Producer(self.conf(**{"acks": "all", "linger.ms": 0, "message.timeout.ms": int(self.timeout * 1000)}))
         done: dict = {}
 
         def delivered(err, msg):

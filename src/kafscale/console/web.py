@@ -33,6 +33,7 @@ HERE = Path(__file__).parent
 PER_PAGE = 50
 LAG_HISTORY = 120  # points per group
 LAG_GROUPS = 500  # groups whose lag history is kept (least recently viewed dropped)
+LAG_FOLLOWED = 20  # groups viewed last whose lag the sampler keeps adding to
 
 CLUSTER, METRICS, SESSIONS, STATE, TEMPLATES = (web.AppKey(n, object) for n in ("cluster", "metrics", "sessions", "state", "templates"))
 REGISTRY = web.AppKey("registry", object)  # a RegistryClient (--schema-registry) or None
@@ -366,9 +367,14 @@ async def groups(request: web.Request):
     return render(request, "groups.html", q=q, page=page, per_page=PER_PAGE, **data)
 
 
-def _remember_lag(app: web.Application, group: str, lag: int) -> list:
+def _remember_lag(app: web.Application, group: str, lag: int, touch: bool = True) -> list:
+    """Add a point to the group's lag history; `touch`: it was viewed (most recent last)."""
     hist: OrderedDict = app[STATE]["lag"]
-    points = hist.pop(group, None) or deque(maxlen=LAG_HISTORY)
+    points = hist.pop(group, None) if touch else hist.get(group)
+    if points is None:
+        if not touch:
+            return []  # dropped since: followed no more
+        points = deque(maxlen=LAG_HISTORY)
     hist[group] = points
     while len(hist) > LAG_GROUPS:
         hist.popitem(last=False)
@@ -514,6 +520,13 @@ async def _sampler(app: web.Application) -> None:
             await metrics.scrape(state.get("known", []))
         except Exception:  # noqa: BLE001 - a sampler bug must not stop the console
             log.exception("scraping broker metrics failed")
+        # The lag charts of the groups viewed last go on while nobody looks at them.
+        for name in list(state["lag"])[-LAG_FOLLOWED:]:
+            try:
+                g = await asyncio.to_thread(cluster.group, name)
+                _remember_lag(app, name, g["lag"], touch=False)
+            except ClusterError:
+                pass  # gone, or no broker answers: the chart just has a gap
         await asyncio.sleep(metrics.interval)
 
 
