@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+from typing import Iterable
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol import records
@@ -30,6 +31,21 @@ WHOLE_SEGMENT_READ_BYTES = 16 * 1024 * 1024
 
 def _base_offset(seg: segment.SegmentInfo) -> int:
     return seg.base_offset
+
+
+def first_record_at_or_after(data, batches: Iterable[tuple[int, records.BatchHeader]], timestamp: int, min_offset: int = 0) -> records.Record | None:
+    """The first record of `batches` ((position in `data`, header), in offset order) whose
+    timestamp is >= `timestamp` and offset >= `min_offset` (Kafka's ListOffsets by time).
+    Batch max timestamps pick the batches to decode; only those are decoded (CRC-checked).
+    The broker's lookup over a partition's cached segments and the Spark source's over
+    segment objects both come here."""
+    for pos, h in batches:
+        if h.max_timestamp < timestamp or h.last_offset < min_offset:
+            continue
+        for rec in records.decode_records(data, pos, h):
+            if rec.timestamp >= timestamp and rec.offset >= min_offset:
+                return rec
+    return None
 
 
 class SegmentReader:
@@ -229,12 +245,10 @@ class SegmentReader:
             if seg.max_timestamp < timestamp:
                 continue
             view = await self.segment_view(topic, partition, seg)
-            for i, pos in enumerate(view.positions):
-                if view.max_timestamps[i] < timestamp:
-                    continue
-                for rec in records.decode_records(view.data, pos):
-                    if rec.timestamp >= timestamp and rec.offset >= log_start_offset:
-                        return rec.offset, rec.timestamp
+            candidates = ((pos, records.read_header(view.data, pos)) for i, pos in enumerate(view.positions) if view.max_timestamps[i] >= timestamp)
+            rec = first_record_at_or_after(view.data, candidates, timestamp, log_start_offset)
+            if rec is not None:
+                return rec.offset, rec.timestamp
         return -1, -1
 
     async def max_timestamp_offset(self, topic: str, partition: int, segments: list[segment.SegmentInfo]) -> tuple[int, int]:

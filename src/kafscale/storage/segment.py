@@ -14,6 +14,7 @@ import re
 import struct
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 from kafscale.metadata.segments import SegmentInfo  # re-exported: the codec produces it
 from kafscale.protocol import records
@@ -37,7 +38,14 @@ assert HEADER_SIZE == 32 and FOOTER_SIZE == 16 and INDEX_HEADER.size == 16
 
 
 class SegmentFormatError(ValueError):
-    pass
+    """A segment (or index) object that is not as written. `what` says what is wrong without
+    the object's name; `byte` and `offset` say where, when known (readers name the object
+    and the place in their own error type)."""
+
+    def __init__(self, message: str, *, what: str | None = None, byte: int | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.what = message if what is None else what
+        self.byte, self.offset = byte, offset
 
 
 def segment_key(namespace: str, topic: str, partition: int, base_offset: int) -> str:
@@ -57,6 +65,11 @@ def segment_key_pattern(namespace: str) -> re.Pattern:
 def segment_key_of_index(key: str) -> str:
     """The segment_key an index_key belongs to."""
     return key[: -len(".index")] + ".kfs"
+
+
+def index_key_of_segment(key: str) -> str:
+    """The index_key of a segment_key."""
+    return key[: -len(".kfs")] + ".index"
 
 
 def partition_prefix(namespace: str, topic: str, partition: int) -> str:
@@ -158,26 +171,87 @@ def decode(data, *, verify_crc: bool = True, name: str = "segment") -> DecodedSe
     """Parse and check a whole segment object."""
     mv = memoryview(data)
     if len(mv) < HEADER_SIZE + FOOTER_SIZE:
-        raise SegmentFormatError(f"{name}: {len(mv)} bytes is too short for a segment")
+        _malformed(name, f"{len(mv)} bytes is too short for a segment")
     magic, version, _flags, base_offset, count, created, _ = HEADER.unpack_from(mv, 0)
     if magic != SEGMENT_MAGIC:
-        raise SegmentFormatError(f"{name}: bad header magic {magic:#x}")
+        _malformed(name, f"bad header magic {magic:#x}")
     if version != FORMAT_VERSION:
-        raise SegmentFormatError(f"{name}: unsupported segment version {version}")
+        _malformed(name, f"unsupported segment version {version}")
     crc, last_offset, fmagic = FOOTER.unpack_from(mv, len(mv) - FOOTER_SIZE)
     if fmagic != FOOTER_MAGIC:
-        raise SegmentFormatError(f"{name}: bad footer magic (truncated object?)")
-    body = mv[HEADER_SIZE : len(mv) - FOOTER_SIZE]
-    if verify_crc and records.crc32c(body) != crc:
-        raise SegmentFormatError(f"{name}: CRC32C of the batches does not match the footer")
+        _malformed(name, "bad footer magic (truncated object?)")
+    body_end = len(mv) - FOOTER_SIZE
+    if verify_crc and records.crc32c(mv[HEADER_SIZE:body_end]) != crc:
+        _malformed(name, "CRC32C of the batches does not match the footer")
     max_ts = -1
     expected = base_offset
-    for pos, h in records.iter_batches(body):
+    for pos, h in walk(mv, HEADER_SIZE, body_end, name=name):
         if h.base_offset < expected:
-            raise SegmentFormatError(f"{name}: batch at byte {HEADER_SIZE + pos} has offset {h.base_offset} < {expected}")
+            _malformed(name, f"batch at byte {pos} has offset {h.base_offset} < {expected}")
         expected = h.last_offset + 1
         max_ts = max(max_ts, h.max_timestamp)
     return DecodedSegment(SegmentInfo(base_offset, last_offset, len(mv), count, max_ts, created), mv)
+
+
+def checked_batch(buf, pos: int, end: int, *, abs_start: int = 0, name: str = "segment") -> records.BatchHeader:
+    """The header of the batch at buf[pos], checked to frame a whole v2 batch inside buf[:end]
+    (SegmentFormatError naming its byte, abs_start + pos, and offset otherwise)."""
+    if end - pos < records.HEADER_SIZE:
+        base = records.read_base_offset(buf, pos) if len(buf) - pos >= 8 else None
+        _malformed(name, f"record batch header cut short ({max(0, end - pos)} bytes left; object truncated?)", abs_start + pos, base)
+    h = records.read_header(buf, pos)
+    if h.magic != 2:
+        _malformed(name, f"record batch magic {h.magic} (expected 2)", abs_start + pos, h.base_offset)
+    if h.batch_length < records.HEADER_SIZE - records.LOG_OVERHEAD or pos + h.size > end:
+        _malformed(name, f"record batch of {h.size} bytes runs past the data (object truncated?)", abs_start + pos, h.base_offset)
+    if h.record_count < 0 or h.last_offset_delta < 0:
+        _malformed(name, "negative record count or offset delta", abs_start + pos, h.base_offset)
+    return h
+
+
+def _malformed(name: str, what: str, byte: int | None = None, offset: int | None = None):
+    raise SegmentFormatError(f"{name}: {what}", what=what, byte=byte, offset=offset)
+
+
+def walk(buf, start: int, end: int, *, abs_start: int = 0, name: str = "segment") -> Iterator[tuple[int, records.BatchHeader]]:
+    """(position, header) of each batch of buf[start:end], which must be whole v2 batches
+    (checked_batch); the one walk over a segment's batches that checks their framing."""
+    pos = start
+    while pos < end:
+        h = checked_batch(buf, pos, end, abs_start=abs_start, name=name)
+        yield pos, h
+        pos += h.size
+
+
+def footer_last_offset(buf, pos: int) -> int | None:
+    """The last offset of the footer at buf[pos], or None when no footer is there."""
+    if len(buf) - pos != FOOTER_SIZE:
+        return None
+    _crc, last, magic = FOOTER.unpack_from(buf, pos)
+    return last if magic == FOOTER_MAGIC else None
+
+
+def walk_to_footer(buf, start: int, *, abs_start: int = 0, name: str = "segment") -> tuple[list[tuple[int, int]], int]:
+    """Check that buf[start:] is whole batches then the footer (buf: the tail of an object
+    from byte abs_start); return [(base offset, byte in the object)] and the footer's last
+    offset. Walks the batches even when the footer is missing, so that a truncated object
+    is reported at the batch (offset and byte) where it breaks off."""
+    n = len(buf)
+    batches: list[tuple[int, int]] = []
+    pos = start
+    last = None
+    while (footer_last := footer_last_offset(buf, pos)) is None:
+        if pos >= n:
+            _malformed(name, "object ends without a segment footer (truncated)", abs_start + n, None if last is None else last + 1)
+        h = checked_batch(buf, pos, n - FOOTER_SIZE, abs_start=abs_start, name=name)
+        batches.append((h.base_offset, abs_start + pos))
+        last = h.last_offset
+        pos += h.size
+    if last is not None and last > footer_last:
+        # (below it is a compacted segment's trailing gap: its last records were removed,
+        # its offset range stays)
+        _malformed(name, f"footer says last offset {footer_last} but the last batch ends at {last}", offset=last)
+    return batches, footer_last
 
 
 def batches_through(batches, last_offset: int, known_last: int | None = None) -> memoryview:

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from kafscale.storage.segment import SegmentFormatError
+
 log = logging.getLogger("kafscale.pipeline")
 
 
@@ -35,6 +37,11 @@ class CorruptSegmentError(PipelineError):
             "(set option failOnCorruption=false to skip damaged data)"
         )
         self.key, self.what, self.byte, self.offset = key, what, byte, offset
+
+    @classmethod
+    def of(cls, key: str, e: SegmentFormatError) -> "CorruptSegmentError":
+        """storage's SegmentFormatError for the object at `key`, as the reader reports it."""
+        return cls(key, e.what, byte=e.byte, offset=e.offset)
 
 
 class DataLossError(PipelineError):

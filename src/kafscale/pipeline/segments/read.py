@@ -14,7 +14,7 @@ from kafscale.pipeline.segments.errors import CorruptSegmentError, PipelineError
 from kafscale.pipeline.segments.listing import TopicPartition, list_topics
 from kafscale.pipeline.segments.planning import SegmentSlice, candidate_keys, cover
 from kafscale.pipeline.segments.runner import METADATA_CONCURRENCY, run_with_store
-from kafscale.pipeline.segments.segment_meta import checked_header, fetch_metas
+from kafscale.pipeline.segments.segment_meta import fetch_metas
 from kafscale.pipeline.segments.transactions import aborted_batch
 from kafscale.protocol import records
 from kafscale.storage import segment
@@ -92,12 +92,13 @@ def _decode_range(
     pos = begin
     while pos < end:
         try:
-            h = checked_header(key, buf, pos, end, abs_start)
-        except CorruptSegmentError as e:
+            h = segment.checked_batch(buf, pos, end, abs_start=abs_start, name=key)
+        except segment.SegmentFormatError as format_error:
+            e = CorruptSegmentError.of(key, format_error)
             if group and len(chunk := flush()):
                 yield chunk
             if fail:
-                raise
+                raise e from None
             # framing is lost: nothing after this point can be located
             st.skipped.add(e, hi - st.next_expected, skipped_bytes=end - pos)
             st.next_expected = hi
@@ -339,7 +340,7 @@ def _within_bounds(data: bytes, byte_range: tuple[int, int], bounds: tuple[int, 
     if ok and after >= 0:
         ok = records.read_base_offset(data, n) == after
     elif ok:
-        ok = segment.FOOTER.unpack_from(data, n)[2] == segment.FOOTER_MAGIC
+        ok = segment.footer_last_offset(data, n) is not None
     if not ok:
         raise _ObjectChanged(f"byte range {byte_range} no longer lies between the batches at offsets {first} and {after}")
     return data[:n]

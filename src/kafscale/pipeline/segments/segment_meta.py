@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from kafscale.pipeline.segments.errors import CorruptSegmentError, SkipReport
 from kafscale.pipeline.segments.listing import PartitionRange, TopicListing, TopicPartition
 from kafscale.pipeline.segments.runner import METADATA_CONCURRENCY, gather_limited
-from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 
@@ -54,43 +53,20 @@ class SegmentMeta:
 
 
 def _walk_to_footer(key: str, data, start: int, abs_start: int) -> tuple[list[tuple[int, int]], int]:
-    """Check that data[start:] is whole batches then the footer; return [(base, abs pos)], last offset.
-
-    Walks the batches even when the footer is missing, so that a truncated object is
-    reported at the batch (offset and byte) where it breaks off.
-    """
-    n = len(data)
-    batches: list[tuple[int, int]] = []
-    pos = start
-    last = None
-    while n - pos != segment.FOOTER_SIZE or segment.FOOTER.unpack_from(data, pos)[2] != segment.FOOTER_MAGIC:
-        if pos >= n:
-            raise CorruptSegmentError(key, "object ends without a segment footer (truncated)", byte=abs_start + n, offset=None if last is None else last + 1)
-        h = checked_header(key, data, pos, n - segment.FOOTER_SIZE, abs_start)
-        batches.append((h.base_offset, abs_start + pos))
-        last = h.last_offset
-        pos += h.size
-    _crc, footer_last, _magic = segment.FOOTER.unpack_from(data, pos)
-    if last is not None and last > footer_last:
-        # (below it is a compacted segment's trailing gap: its last records were removed,
-        # its offset range stays)
-        raise CorruptSegmentError(key, f"footer says last offset {footer_last} but the last batch ends at {last}", offset=last)
-    return batches, footer_last
+    """storage's segment.walk_to_footer, its errors as CorruptSegmentError."""
+    try:
+        return segment.walk_to_footer(data, start, abs_start=abs_start, name=key)
+    except segment.SegmentFormatError as e:
+        raise CorruptSegmentError.of(key, e) from None
 
 
-def checked_header(key: str, buf, pos: int, end: int, abs_start: int = 0) -> records.BatchHeader:
-    """Batch header at `pos`, checked to frame a whole v2 batch inside buf[:end]."""
-    if end - pos < records.HEADER_SIZE:
-        base = records.read_base_offset(buf, pos) if len(buf) - pos >= 8 else None
-        raise CorruptSegmentError(key, f"record batch header cut short ({max(0, end - pos)} bytes left; object truncated?)", byte=abs_start + pos, offset=base)
-    h = records.read_header(buf, pos)
-    if h.magic != 2:
-        raise CorruptSegmentError(key, f"record batch magic {h.magic} (expected 2)", byte=abs_start + pos, offset=h.base_offset)
-    if h.batch_length < records.HEADER_SIZE - records.LOG_OVERHEAD or pos + h.size > end:
-        raise CorruptSegmentError(key, f"record batch of {h.size} bytes runs past the data (object truncated?)", byte=abs_start + pos, offset=h.base_offset)
-    if h.record_count < 0 or h.last_offset_delta < 0:
-        raise CorruptSegmentError(key, "negative record count or offset delta", byte=abs_start + pos, offset=h.base_offset)
-    return h
+def _meta_from_footer(key: str, base_offset: int, tail, size: int) -> SegmentMeta | None:
+    """The extent of a segment without an index from its footer (the last FOOTER_SIZE bytes
+    of an object of `size` bytes); None when no footer is there."""
+    if size < segment.HEADER_SIZE + segment.FOOTER_SIZE:
+        return None
+    last = segment.footer_last_offset(tail, 0)
+    return SegmentMeta(key, base_offset, last, size, (), ()) if last is not None and last >= base_offset - 1 else None
 
 
 async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, fail_on_corruption: bool = True) -> SegmentMeta:
@@ -102,7 +78,7 @@ async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, f
     the whole object when the index or footer does not fit the object (an index written
     for an earlier object under the same key, or a damaged one).
     """
-    index_obj = key[: -len(".kfs")] + ".index"
+    index_obj = segment.index_key_of_segment(key)
     index = None
     try:
         index = await segment.read_index(store, index_obj)  # None: missing or undecodable
@@ -110,11 +86,9 @@ async def read_segment_meta(store: ObjectStore, key: str, base_offset: int, *, f
         log.warning("ignoring unusable index %s: %s", index_obj, e)
     try:
         if index is None:
-            tail, size = await store.get_tail(key, segment.FOOTER_SIZE)
-            if size >= segment.HEADER_SIZE + segment.FOOTER_SIZE and len(tail) == segment.FOOTER_SIZE:
-                _crc, last, magic = segment.FOOTER.unpack(tail)
-                if magic == segment.FOOTER_MAGIC and last >= base_offset - 1:
-                    return SegmentMeta(key, base_offset, last, size, (), ())
+            meta = _meta_from_footer(key, base_offset, *await store.get_tail(key, segment.FOOTER_SIZE))
+            if meta is not None:
+                return meta
         if index is not None and index.positions:
             tail_pos = index.positions[-1]
             try:
@@ -186,11 +160,9 @@ async def _footer_metas(store: ObjectStore, segs: list[tuple[int, str]]) -> dict
         if got is None:
             out[key] = None
             continue
-        tail, size = got
-        if size >= segment.HEADER_SIZE + segment.FOOTER_SIZE and len(tail) == segment.FOOTER_SIZE:
-            _crc, last, magic = segment.FOOTER.unpack(tail)
-            if magic == segment.FOOTER_MAGIC and last >= base - 1:
-                out[key] = SegmentMeta(key, base, last, size, (), ())
+        meta = _meta_from_footer(key, base, *got)
+        if meta is not None:
+            out[key] = meta
     return out
 
 
