@@ -52,16 +52,13 @@ for p in (REPO / "src", REPO):
 from kafscale.metadata.segments import SegmentInfo  # noqa: E402
 from kafscale.metadata.topic_config import LogSettings  # noqa: E402
 from kafscale.protocol import records  # noqa: E402
+from kafscale.protocol.varint import encode_varlong  # noqa: E402
 from kafscale.storage import cleaner  # noqa: E402
 
 MB = 1_000_000
 MiB = 1 << 20
 CODECS = {"none": records.COMPRESSION_NONE, "gzip": records.COMPRESSION_GZIP, "snappy": records.COMPRESSION_SNAPPY,
           "lz4": records.COMPRESSION_LZ4, "zstd": records.COMPRESSION_ZSTD}
-
-
-def _zigzag(n: int) -> bytes:
-    return records.uvarint((n << 1) ^ (n >> 63))
 
 
 class GeneratedLog:
@@ -75,8 +72,8 @@ class GeneratedLog:
         self.mult = next(a for a in range(2_654_435_761 % keys or 1, 10 * keys + 2) if math.gcd(a, keys) == 1)
         self.key_width = len(str(keys - 1))
         self.value = b"v" * value_bytes
-        self._value_part = _zigzag(value_bytes) + self.value + b"\x00"  # value, no headers
-        self._offset_parts = [_zigzag(i) for i in range(batch_records)]
+        self._value_part = encode_varlong(value_bytes) + self.value + b"\x00"  # value, no headers
+        self._offset_parts = [encode_varlong(i) for i in range(batch_records)]
         # batches per segment, from the size of one (uncompressed sizes for compressed logs too)
         one = len(self._batch(0))
         self.batches_per_segment = max(1, segment_bytes // one)
@@ -93,8 +90,8 @@ class GeneratedLog:
         parts = []
         for d in range(n):
             key = self.key_of(first + d)
-            body = b"\x00\x00" + self._offset_parts[d] + _zigzag(len(key)) + key + self._value_part  # attributes, ts delta 0
-            parts.append(_zigzag(len(body)) + body)
+            body = b"\x00\x00" + self._offset_parts[d] + encode_varlong(len(key)) + key + self._value_part  # attributes, ts delta 0
+            parts.append(encode_varlong(len(body)) + body)
         recs = b"".join(parts)
         attrs = self.codec
         if self.codec:

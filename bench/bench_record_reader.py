@@ -9,7 +9,7 @@ costs. Figures, not assertions.
 
 Batches as bench_pipeline.py writes them: records of ~100 bytes (key 8, value ~90, one
 header on every 10th), timestamps a few ms apart. Printed per entry point: ns per record
-(best of --repeat runs):
+of CPU time (the best of --repeat runs):
 
 * `decode_records`: protocol/records.py, a Record object per record (tools, ListOffsets);
 * `check_keys`: the produce-side walk of a compacted topic's records (key lengths only);
@@ -55,11 +55,13 @@ def make_batches(n_batches: int, per_batch: int) -> list[bytes]:
 
 
 def best(fn, repeat: int) -> float:
+    """Least CPU time of `repeat` runs: on a machine shared with other work, wall time
+    mostly measures the wait for a core."""
     times = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(time.process_time() - t)
     return min(times)
 
 

@@ -401,3 +401,22 @@ def test_private_reach_check_sees_them(source, modules_only):
 def test_private_reach_check_leaves_own_state_and_objects_alone():
     source = "import asyncio\nself._lock = asyncio.Lock()\nx = lg.state.segments\nasyncio.get_running_loop()"
     assert _private_reaches(source, "m.py", modules_only=False) == []
+
+
+# The pipeline's decoding modules: record bodies are read through protocol's record
+# readers, so the decoder can be tested, benchmarked and reused without storage or Spark.
+PIPELINE_DECODING = ["pipeline/segments/decode.py"]
+# What they may import of ours: the protocol (and, were it needed, the segment format's home).
+DECODING_MAY_IMPORT = ("kafscale.protocol", "kafscale.storage.segment")
+
+
+def test_pipeline_decoding_imports_only_protocol():
+    found = []
+    for rel in PIPELINE_DECODING:
+        path = PACKAGE_ROOT / rel
+        assert path.is_file(), rel  # a renamed module must be named here again
+        for module, line in _imported_modules(path):
+            ours = module == "kafscale" or module.startswith("kafscale.")
+            if ours and not any(module == m or module.startswith(m + ".") for m in DECODING_MAY_IMPORT):
+                found.append(f"{rel}:{line} imports {module}")
+    assert found == []

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from kafscale.errors import ErrorCode
-from kafscale.protocol.records import uvarint
+from kafscale.protocol.varint import encode_uvarint as uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")

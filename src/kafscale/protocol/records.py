@@ -17,7 +17,8 @@ from typing import Iterator
 import crc32c as _crc32c
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.protocol.varint import BufferUnderflow, VarintError, native_varlong, read_varlong
+from kafscale.protocol.record_reader import PLAIN, RecordFormatError, readonly
+from kafscale.protocol.varint import encode_varlong as _varint
 
 LONG_MAX = (1 << 63) - 1
 
@@ -243,37 +244,14 @@ def rejected_records(errors: list[tuple[int, str]]) -> InvalidRecordError:
 
 def record_keys_values(body, count: int) -> Iterator[tuple[int, object, object]]:
     """(index, key, value) of each record of a batch body (decompressed), as views into it
-    (None for a null key or value), without decoding headers. One-byte varints (most
-    record fields) are decoded inline, longer ones by kio's reader."""
-    body = memoryview(body).toreadonly()  # slices are views; kio's varint reader takes read-only buffers
-    end = len(body)
-    native = native_varlong
-
-    def varlong(q: int) -> tuple[int, int]:
-        b = body[q]
-        if b < 0x80:
-            return (b >> 1) ^ -(b & 1), q + 1
-        v, size = native(body, q)
-        return v, q + size
-
-    p = 0
+    (None for a null key or value); a record that does not parse is CORRUPT_MESSAGE."""
+    body = memoryview(body).toreadonly()  # slices are views
     try:
-        for i in range(count):
-            length, q = varlong(p)
-            rec_end = q + length
-            _ts_delta, q = varlong(q + 1)  # after the attributes byte
-            _offset_delta, q = varlong(q)
-            key_length, q = varlong(q)
-            key = body[q : q + key_length] if key_length >= 0 else None
-            value_length, q = varlong(q + max(key_length, 0))
-            value = body[q : q + value_length] if value_length >= 0 else None
-            q += max(value_length, 0)
-            if length < 0 or rec_end > end or q > rec_end:
-                raise InvalidRecordError(f"record {i} of a batch overruns its batch", ErrorCode.corrupt_message)
-            yield i, key, value
-            p = rec_end
-    except (IndexError, ValueError, BufferUnderflow):
-        raise InvalidRecordError("malformed record in a record batch", ErrorCode.corrupt_message) from None
+        layout = PLAIN.read(body, ((0, len(body), count),))
+    except RecordFormatError as e:
+        raise InvalidRecordError(str(e), ErrorCode.corrupt_message) from None
+    for i, (_start, _end, _attrs, _ts_delta, _ts_end, _off_delta, k_at, k_len, v_at, v_len, _h) in enumerate(layout.rows):
+        yield i, (body[k_at : k_at + k_len] if k_len >= 0 else None), (body[v_at : v_at + v_len] if v_len >= 0 else None)
 
 
 def _keyless_records(body, count: int) -> list[int]:
@@ -309,13 +287,6 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
-
-
-def _read_varbytes(buf, pos: int) -> tuple[bytes | None, int]:
-    n, pos = read_varlong(buf, pos)
-    if n < 0:
-        return None, pos
-    return bytes(buf[pos : pos + n]), pos + n
 
 
 def _xerial_snappy_decompress(data: bytes) -> bytes:
@@ -390,47 +361,27 @@ def decode_records(buf, pos: int = 0, header: BatchHeader | None = None, verify_
     body = buf[pos + HEADER_SIZE : end]
     if header.compression != COMPRESSION_NONE:
         body = decompress(header.compression, body)
-    elif not isinstance(body, bytes):
-        body = memoryview(body).toreadonly()  # kio's varint reader takes read-only buffers
+    body = readonly(body)
+    layout = PLAIN.read(body, ((0, len(body), header.record_count),))
+    base = header.base_offset
+    log_append, first_ts, max_ts = header.is_log_append_time, header.first_timestamp, header.max_timestamp
+    hk_at, hk_len, hv_at, hv_len = layout.header_key_at, layout.header_key_lengths, layout.header_value_at, layout.header_value_lengths
     records = []
-    p = 0
-    for _ in range(header.record_count):
-        length, p = read_varlong(body, p)
-        rec_end = p + length
-        p += 1  # attributes
-        ts_delta, p = read_varlong(body, p)
-        off_delta, p = read_varlong(body, p)
-        key, p = _read_varbytes(body, p)
-        value, p = _read_varbytes(body, p)
-        n_headers, p = read_varlong(body, p)
-        hdrs = []
-        for _ in range(n_headers):
-            hk, p = _read_varbytes(body, p)
-            hv, p = _read_varbytes(body, p)
-            hdrs.append(((hk or b"").decode("utf-8", "replace"), hv))
-        timestamp = header.max_timestamp if header.is_log_append_time else header.first_timestamp + ts_delta
-        records.append(Record(header.base_offset + off_delta, timestamp, key, value, tuple(hdrs)))
-        p = rec_end
+    h0 = 0
+    for _start, _end, _attrs, ts_delta, _ts_end, off_delta, k_at, k_len, v_at, v_len, h1 in layout.rows:
+        hdrs = tuple(
+            (bytes(body[hk_at[j] : hk_at[j] + hk_len[j]]).decode("utf-8", "replace") if hk_len[j] > 0 else "", bytes(body[hv_at[j] : hv_at[j] + hv_len[j]]) if hv_len[j] >= 0 else None)
+            for j in range(h0, h1)
+        )
+        h0 = h1
+        key = bytes(body[k_at : k_at + k_len]) if k_len >= 0 else None
+        value = bytes(body[v_at : v_at + v_len]) if v_len >= 0 else None
+        records.append(Record(base + off_delta, max_ts if log_append else first_ts + ts_delta, key, value, hdrs))
     return records
 
 
 # ---------------------------------------------------------------------------------------
 # Building batches (tests, CLI produce, benchmarks).
-
-
-def uvarint(n: int) -> bytes:
-    """Unsigned LEB128 varint (Kafka's compact lengths and tagged fields)."""
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _varint(n: int) -> bytes:
-    """Zigzag varint (record fields)."""
-    return uvarint((n << 1) ^ (n >> 63))
 
 
 def _varbytes(b: bytes | None) -> bytes:

@@ -1,4 +1,4 @@
-"""Varints and tagged-field sections, read by kio's native readers.
+"""Varints and tagged-field sections, read by kio's native readers; and the varint encoders.
 
 One place for what the request header, the Produce decoder, the request validator and
 the record decoder each used to loop over by hand. bench/bench_varint.py, per call with
@@ -91,3 +91,18 @@ def skip_tagged_fields(buf, pos: int) -> int:
         size, pos = read_uvarint(buf, pos)
         pos += size
     return pos
+
+
+def encode_uvarint(n: int) -> bytes:
+    """Unsigned LEB128 varint (Kafka's compact lengths and tagged fields)."""
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_varlong(n: int) -> bytes:
+    """Zigzag varint (record fields)."""
+    return encode_uvarint((n << 1) ^ (n >> 63))

@@ -30,8 +30,8 @@ from typing import Iterable, Mapping
 
 from kafscale.metadata.segments import SegmentInfo
 from kafscale.metadata.topic_config import LogSettings
-from kafscale.protocol import records
-from kafscale.protocol.varint import native_varlong as _native_varlong
+from kafscale.protocol import record_reader, records
+from kafscale.protocol.varint import encode_varlong
 
 LONG_MAX = (1 << 63) - 1
 
@@ -181,58 +181,12 @@ class _Rec:
 
 
 def _parse(body: bytes, count: int, base_offset: int) -> list[_Rec]:
-    """The records of a batch (`body`: its records, decompressed, as bytes). Varints of one
-    byte, most of a record's fields, are decoded inline; longer ones by kio's reader."""
-    out = []
-    p = 0
-    varlong = _native_varlong
-    for _ in range(count):
-        start = p
-        b = body[p]
-        if b < 0x80:
-            length, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            length, n = varlong(body, p)
-            p += n
-        end = p + length
-        body_start = p
-        p += 1  # attributes
-        b = body[p]
-        if b < 0x80:
-            ts_delta, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            ts_delta, n = varlong(body, p)
-            p += n
-        ts_end = p
-        b = body[p]
-        if b < 0x80:
-            off_delta, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            off_delta, n = varlong(body, p)
-            p += n
-        b = body[p]
-        if b < 0x80:
-            klen, p = (b >> 1) ^ -(b & 1), p + 1
-        else:
-            klen, n = varlong(body, p)
-            p += n
-        if klen >= 0:
-            key = body[p : p + klen]
-            p += klen
-        else:
-            key = None
-        b = body[p]
-        if b < 0x80:
-            vlen = (b >> 1) ^ -(b & 1)
-        else:
-            vlen = varlong(body, p)[0]
-        out.append(_Rec(start, end, body_start, ts_delta, ts_end, base_offset + off_delta, key, vlen < 0))
-        p = end
-    return out
-
-
-def _zigzag(n: int) -> bytes:
-    return records.uvarint((n << 1) ^ (n >> 63))
+    """The records of a batch (`body`: its records, decompressed, as bytes), through the
+    plain record reader (protocol/record_reader.py)."""
+    return [
+        _Rec(start, end, body_start, ts_delta, ts_end, base_offset + off_delta, body[k_at : k_at + k_len] if k_len >= 0 else None, v_len < 0)
+        for start, end, body_start, ts_delta, ts_end, off_delta, k_at, k_len, _v_at, v_len, _h in record_reader.PLAIN.read(body, ((0, len(body), count),)).rows
+    ]
 
 
 def _records_of(data, pos: int, h: records.BatchHeader) -> tuple[bytes, list[_Rec]]:
@@ -479,8 +433,8 @@ def rewrite_batch(h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon
         if new_base == base_ts or log_append:
             parts.append(body[r.start : r.end])  # the record as it was
         else:  # the same record, its timestamp delta now from the horizon
-            rec = body[r.body_start : r.body_start + 1] + _zigzag(ts - new_base) + body[r.ts_end : r.end]
-            parts.append(_zigzag(len(rec)) + rec)
+            rec = body[r.body_start : r.body_start + 1] + encode_varlong(ts - new_base) + body[r.ts_end : r.end]
+            parts.append(encode_varlong(len(rec)) + rec)
     if log_append or not keep:
         max_ts = h.max_timestamp
     out = b"".join(parts)

@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from kafscale.pipeline.segments.decode import Chunk, Columns, Irregular, decode_batch_into, decode_fast
+from kafscale.pipeline.segments.decode import Chunk, Columns, Declined, decode_batch_into, decode_fast
 from kafscale.pipeline.segments.errors import CorruptSegmentError, PipelineError, SkipReport
 from kafscale.pipeline.segments.listing import TopicPartition, list_topics
 from kafscale.pipeline.segments.planning import SegmentSlice, candidate_keys, cover
@@ -45,7 +45,7 @@ def _decode_group(key: str, buf, group: list[tuple[int, records.BatchHeader, int
     batch by batch with the exact decoder when the fast path declines."""
     try:
         return decode_fast(buf, group, hi)
-    except Irregular:
+    except Declined:
         pass
     cols = Columns()
     for batch_pos, h, first in group:
@@ -243,7 +243,7 @@ class _Joined:
                     size += h.size
             try:
                 chunk = decode_fast(b"".join(parts), group, his)
-            except Irregular:
+            except Declined:
                 pass
             else:
                 if len(chunk):
