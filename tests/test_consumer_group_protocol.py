@@ -38,11 +38,13 @@ def create_topic(bootstrap: str, name: str, partitions: int = PARTITIONS) -> Non
         fut.result(15)
 
 
-def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
+def produce(bootstrap: str, topic: str, start: int, count: int, partitions: int = PARTITIONS) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    failed = []
     for i in range(start, start + count):
-        p.produce(topic, value=str(i).encode(), partition=i % PARTITIONS)
-    assert p.flush(20) == 0
+        p.produce(topic, value=str(i).encode(), partition=i % partitions,
+                  on_delivery=lambda err, _m: failed.append(err) if err is not None else None)
+    assert p.flush(20) == 0 and not failed, failed
 
 
 # -- confluent-kafka members ---------------------------------------------------------------------
@@ -233,6 +235,34 @@ def test_static_member_restart_keeps_its_partitions(cgbroker):
     assert not ledger.violations and not ledger.errors, (ledger.violations, ledger.errors)
 
 
+def test_regex_subscription_picks_up_a_topic_created_later(cgbroker):
+    bootstrap = cgbroker.bootstrap
+    prefix = f"kip848re-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, f"{prefix}-one", 2)
+    create_topic(bootstrap, f"other-{prefix}", 2)  # not selected: the regex matches whole names
+    produce(bootstrap, f"{prefix}-one", 0, 4, partitions=2)
+    produce(bootstrap, f"other-{prefix}", 0, 4, partitions=2)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"re-{prefix}", "group.protocol": "consumer",
+                  "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 500})
+    got: list[str] = []
+
+    def read(n: int) -> bool:
+        m = c.poll(0.2)
+        if m is not None and m.error() is None:
+            got.append(m.topic())
+        return len(got) >= n
+
+    try:
+        c.subscribe([f"^{prefix}-.*"])
+        wait_until(lambda: read(4), 60, "the records of the first topic")
+        create_topic(bootstrap, f"{prefix}-two", 2)
+        produce(bootstrap, f"{prefix}-two", 0, 4, partitions=2)
+        wait_until(lambda: read(8), 60, "the records of the topic created later")
+    finally:
+        c.close()
+    assert sorted(set(got)) == [f"{prefix}-one", f"{prefix}-two"] and len(got) == 8
+
+
 # -- raw frames --------------------------------------------------------------------------------
 
 
@@ -264,6 +294,8 @@ def test_heartbeat_errors_with_kafkas_codes(cgbroker):
         assert (error_code(r.error_code), r.member_id, r.member_epoch, count(r)) == (0, "m1", 1, PARTITIONS)
         assert r.heartbeat_interval.total_seconds() == 0.3
         owned = owned_of(r)
+        r = heartbeat(c, group, "m9", 0, owned=(), rebalance_timeout=1000, subscribed_topic_regex="(?<=a)b")
+        assert error_code(r.error_code) == ErrorCode.invalid_regular_expression.value
         # An epoch the member never had, an unknown member, a group that does not exist.
         assert error_code(heartbeat(c, group, "m1", 7, owned=owned).error_code) == ErrorCode.fenced_member_epoch.value
         assert error_code(heartbeat(c, group, "nobody", 1).error_code) == ErrorCode.unknown_member_id.value

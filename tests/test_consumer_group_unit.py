@@ -220,3 +220,21 @@ async def test_offset_retention_of_consumer_groups(tmp_path):
     assert (await coord.consumer.heartbeat("cg", leave, lookup)).member_epoch == -1
     assert await coord.expire_offsets() == 1 and await md.get_group("cg") is None
     await coord.stop()
+
+
+def test_regex_subscription_follows_topics():
+    U = "00000000-0000-0000-0000-00000000000b"
+    g = ConsumerGroup("g", CONFIG)
+    everything = {"t": TOPICS["t"], "orders-eu": (U, 2), "__consumer_offsets": ("00000000-0000-0000-0000-00000000000c", 50)}
+    req = HeartbeatRequest(member_id="a", member_epoch=0, rebalance_timeout_ms=1000, subscribed_topic_regex="orders-.*",
+                           owned=frozenset())
+    validate_request(req, CONFIG)
+    g.resolve_regexes(["t", "__consumer_offsets"], req.subscribed_topic_regex)
+    r = g.heartbeat(0, req, {})
+    assert r.member_epoch == 1 and r.assignment == frozenset()
+    # A topic created later that the regex selects (whole names only; internal topics never).
+    g.resolve_regexes(everything, None)
+    r = g.heartbeat(0, HeartbeatRequest(member_id="a", member_epoch=1, owned=frozenset()), everything)
+    assert r.member_epoch == 2 and r.assignment == {(U, 0), (U, 1)}
+    assert code(validate_request, HeartbeatRequest("b", 0, rebalance_timeout_ms=1, subscribed_topic_regex="(?<=a)b",
+                                                   owned=frozenset()), CONFIG) is ErrorCode.invalid_regular_expression

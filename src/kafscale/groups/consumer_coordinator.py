@@ -70,8 +70,10 @@ class ConsumerGroupCoordinator:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def heartbeat(self, group_id: str, req: HeartbeatRequest, lookup: TopicLookup) -> HeartbeatResult:
-        """One ConsumerGroupHeartbeat; refusals raise KafkaError."""
+    async def heartbeat(self, group_id: str, req: HeartbeatRequest, lookup: TopicLookup,
+                        list_names: Callable[[], Awaitable[Iterable[str]]] | None = None) -> HeartbeatResult:
+        """One ConsumerGroupHeartbeat; refusals raise KafkaError. `list_names`: every topic
+        name (for regex subscriptions)."""
         if not group_id:
             raise KafkaError(ErrorCode.invalid_request, "GroupId can't be empty.")
         validate_request(req, self.config)
@@ -81,7 +83,12 @@ class ConsumerGroupCoordinator:
                 if req.member_epoch != 0:
                     raise KafkaError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
                 group = await self._create(group_id)
+            if group.regexes() or req.subscribed_topic_regex:
+                # Regexes are re-evaluated on every heartbeat: a topic created or deleted
+                # since changes what they select (and so the group epoch).
+                group.resolve_regexes(await list_names(), req.subscribed_topic_regex)
             names = group.subscribed_topic_names() | set(req.subscribed_topic_names or ())
+            names |= group.resolved_regexes.get(req.subscribed_topic_regex or "", frozenset())
             topics = await lookup(names)
             before = (group.state, group.group_epoch)
             try:

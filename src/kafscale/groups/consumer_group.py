@@ -19,6 +19,10 @@ calls `tick()` at `next_deadline()`. Apache Kafka's group coordinator is the ref
   that may come back within the session timeout under a new member id and keep its
   partitions; a heartbeat with an epoch the member does not have is FENCED_MEMBER_EPOCH
   (except its previous epoch with no partition it should not own: a lost response).
+- Subscriptions are topic names and/or a regex (RE2 syntax, as Kafka's RE2/J, matched
+  against whole names, internal topics excluded). The driver re-evaluates regexes against
+  the existing topics on each heartbeat (`resolve_regexes`), so a topic created later
+  joins the subscription as Kafka's periodic refresh does.
 - Sessions and revocations time out: a member silent for the session timeout, or that does
   not revoke within its rebalance timeout, is removed (fenced).
 """
@@ -27,7 +31,8 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from enum import Enum
 from typing import Mapping
 
@@ -104,6 +109,7 @@ class Member:
     state: MemberState = MemberState.STABLE
     rebalance_timeout_ms: int = 300_000
     subscribed_topic_names: tuple[str, ...] = ()
+    subscribed_topic_regex: str | None = None
     server_assignor: str | None = None
     assigned: frozenset[TopicPartition] = frozenset()
     revoking: frozenset[TopicPartition] = frozenset()
@@ -116,6 +122,7 @@ class Member:
             client_host=self.client_host, member_epoch=self.member_epoch,
             previous_member_epoch=self.previous_member_epoch, state=self.state.value,
             rebalance_timeout_ms=self.rebalance_timeout_ms, subscribed_topic_names=list(self.subscribed_topic_names),
+            subscribed_topic_regex=self.subscribed_topic_regex,
             server_assignor=self.server_assignor, assigned=_tps_doc(self.assigned), revoking=_tps_doc(self.revoking),
         )
 
@@ -127,7 +134,8 @@ class Member:
             client_id=doc.get("client_id", ""), client_host=doc.get("client_host", ""),
             member_epoch=doc["member_epoch"], previous_member_epoch=doc.get("previous_member_epoch", -1),
             state=MemberState(doc.get("state", "stable")), rebalance_timeout_ms=doc.get("rebalance_timeout_ms", 300_000),
-            subscribed_topic_names=tuple(doc.get("subscribed_topic_names", ())), server_assignor=doc.get("server_assignor"),
+            subscribed_topic_names=tuple(doc.get("subscribed_topic_names", ())),
+            subscribed_topic_regex=doc.get("subscribed_topic_regex"), server_assignor=doc.get("server_assignor"),
             assigned=_tps_of(doc.get("assigned", {})), revoking=_tps_of(doc.get("revoking", {})),
             session_deadline=now + session_timeout_ms,
             revocation_deadline=now + doc.get("rebalance_timeout_ms", 300_000) if doc.get("revoking") else None,
@@ -143,6 +151,26 @@ def _tps_doc(tps) -> dict[str, list[int]]:
 
 def _tps_of(doc: Mapping[str, list[int]]) -> frozenset[TopicPartition]:
     return frozenset((t, p) for t, ps in doc.items() for p in ps)
+
+
+@lru_cache(maxsize=256)
+def compile_regex(pattern: str):
+    """A subscription regex in RE2 syntax (Kafka resolves them with RE2/J: no lookaround,
+    no backreferences); INVALID_REGULAR_EXPRESSION if it does not parse."""
+    import re2  # google-re2
+
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as e:
+        raise KafkaError(ErrorCode.invalid_regular_expression, f"SubscribedTopicRegex {pattern!r} is invalid: {e}") from None
+
+
+def regex_matches(pattern: str, topic_names) -> frozenset[str]:
+    """The topics a subscription regex selects: whole-name matches, internal topics excluded."""
+    regex = compile_regex(pattern)
+    return frozenset(t for t in topic_names if not t.startswith("__") and regex.fullmatch(t))
 
 
 def validate_request(req: HeartbeatRequest, config: ConsumerGroupConfig) -> None:
@@ -173,9 +201,8 @@ def validate_request(req: HeartbeatRequest, config: ConsumerGroupConfig) -> None
     elif not req.member_id:
         invalid("MemberId can't be empty.")
     if req.subscribed_topic_regex:
-        # Regex subscriptions (RE2/J) are not resolved yet: refuse rather than assign nothing.
         # (An empty regex, as librdkafka sends beside topic names, means none, as in Kafka.)
-        raise KafkaError(ErrorCode.invalid_request, "SubscribedTopicRegex is not supported yet by this broker.")
+        compile_regex(req.subscribed_topic_regex)
     if req.server_assignor is not None and req.server_assignor not in config.assignors:
         raise KafkaError(ErrorCode.unsupported_assignor, f"ServerAssignor {req.server_assignor} is not supported. "
                                                          f"Supported assignors: {', '.join(config.assignors)}.")
@@ -191,6 +218,7 @@ class ConsumerGroup:
         self.target: dict[str, frozenset[TopicPartition]] = {}
         # topic name -> (topic id, partitions) of the subscribed topics when the epoch last moved
         self.topics: dict[str, tuple[str, int]] = {}
+        self.resolved_regexes: dict[str, frozenset[str]] = {}  # regex -> the topics it selects now
         self._joined = False  # the heartbeat being handled added its member
         self.changed = False  # set when the persisted doc would differ; the driver clears it
 
@@ -209,8 +237,23 @@ class ConsumerGroup:
     def active_members(self) -> list[Member]:
         return [m for m in self.members.values() if m.member_epoch != STATIC_LEAVE_EPOCH]
 
+    def member_topics(self, m: "Member") -> set[str]:
+        """The topic names a member subscribes to: its names and its regex's matches."""
+        out = set(m.subscribed_topic_names)
+        if m.subscribed_topic_regex:
+            out |= self.resolved_regexes.get(m.subscribed_topic_regex, frozenset())
+        return out
+
     def subscribed_topic_names(self) -> set[str]:
-        return {t for m in self.members.values() for t in m.subscribed_topic_names}
+        return {t for m in self.members.values() for t in self.member_topics(m)}
+
+    def regexes(self) -> set[str]:
+        return {m.subscribed_topic_regex for m in self.members.values() if m.subscribed_topic_regex}
+
+    def resolve_regexes(self, topic_names, extra: str | None = None) -> None:
+        """Re-evaluate the members' regexes (and `extra`, a joining member's) against the
+        existing topics; a change moves the group epoch on the next heartbeat."""
+        self.resolved_regexes = {r: regex_matches(r, topic_names) for r in self.regexes() | ({extra} if extra else set())}
 
     def static_member(self, instance_id: str) -> Member | None:
         return next((m for m in self.members.values() if m.instance_id == instance_id), None)
@@ -260,6 +303,9 @@ class ConsumerGroup:
             bump = True
         if req.subscribed_topic_names is not None and tuple(sorted(set(req.subscribed_topic_names))) != member.subscribed_topic_names:
             member.subscribed_topic_names = tuple(sorted(set(req.subscribed_topic_names)))
+            bump = True
+        if req.subscribed_topic_regex is not None and (req.subscribed_topic_regex or None) != member.subscribed_topic_regex:
+            member.subscribed_topic_regex = req.subscribed_topic_regex or None
             bump = True
         wanted = {t: topics[t] for t in sorted(self.subscribed_topic_names()) if t in topics}
         if wanted != self.topics:
@@ -377,7 +423,7 @@ class ConsumerGroup:
     def _compute_target(self) -> None:
         specs = {}
         for m in self.members.values():
-            subscribed = frozenset(self.topics[t][0] for t in m.subscribed_topic_names if t in self.topics)
+            subscribed = frozenset(self.topics[t][0] for t in self.member_topics(m) if t in self.topics)
             specs[m.member_id] = MemberSpec(subscribed, self.target.get(m.member_id, frozenset()))
         counts = {tid: n for tid, n in self.topics.values()}
         self.target = dict(ASSIGNORS[self.preferred_assignor()](specs, counts))

@@ -32,6 +32,13 @@ def _topic_lookup(ctx):
     return lookup
 
 
+def _topic_names(ctx):
+    async def names():
+        return [t.name for t in await ctx.broker.metadata.list_topics()]
+
+    return names
+
+
 def _by_topic(tps) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for topic_id, p in sorted(tps):
@@ -61,7 +68,7 @@ async def consumer_group_heartbeat(ctx, req):
         owned=owned, client_id=ctx.client_id or "", client_host=_client_host(ctx.peer), version=ctx.version,
     )
     try:
-        result = await groups.consumer.heartbeat(req.group_id, request, _topic_lookup(ctx))
+        result = await groups.consumer.heartbeat(req.group_id, request, _topic_lookup(ctx), _topic_names(ctx))
     except KafkaError as e:
         # The client sees the code (and the message); the log says who and why.
         log.info("ConsumerGroupHeartbeat of group %r member %r epoch %d refused with %s: %s", req.group_id,
@@ -105,7 +112,7 @@ async def consumer_group_describe(ctx, req):
         members = [
             dict(member_id=m.member_id, instance_id=m.instance_id, rack_id=m.rack_id, member_epoch=m.member_epoch,
                  client_id=m.client_id, client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
-                 subscribed_topic_regex=None, assignment=assignment(m.assigned),
+                 subscribed_topic_regex=m.subscribed_topic_regex, assignment=assignment(m.assigned),
                  target_assignment=assignment(group.target.get(m.member_id, frozenset())),
                  member_type=1)  # 1: a consumer-protocol member (0 would be classic)
             for m in group.members.values()
