@@ -207,4 +207,5 @@ def test_etcd_lost_three_brokers_restored(moto_server):
         stop.set()
         for b in brokers:
             b.stop(signal.SIGKILL)
+            print(f"--- broker log {b.log_path} ---\n" + "\n".join(ln for ln in b.log_text().splitlines() if "took ownership" not in ln)[-3000:])
         etcd.cleanup()

@@ -53,6 +53,10 @@ async def test_reconcile_merge_retention_chain_and_open_transaction(tmp_path):
     for base in (0, 10, 20):
         await _commit(meta, store, "t", 0, _segment(base, 10))
         await _commit(meta, store, "t", 1, _segment(base, 10))
+    # Producer 77's previous transaction was committed before the snapshot, at the epoch
+    # its open one (below) has: not a decision about the open one, which gets an ABORT.
+    await meta.put_transaction("tx77", {"producer_id": 77, "producer_epoch": 0, "timeout_ms": 60000, "state": "CompleteCommit",
+                                        "partitions": [], "groups": [], "start_ms": 0, "last_update_ms": 0}, 0)  # fmt: skip
     snaps = SnapshotStore(store, NS)
     await snaps.take(meta.kv, 1)
     # After the snapshot. Partition 0: a merge replaced segment 0 by one covering 0-19 (its

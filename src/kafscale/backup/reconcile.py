@@ -17,7 +17,7 @@ and the base offsets of its `segment-*.kfs` objects. In key order:
    fails a check; that object and every later one are moved to `{namespace}/~quarantine/`
    (reported), where no flush at those offsets can run into them.
 4. Transactions still open at the end are closed with markers (ABORT, or COMMIT where the
-   snapshot's transaction state shows the coordinator had decided to commit) in one new
+   snapshot's transaction state is PrepareCommit: the coordinator had decided) in one new
    segment, so no read_committed consumer waits for a last stable offset that never moves.
 5. The leader epoch restarts above the snapshot's and every epoch in the batches read
    (on etcd; the embedded store's one broker has no other broker to fence).

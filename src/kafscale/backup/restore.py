@@ -249,8 +249,12 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
     txn_docs = {doc["producer_id"]: doc for doc in loaded.transactions.values()}
 
     def commit_decided(pid: int, epoch: int) -> bool:
+        # Only PrepareCommit is a decision about the transaction open now: CompleteCommit (or
+        # any other state) at this epoch is an earlier transaction, and one open in the
+        # bucket began after the snapshot. Transactions v2 bump the epoch at the end, so the
+        # prepared state may carry the epoch after the batches'.
         doc = txn_docs.get(pid)
-        return doc is not None and doc.get("producer_epoch") == epoch and doc.get("state") in ("PrepareCommit", "CompleteCommit")
+        return doc is not None and doc.get("state") == "PrepareCommit" and doc.get("producer_epoch") in (epoch, epoch + 1)
 
     sem = asyncio.Semaphore(PARTITIONS_AT_ONCE)
 
