@@ -316,6 +316,33 @@ async def test_consumer_lag_and_group_states(running):
     assert value(await scrape(r), "kafscale_consumer_lag", group=group, topic=topic, partition="0") == 0
 
 
+def _member_commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+    """A KIP-848 member (group.protocol=consumer) commits `offset` of partition 0 and stays."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer", "enable.auto.commit": False})
+    c.subscribe([topic])
+    deadline = time.monotonic() + 30
+    while not c.assignment() and time.monotonic() < deadline:
+        c.poll(0.2)
+    assert c.assignment()
+    c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    return c
+
+
+async def test_consumer_protocol_group_lag_and_state(running):
+    r = running
+    topic, group = "ops-lag-kip848", "ops-lag-kip848-group"
+    await asyncio.to_thread(_produce, r.bootstrap, topic, 100)
+    c = await asyncio.to_thread(_member_commit, r.bootstrap, group, topic, 30)
+    try:
+        await r.ops.sample()
+        s = await scrape(r)
+        assert value(s, "kafscale_consumer_lag", group=group, topic=topic, partition="0") == 70
+        if r.broker.groups is not None:
+            assert value(s, "kafscale_consumer_groups", state="Stable") >= 1
+    finally:
+        await asyncio.to_thread(c.close)
+
+
 async def test_deleted_topic_series_are_dropped(running):
     r = running
     topic = "ops-deleted"

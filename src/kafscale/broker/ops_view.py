@@ -56,7 +56,7 @@ class BrokerOpsView:
                 OwnedPartition(topic, partition, lg.high_watermark, lg.log_start_offset, max(lg.next_offset - lg.high_watermark, 0))
                 for (topic, partition), lg in list(logs.logs.items())
             ],
-            group_states={str(gid): g.state.value for gid, g in list(b.groups.groups.items())},
+            group_states={str(gid): g.state.value for gid, g in [*b.groups.groups.items(), *b.groups.consumer.groups.items()]},
             metadata_snapshot_age_s=b.snapshots.age_seconds(),
         )
 
@@ -73,7 +73,11 @@ class BrokerOpsView:
         return self._broker.logs.topics.cached_name_for_id(topic_id)
 
     async def coordinated_group_states(self) -> dict[str, str]:
-        return {gid: state for gid, _protocol_type, state in await self._broker.groups.list_groups()}
+        groups = self._broker.groups
+        states = {gid: state for gid, _protocol_type, state in await groups.list_groups()}
+        # KIP-848 consumer groups too (their states: Empty, Assigning, Reconciling, Stable)
+        states.update(await groups.consumer.list_groups(groups.owns))
+        return states
 
     def coordinates_group(self, group: str) -> bool:
         return self._broker.cluster.is_group_coordinator(group)
