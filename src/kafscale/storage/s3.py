@@ -459,29 +459,31 @@ class S3ObjectStore(ObjectStore):
         return await self._list(prefix)
 
     async def _list(self, prefix: str) -> dict[str, int]:
-        """{key: size} under prefix: ListObjectsV2 pages carry each object's size."""
+        """{key: size} under prefix: ListObjectsV2 pages carry each object's size. Each
+        page is one bounded, retried request: a namespace of many pages (a restore lists
+        all of it) is not held to one request's time limit."""
         full = self._key(prefix)
         cut = len(self.prefix)
+        found: dict[str, int] = {}
+        token = None
+        while True:
+            kwargs = {"Bucket": self.bucket, "Prefix": full}
+            if token:
+                kwargs["ContinuationToken"] = token
+            if self.list_page_size:
+                kwargs["MaxKeys"] = self.list_page_size
 
-        async def go(client):
-            found: dict[str, int] = {}
-            token = None
-            while True:
-                kwargs = {"Bucket": self.bucket, "Prefix": full}
-                if token:
-                    kwargs["ContinuationToken"] = token
-                if self.list_page_size:
-                    kwargs["MaxKeys"] = self.list_page_size
-                resp = await client.list_objects_v2(**kwargs)
-                found.update((obj["Key"][cut:], int(obj.get("Size", 0))) for obj in resp.get("Contents", []))
-                if not resp.get("IsTruncated"):
-                    return found
-                token = resp.get("NextContinuationToken")
+            async def go(client, kwargs=kwargs):
+                return await client.list_objects_v2(**kwargs)
 
-        try:
-            return await self._call(f"list {prefix}", go)
-        except bce.ClientError as e:
-            raise ObjectStoreError(f"s3 list {prefix}: {e}") from e
+            try:
+                resp = await self._call(f"list {prefix}", go)
+            except bce.ClientError as e:
+                raise ObjectStoreError(f"s3 list {prefix}: {e}") from e
+            found.update((obj["Key"][cut:], int(obj.get("Size", 0))) for obj in resp.get("Contents", []))
+            if not resp.get("IsTruncated"):
+                return found
+            token = resp.get("NextContinuationToken")
 
     async def check(self) -> None:
         async def go(client):
