@@ -39,6 +39,7 @@ from kafscale.protocol import records
 from kafscale.storage import segment, topic_marker
 from kafscale.storage.cleaner import truncate_batch
 from kafscale.storage.failures import StorageError
+from kafscale.storage.metrics import StorageMetrics
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 from kafscale.storage.producers import ProducerStateTable
 from kafscale.storage.reader import WHOLE_SEGMENT_READ_BYTES, SegmentReader
@@ -82,7 +83,7 @@ class TopicRestore:
         self.metadata = metadata
         self.store = store
         self.namespace = namespace
-        self.reader = SegmentReader(store, namespace, 64 << 20, {"gets": 0})
+        self.reader = SegmentReader(store, namespace, 64 << 20, StorageMetrics())
         self.progress = progress or (lambda done, total: None)
         self._copies = asyncio.Semaphore(COPY_CONCURRENCY)
         self._done = 0
