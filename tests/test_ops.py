@@ -236,6 +236,15 @@ async def test_metrics_after_real_traffic(running):
     assert value(after, "kafscale_partitions_owned") == 1
     assert value(after, "kafscale_partition_high_watermark", topic=topic, partition="0") == n
     assert value(after, "kafscale_partition_log_start_offset", topic=topic, partition="0") == 0
+
+    async def segments_as_committed():
+        # The merger may join segments between a scrape and the read: until both agree.
+        s = await scrape(r)
+        committed = (await r.broker.metadata.get_partition(topic, 0)).segments
+        return (value(s, "kafscale_partition_segments", topic=topic, partition="0"), value(s, "kafscale_partition_size_bytes", topic=topic, partition="0")) \
+            == (len(committed), sum(seg.size for seg in committed)) and len(committed) > 0
+
+    await wait_until_async(segments_as_committed, 10, "the segment gauges to match the committed segment list")
     assert value(after, "kafscale_process_resident_memory_bytes") > 0
     assert ("kafscale_process_cpu_seconds_total", ()) in after
     assert value(after, "kafscale_broker_info", broker_id="0", storage="file", metadata="embedded") == 1

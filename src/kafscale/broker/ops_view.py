@@ -53,7 +53,8 @@ class BrokerOpsView:
             cluster_brokers=brokers,
             lease_alive=lease_alive() if callable(lease_alive) else None,
             partitions=[
-                OwnedPartition(topic, partition, lg.high_watermark, lg.log_start_offset, max(lg.next_offset - lg.high_watermark, 0))
+                OwnedPartition(topic, partition, lg.high_watermark, lg.log_start_offset, max(lg.next_offset - lg.high_watermark, 0),
+                               len(lg.state.segments), sum(s.size for s in lg.state.segments))
                 for (topic, partition), lg in list(logs.logs.items())
             ],
             group_states={str(gid): g.state.value for gid, g in [*b.groups.groups.items(), *b.groups.consumer.groups.items()]},

@@ -157,6 +157,18 @@ class MetricsReader:
                 out[derived[url]["id"]] = st
         return out
 
+    def per_partition(self, name: str, topic: str) -> dict[int, float]:
+        """partition -> value of a per-partition gauge (kafscale_partition_segments, ...) for
+        `topic`, from the last scrape of every broker: each reports the partitions it owns."""
+        out: dict[int, float] = {}
+        for st in self.stats.values():
+            if not st.up:
+                continue
+            for labels, v in st.last.get(name, ()):
+                if labels.get("topic") == topic and labels.get("partition", "").isdigit():
+                    out[int(labels["partition"])] = v
+        return out
+
     def series(self) -> dict:
         """Chart data: aligned timestamps and, per chart key, the cluster total per time."""
         times: list[float] = []

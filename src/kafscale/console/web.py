@@ -298,6 +298,12 @@ async def topic(request: web.Request):
     name = request.match_info["topic"]
     cluster: Cluster = request.app[CLUSTER]
     info = await run(request, cluster.topic, name)
+    # Segment counts have no Kafka API (DescribeLogDirs gives bytes only): the owners'
+    # /metrics report them, from the segment list every backend shares.
+    segments = request.app[METRICS].per_partition("kafscale_partition_segments", name)
+    for p in info["partitions"]:
+        # A partition with no bytes in the store has no segment (its owner may not have loaded it).
+        p["segments"] = 0 if p["size"] == 0 else segments.get(p["partition"])
     params = _browse_params(request.query)
     records, browse_error = [], ""
     try:

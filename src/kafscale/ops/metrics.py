@@ -294,11 +294,18 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(st.partitions))
         hw = GaugeMetricFamily("kafscale_partition_high_watermark", "High watermark (next offset to be made durable) of an owned partition", labels=["topic", "partition"])
         lso = GaugeMetricFamily("kafscale_partition_log_start_offset", "First offset still kept of an owned partition", labels=["topic", "partition"])
+        segs = GaugeMetricFamily("kafscale_partition_segments", "Committed segments of an owned partition (the metadata store's segment list)", labels=["topic", "partition"])
+        seg_bytes = GaugeMetricFamily("kafscale_partition_size_bytes", "Bytes of an owned partition's committed segments in the object store", labels=["topic", "partition"])
         for p in st.partitions:
-            hw.add_metric([p.topic, str(p.partition)], p.high_watermark)
-            lso.add_metric([p.topic, str(p.partition)], p.log_start_offset)
+            labels = [p.topic, str(p.partition)]
+            hw.add_metric(labels, p.high_watermark)
+            lso.add_metric(labels, p.log_start_offset)
+            segs.add_metric(labels, p.segments)
+            seg_bytes.add_metric(labels, p.segment_bytes)
         yield hw
         yield lso
+        yield segs
+        yield seg_bytes
         yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=sum(p.unflushed_records for p in st.partitions))
 
         if st.metadata_snapshot_age_s is not None:

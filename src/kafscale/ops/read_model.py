@@ -76,6 +76,8 @@ class OwnedPartition:
     high_watermark: int
     log_start_offset: int
     unflushed_records: int
+    segments: int  # committed segments (the metadata store's list, the same for every backend)
+    segment_bytes: int  # their bytes in the object store (what DescribeLogDirs reports)
 
 
 @dataclass(frozen=True, slots=True)
