@@ -206,11 +206,13 @@ def test_kafka_python_alter_calls(broker, admin, kp, topic_name):
 
 def test_features_in_api_versions_and_update_features_refused(broker, kp):
     # As a new Kafka 4.0 cluster: metadata.version 3.3-IV3..4.0-IV3, transaction.version 2
-    # (transactions v2; tests/test_transactions_v2.py), group.version 1 (KIP-848 consumer groups).
+    # (transactions v2; tests/test_transactions_v2.py), group.version 1 (KIP-848 consumer groups),
+    # share.version 1 (KIP-932 share groups, on as in Kafka 4.2).
     assert kp.describe_features() == {
         "metadata.version": {"supported": (7, 25), "finalized": (25, 25), "finalized_epoch": 0},
         "transaction.version": {"supported": (0, 2), "finalized": (2, 2), "finalized_epoch": 0},
         "group.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
+        "share.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
     }
     from kafka.errors import InvalidUpdateVersionError
 
@@ -222,10 +224,10 @@ def test_features_in_api_versions_and_update_features_refused(broker, kp):
         with RawClient(broker.bootstrap) as c:
             r = c.request(18, v, req(18, v, client_software_name="t", client_software_version="1"))
         # Below v4 Kafka leaves out supported features whose minimum is 0.
-        tv = [("transaction.version", 0, 2), ("group.version", 0, 1)] if v >= 4 else []
+        tv = [("transaction.version", 0, 2), ("group.version", 0, 1), ("share.version", 0, 1)] if v >= 4 else []
         assert [(f.name, f.min_version, f.max_version) for f in r.supported_features] == [("metadata.version", 7, 25), *tv]
         assert [(f.name, f.min_version_level, f.max_version_level) for f in r.finalized_features] == [
-            ("metadata.version", 25, 25), ("transaction.version", 2, 2), ("group.version", 1, 1)]
+            ("metadata.version", 25, 25), ("transaction.version", 2, 2), ("group.version", 1, 1), ("share.version", 1, 1)]
         assert r.finalized_features_epoch == 0
     for v in versions(57, broker.bootstrap):
         with RawClient(broker.bootstrap) as c:

@@ -70,8 +70,8 @@ def make_topic(c: RawClient, topic: str) -> None:
 def test_api_versions_finalize_transaction_version_2(tv2b):
     with RawClient(tv2b.bootstrap) as c:
         supported, finalized, apis = features(c)
-        assert supported == {"metadata.version": (7, 25), "transaction.version": (0, 2), "group.version": (0, 1)}
-        assert finalized == {"metadata.version": (25, 25), "transaction.version": (2, 2), "group.version": (1, 1)}
+        assert supported == {"metadata.version": (7, 25), "transaction.version": (0, 2), "group.version": (0, 1), "share.version": (0, 1)}
+        assert finalized == {"metadata.version": (25, 25), "transaction.version": (2, 2), "group.version": (1, 1), "share.version": (1, 1)}
         assert apis[PRODUCE][1] >= 12 and apis[END_TXN][1] == 5 and apis[TXN_OFFSET_COMMIT][1] == 5
         assert apis[INIT_PRODUCER_ID][1] == 5  # as Kafka 4.0: no KIP-939 (two-phase commit) v6
         # ApiVersions v3 leaves out supported features whose minimum is 0, as Kafka does.

@@ -18,6 +18,7 @@ from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.groups.coordinator import GroupCoordinator
+from kafscale.share.settings import ShareSettings, broker_share_settings
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.backends import open_kv
 from kafscale.metadata.producer_ids import ProducerIdAllocator
@@ -60,7 +61,11 @@ class Broker:
         self.router = build_router()
         for api_key in (ApiKey.PRODUCE, ApiKey.FETCH):  # their first responses must not import on the event loop
             build.prepare(api_key)
-        self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal)
+        # Share groups' settings (broker defaults, per-group overrides), read by the group
+        # coordinator and the share partitions alike
+        self.share_settings = ShareSettings(broker_share_settings(config))
+        self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal,
+                                       share_settings=self.share_settings)
         self.logs.marker_hooks[OFFSETS_TOPIC] = self.groups.txn_marker_written
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:

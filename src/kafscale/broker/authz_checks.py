@@ -235,6 +235,8 @@ RULES: dict[int, Rule] = {
     ApiKey.DESCRIBE_GROUPS: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.groups]),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: Rule(_consumer_group_heartbeat),
     ApiKey.CONSUMER_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
+    ApiKey.SHARE_GROUP_HEARTBEAT: Rule(_consumer_group_heartbeat),  # Kafka checks the same
+    ApiKey.SHARE_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
     ApiKey.CREATE_TOPICS: Rule(_create_topics),
     ApiKey.DELETE_TOPICS: Rule(topics=WholeTopics(Op.DELETE, _deleted_topics)),
     ApiKey.DELETE_RECORDS: Rule(topics=PerTopic("topics", "topics", Op.DELETE)),

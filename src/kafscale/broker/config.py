@@ -101,6 +101,12 @@ class BrokerConfig:
     group_consumer_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often consumer-protocol group members heartbeat (Kafka's group.consumer.heartbeat.interval.ms)"})
     group_consumer_max_size: int = field(default=2**31 - 1, metadata={"help": "most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.consumer.max.size)"})
     group_consumer_assignors: str = field(default="uniform,range", metadata={"help": "server-side assignors of consumer-protocol groups, the first the default (Kafka's group.consumer.assignors)"})
+    group_share_record_lock_duration_ms: int = field(default=30_000, metadata={"help": "how long a record a share consumer acquired stays locked to it before it can be delivered again (Kafka's group.share.record.lock.duration.ms)"})
+    group_share_delivery_count_limit: int = field(default=5, metadata={"help": "deliveries of a record to share consumers after which a release or lock timeout archives it (Kafka's group.share.delivery.count.limit)"})
+    group_share_partition_max_record_locks: int = field(default=2_000, metadata={"help": "records in flight (acquired or awaiting redelivery) per share partition (Kafka's group.share.partition.max.record.locks)"})
+    group_share_session_timeout_ms: int = field(default=45_000, metadata={"help": "session timeout of share group members (Kafka's group.share.session.timeout.ms)"})
+    group_share_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often share group members heartbeat (Kafka's group.share.heartbeat.interval.ms)"})
+    group_share_max_size: int = field(default=200, metadata={"help": "most members of a share group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.share.max.size)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     offsets_topic_num_partitions: int = field(default=50, metadata={"help": "partitions of the internal topic __consumer_offsets when the broker creates it; a group's coordinator is the owner of partition hash(group) % its partition count (Kafka's offsets.topic.num.partitions)"})
@@ -289,6 +295,12 @@ KAFKA_NAMES = {
     "group_consumer_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
     "group_consumer_max_size": "group.consumer.max.size",
     "group_consumer_assignors": "group.consumer.assignors",
+    "group_share_record_lock_duration_ms": "group.share.record.lock.duration.ms",
+    "group_share_delivery_count_limit": "group.share.delivery.count.limit",
+    "group_share_partition_max_record_locks": "group.share.partition.max.record.locks",
+    "group_share_session_timeout_ms": "group.share.session.timeout.ms",
+    "group_share_heartbeat_interval_ms": "group.share.heartbeat.interval.ms",
+    "group_share_max_size": "group.share.max.size",
     "offsets_retention_minutes": "offsets.retention.minutes",
     "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
     "offsets_topic_num_partitions": "offsets.topic.num.partitions",

@@ -113,5 +113,54 @@ def range_(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> 
     return {mid: frozenset(tps) for mid, tps in owned.items()}
 
 
+def simple(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> dict[str, frozenset[TopicPartition]]:
+    """Share groups' assignor (Kafka's `simple`): partitions are shared, not owned. Per
+    topic, with no more subscribers than partitions each partition goes to one member
+    (counts differing by at most one); with more subscribers than partitions each member
+    gets one partition and each partition is shared by as equal a number of members as can
+    be (so every member of a group larger than a one-partition topic reads that partition).
+    Sticky: a member keeps what it had while that stays within balance."""
+    owned: dict[str, set[TopicPartition]] = {mid: set() for mid in members}
+    for topic in sorted({t for spec in members.values() for t in spec.subscribed if t in partitions}):
+        n = partitions[topic]
+        subs = sorted(m for m in members if topic in members[m].subscribed)
+        if not n:
+            continue
+        if len(subs) <= n:
+            base, extra = divmod(n, len(subs))
+            order = sorted(subs, key=lambda m: (-sum(1 for tp in members[m].current if tp[0] == topic), m))
+            quota = {mid: base + (1 if i < extra else 0) for i, mid in enumerate(order)}
+            taken: set[int] = set()
+            for mid in subs:
+                for t, p in sorted(members[mid].current):
+                    if t == topic and p < n and p not in taken and _count(owned[mid], topic) < quota[mid]:
+                        owned[mid].add((t, p))
+                        taken.add(p)
+            for p in range(n):
+                if p not in taken:
+                    mid = min(subs, key=lambda m: (_count(owned[m], topic) - quota[m], _count(owned[m], topic), m))
+                    owned[mid].add((topic, p))
+        else:
+            cap = -(-len(subs) // n)  # members per partition at most
+            sharing = [0] * n
+            placed: set[str] = set()
+            for mid in subs:
+                mine = sorted(p for t, p in members[mid].current if t == topic and p < n)
+                if mine and sharing[mine[0]] < cap:
+                    owned[mid].add((topic, mine[0]))
+                    sharing[mine[0]] += 1
+                    placed.add(mid)
+            for mid in subs:
+                if mid not in placed:
+                    p = min(range(n), key=lambda i: (sharing[i], i))
+                    owned[mid].add((topic, p))
+                    sharing[p] += 1
+    return {mid: frozenset(tps) for mid, tps in owned.items()}
+
+
+def _count(tps, topic: str) -> int:
+    return sum(1 for t, _ in tps if t == topic)
+
+
 ASSIGNORS = {"uniform": uniform, "range": range_}
 DEFAULT_ASSIGNORS = ("uniform", "range")  # Kafka's group.consumer.assignors: the first is the default

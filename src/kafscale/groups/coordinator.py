@@ -33,6 +33,8 @@ from typing import Awaitable, Callable, Iterable
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.consumer_coordinator import ConsumerGroupCoordinator
 from kafscale.groups.consumer_group import is_consumer_group_doc
+from kafscale.groups.share_coordinator import ShareGroupCoordinator
+from kafscale.groups.share_group import is_share_group_doc
 from kafscale.groups.state import (
     CONSUMER_PROTOCOL_TYPE,
     PERSIST,
@@ -80,6 +82,11 @@ def _commit_refusal_reason(group: Group, error: ErrorCode, member_id: str, group
     return error.name.upper()
 
 
+def _is_modern(doc: dict | None) -> bool:
+    """A consumer-protocol or share group's document (not a classic group's)."""
+    return is_consumer_group_doc(doc) or is_share_group_doc(doc)
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -88,6 +95,7 @@ class GroupCoordinator:
         cluster=None,
         clock: Callable[[], float] | None = None,
         append_records: Callable[[str, int, list], Awaitable[asyncio.Future]] | None = None,
+        share_settings=None,
     ):
         self.metadata = metadata
         self.config = config
@@ -124,6 +132,9 @@ class GroupCoordinator:
         self._logged: dict[str, tuple[str, int, frozenset[str]]] = {}
         # Consumer-protocol (KIP-848) groups: same locks, same store keys (consumer_coordinator.py)
         self.consumer = ConsumerGroupCoordinator(self)
+        # Share groups (KIP-932): same locks, same store keys (share_coordinator.py); their
+        # settings (share/settings.py ShareSettings) are the broker's, shared with the share partitions
+        self.share = ShareGroupCoordinator(self, share_settings)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -136,6 +147,7 @@ class GroupCoordinator:
     async def stop(self) -> None:
         self._stopping = True
         await self.consumer.stop()
+        await self.share.stop()
         if self._cleanup_task is not None:
             self._cleanup_task.cancel()
             await asyncio.gather(self._cleanup_task, return_exceptions=True)
@@ -169,7 +181,7 @@ class GroupCoordinator:
             listeners.append(self._on_membership_change)
 
     def _on_membership_change(self, cluster) -> None:
-        for group_id in [g for g in {*self.groups, *self.consumer.groups} if not self.owns(g)]:
+        for group_id in [g for g in {*self.groups, *self.consumer.groups, *self.share.groups} if not self.owns(g)]:
             task = asyncio.ensure_future(self.release(group_id))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -181,6 +193,7 @@ class GroupCoordinator:
         """This broker no longer coordinates the group: forget it (another broker loads it)."""
         async with self._locks[group_id]:
             self.consumer.forget(group_id)
+            self.share.forget(group_id)
             group = self.groups.pop(group_id, None)
             if group is not None:
                 self.cancel_timer(group_id)
@@ -365,7 +378,7 @@ class GroupCoordinator:
 
     async def describe(self, group_id: str) -> dict | None:
         async with self._locks[group_id]:
-            if await self.consumer.loaded(group_id) is not None:
+            if await self.consumer.loaded(group_id) is not None or await self.share.loaded(group_id) is not None:
                 # Kafka (KIP-1043): DescribeGroups answers only for classic groups.
                 raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} is not a classic group.")
             group = await self._load(group_id)
@@ -375,7 +388,7 @@ class GroupCoordinator:
         """(group id, protocol type, state) of every group this broker coordinates."""
         owned = owned or self.owns
         for group_id, doc in (await self.metadata.list_groups()).items():
-            if group_id not in self.groups and owned(group_id) and not is_consumer_group_doc(doc):
+            if group_id not in self.groups and owned(group_id) and not _is_modern(doc):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
                         self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
@@ -390,6 +403,9 @@ class GroupCoordinator:
             consumer = await self.consumer.loaded(group_id)
             if consumer is not None:
                 return await self.consumer.delete(consumer)
+            share = await self.share.loaded(group_id)
+            if share is not None:
+                return await self.share.delete(share)
             group = await self._load(group_id)
             if group is None:
                 return ErrorCode.group_id_not_found
@@ -405,7 +421,7 @@ class GroupCoordinator:
         """One retention pass (Kafka's rules); returns how many offsets were removed."""
         owned = self.owns
         for group_id, doc in (await self.metadata.list_groups()).items():
-            if group_id not in self.groups and owned(group_id) and not is_consumer_group_doc(doc):
+            if group_id not in self.groups and owned(group_id) and not _is_modern(doc):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:
                         self._install(snapshot.from_doc(group_id, doc, self.group_config, self.clock()))
@@ -474,7 +490,11 @@ class GroupCoordinator:
             return group
         if group_id in self.consumer.groups:
             raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a consumer-protocol group.")
+        if group_id in self.share.groups:
+            raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a share group.")
         doc = await self.metadata.get_group(group_id)
+        if is_share_group_doc(doc):
+            raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a share group.")
         if is_consumer_group_doc(doc):
             # Classic requests to a KIP-848 group (migration of members is not supported yet).
             raise KafkaError(ErrorCode.inconsistent_group_protocol, f"Group {group_id} is a consumer-protocol group.")
@@ -621,6 +641,9 @@ class GroupCoordinator:
     async def _on_timer(self, group_id: str) -> None:
         if group_id in self.consumer.groups:
             await self.consumer.on_timer(group_id)
+            return
+        if group_id in self.share.groups:
+            await self.share.on_timer(group_id)
             return
         try:
             async with self._locks[group_id]:

@@ -51,6 +51,7 @@ PENDING_OFFSETS = "/pending-offsets/"
 CLIENT_QUOTAS = "/client-quotas/"
 SCRAM_CREDENTIALS = "/scram-credentials/"
 ACLS = "/acls/"
+SHARE_STATES = "/share-states/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -269,3 +270,21 @@ def acl(resource_type: int, name: str, pattern_type: int, principal: str, host: 
     """One key per binding: creating the same binding twice writes the same key."""
     return (f"{ACLS}{int(resource_type)}/{int(pattern_type)}/{escape(name)}/{escape(principal)}/{escape(host)}/"
             f"{int(operation)}/{int(permission)}")
+
+
+# -- share groups -------------------------------------------------------------------------------
+
+
+def share_state(group_id: str, topic_name: str, p: int) -> str:
+    return f"{share_states_prefix(group_id)}{escape(topic_name)}/{int(p)}"
+
+
+def share_states_prefix(group_id: str) -> str:
+    """Every share-partition state key of exactly this share group."""
+    return f"{SHARE_STATES}{escape(group_id)}/"
+
+
+def share_state_of(key: str) -> tuple[str, str, int]:
+    """(group, topic, partition) of a `share_state(...)` key."""
+    g, t, p = _split(key, SHARE_STATES, 3)
+    return unescape(g), unescape(t), _int(p, key)

@@ -15,6 +15,10 @@ that no name's keys can be covered by another's, e.g. group `orders` vs `orders/
     /transactions/{transactional id}          transaction state (JSON, owned by its coordinator)
     /pending-offsets/{group}/{producer id}/{topic}/{p}
                                               CommittedOffset of a TxnOffsetCommit, until its transaction ends
+    /share-states/{group}/{topic}/{p}         a share partition's durable state (JSON, share/partition.py
+                                              `SharePartition.to_doc`): start offset, and the delivery counts
+                                              and acknowledged/archived records in flight; written by the
+                                              partition's owner with a compare on the version it read
 
 Older stores kept groups under /groups/{raw id} and /offsets/{raw id}/{topic}/{p};
 `migrate_legacy_keys` (run at broker start) moves them.
@@ -326,6 +330,35 @@ class MetadataStore:
             deletes=[keys.group(group_id)],
             delete_prefixes=[keys.group_offsets_prefix(group_id), keys.group_pending_offsets_prefix(group_id)],
         ))
+
+    # -- share groups -------------------------------------------------------------------
+
+    async def get_share_state(self, group_id: str, topic: str, partition: int) -> tuple[dict | None, int]:
+        """A share partition's state document and its version (0: none yet)."""
+        kv = await self.kv.get(keys.share_state(group_id, topic, partition))
+        return (json.loads(kv.value), kv.version) if kv else (None, 0)
+
+    async def put_share_state(self, group_id: str, topic: str, partition: int, doc: dict, version: int) -> int:
+        """Write a share partition's state over the version read (ConflictError if another
+        owner wrote since); returns the new version."""
+        key = keys.share_state(group_id, topic, partition)
+        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, _dump(doc))])):
+            raise ConflictError(f"share state of {group_id} {topic}-{partition} changed concurrently")
+        return version + 1
+
+    async def list_share_states(self, group_id: str) -> dict[tuple[str, int], dict]:
+        out = {}
+        for kv in await self.kv.range(keys.share_states_prefix(group_id)):
+            _g, topic, p = keys.share_state_of(kv.key)
+            out[(topic, p)] = json.loads(kv.value)
+        return out
+
+    async def delete_share_states(self, group_id: str, partitions: list[tuple[str, int]] | None = None) -> None:
+        """A share group's partition states: all of them, or those of `partitions`."""
+        if partitions is None:
+            await self.kv.commit(Txn(delete_prefixes=[keys.share_states_prefix(group_id)]))
+        else:
+            await self.kv.commit(Txn(deletes=[keys.share_state(group_id, t, p) for t, p in partitions]))
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
         txn = Txn(puts=[(keys.offset(group_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])

@@ -14,6 +14,9 @@ read from ApiVersions, as a new Kafka 4.0 cluster has them:
 - group.version: supported 0 to 1, finalized at 1: the consumer group protocol of KIP-848
   (ConsumerGroupHeartbeat / ConsumerGroupDescribe, handlers/consumer_groups.py), as a new
   Kafka 4.0 cluster has it.
+- share.version: supported 0 to 1, finalized at 1: share groups of KIP-932
+  (ShareGroupHeartbeat / ShareGroupDescribe / ShareFetch / ShareAcknowledge,
+  handlers/share_groups.py and share_fetch.py), on by default as in Kafka 4.2.
 Nothing else is claimed: no kraft.version (there is no KRaft quorum). The levels are fixed per broker: UpdateFeatures answers
 INVALID_UPDATE_VERSION for any change (a no-op request for the current level succeeds);
 an operator picks the transaction.version level with the flag, on every broker alike."""
@@ -27,6 +30,7 @@ from kafscale.protocol.build import make, nested, response
 METADATA_VERSION = (7, 25, 25)  # (supported min, supported max, finalized level): 3.3-IV3 .. 4.0-IV3
 TRANSACTION_VERSION_MAX = 2
 GROUP_VERSION = (0, 1, 1)  # KIP-848's consumer group protocol
+SHARE_VERSION = (0, 1, 1)  # KIP-932's share groups, on as in a new Kafka 4.2 cluster
 
 
 def features(broker) -> dict[str, tuple[int, int, int]]:
@@ -35,6 +39,7 @@ def features(broker) -> dict[str, tuple[int, int, int]]:
     if getattr(broker, "transactions", None) is not None:
         out["transaction.version"] = (0, TRANSACTION_VERSION_MAX, broker.config.transaction_version)
     out["group.version"] = GROUP_VERSION
+    out["share.version"] = SHARE_VERSION
     return out
 FINALIZED_EPOCH = 0
 # What Kafka's ApiVersionsRequest.isValid() requires of client_software_name / _version (v3+)

@@ -14,6 +14,7 @@ from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.consumer_group import CONSUMER_GROUP_TYPE
 from kafscale.groups.coordinator import log_commit_refused
+from kafscale.groups.share_group import SHARE_GROUP_TYPE
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.api_keys import ApiKey
@@ -492,6 +493,8 @@ async def list_groups(ctx, req):
                   for gid, ptype, state in await groups.list_groups(ctx.broker.cluster.is_group_coordinator)]
         listed += [(gid, CONSUMER_GROUP_TYPE, state, CONSUMER_GROUP_TYPE)
                    for gid, state in await groups.consumer.list_groups(ctx.broker.cluster.is_group_coordinator)]
+        listed += [(gid, SHARE_GROUP_TYPE, state, SHARE_GROUP_TYPE)
+                   for gid, state in await groups.share.list_groups(ctx.broker.cluster.is_group_coordinator)]
     except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     entries = [

@@ -1,0 +1,106 @@
+"""Share groups (KIP-932) against a real broker over raw frames: ShareGroupHeartbeat and
+ShareGroupDescribe with Apache Kafka's codes, ListGroups' types filter, the features and
+API versions a share consumer looks for."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from tests.support.broker import BrokerProcess
+from tests.support.raw import RawClient, error_code, req
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+HEARTBEAT, DESCRIBE, LIST_GROUPS = 76, 77, 16
+
+
+@pytest.fixture(scope="module")
+def sbroker():
+    b = BrokerProcess(extra_args=["--group-share-heartbeat-interval-ms", "300", "--group-share-max-size", "3"]).start()
+    yield b
+    b.stop()
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        fut.result(15)
+
+
+def heartbeat(c: RawClient, group: str, member_id: str, epoch: int, topics=None):
+    return c.request(HEARTBEAT, 1, req(HEARTBEAT, 1, group_id=group, member_id=member_id, member_epoch=epoch,
+                                       subscribed_topic_names=topics))
+
+
+def describe(c: RawClient, *groups: str):
+    return c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=groups, include_authorized_operations=True)).groups
+
+
+def assigned(resp) -> set[tuple[uuid.UUID, int]]:
+    return {(t.topic_id, p) for t in resp.assignment.topic_partitions for p in t.partitions}
+
+
+def test_heartbeat_describe_and_list(sbroker):
+    bootstrap = sbroker.bootstrap
+    topic, group = f"share-raw-{uuid.uuid4().hex[:8]}", f"sg-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 2)
+    m1, m2, m3 = (str(uuid.uuid4()) for _ in range(3))
+    with RawClient(bootstrap) as c:
+        r = heartbeat(c, group, m1, 0, (topic,))
+        assert (error_code(r.error_code), r.member_id, r.member_epoch) == (0, m1, 1)
+        assert r.heartbeat_interval.total_seconds() == 0.3
+        [(topic_id, _)] = {(t, 0) for t, _ in assigned(r)}
+        assert assigned(r) == {(topic_id, 0), (topic_id, 1)}
+        r2 = heartbeat(c, group, m2, 0, (topic,))
+        r3 = heartbeat(c, group, m3, 0, (topic,))
+        assert (r2.member_epoch, r3.member_epoch) == (2, 3)
+        # three members on two partitions: each gets one, every partition is read
+        assert len(assigned(r2)) == len(assigned(r3)) == 1
+        r1 = heartbeat(c, group, m1, 1)
+        assert r1.member_epoch == 3 and len(assigned(r1)) == 1
+        assert assigned(r1) | assigned(r2) | assigned(r3) == {(topic_id, 0), (topic_id, 1)}
+        # Kafka's refusals
+        assert error_code(heartbeat(c, group, str(uuid.uuid4()), 0, (topic,)).error_code) == ErrorCode.group_max_size_reached.value
+        assert error_code(heartbeat(c, group, m1, 9).error_code) == ErrorCode.fenced_member_epoch.value
+        assert error_code(heartbeat(c, group, "stranger", 3).error_code) == ErrorCode.unknown_member_id.value
+        assert error_code(heartbeat(c, group, "", 0, (topic,)).error_code) == ErrorCode.invalid_request.value
+        assert (error_code(heartbeat(c, group, m1, 3).error_code), heartbeat(c, group, m1, 3).assignment) == (0, None)
+        assert error_code(heartbeat(c, f"none-{group}", m1, 1).error_code) == ErrorCode.group_id_not_found.value
+
+        [g, missing] = describe(c, group, f"none-{group}")
+        assert (error_code(g.error_code), g.group_state, g.group_epoch, g.assignment_epoch, g.assignor_name) == (0, "Stable", 3, 3, "simple")
+        assert {m.member_id for m in g.members} == {m1, m2, m3}
+        assert {p for m in g.members for t in m.assignment.topic_partitions for p in t.partitions} == {0, 1}
+        assert all(t.topic_name == topic for m in g.members for t in m.assignment.topic_partitions)
+        assert error_code(missing.error_code) == ErrorCode.group_id_not_found.value
+
+        listed = c.request(LIST_GROUPS, 5, req(LIST_GROUPS, 5, states_filter=(), types_filter=("share",))).groups
+        assert [(x.group_id, x.group_type, x.group_state) for x in listed if x.group_id == group] == [(group, "share", "Stable")]
+        others = c.request(LIST_GROUPS, 5, req(LIST_GROUPS, 5, states_filter=(), types_filter=("classic", "consumer"))).groups
+        assert group not in {x.group_id for x in others}
+
+        # a share group is no classic group, and a classic group's id is no share group
+        r = c.request(11, 9, req(11, 9, group_id=group, session_timeout=10_000, rebalance_timeout=10_000, member_id="",
+                                 protocol_type="consumer",
+                                 protocols=(req(11, 9, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
+        assert error_code(r.error_code) == ErrorCode.inconsistent_group_protocol.value
+
+        for m in (m1, m2, m3):
+            assert heartbeat(c, group, m, -1).member_epoch == -1
+        [g] = describe(c, group)
+        assert (g.group_state, g.members) == ("Empty", ())
+        assert error_code(c.request(42, 2, req(42, 2, groups_names=(group,))).results[0].error_code) == 0
+        [g] = describe(c, group)
+        assert error_code(g.error_code) == ErrorCode.group_id_not_found.value
+
+
+def test_api_versions_and_features(sbroker):
+    with RawClient(sbroker.bootstrap) as c:
+        r = c.request(18, 4, req(18, 4, client_software_name="t", client_software_version="1"))
+        keys = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
+        assert keys[HEARTBEAT] == (1, 1) and keys[DESCRIBE] == (1, 1)
+        assert {f.name: f.max_version_level for f in r.finalized_features}["share.version"] == 1
