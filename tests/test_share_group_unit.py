@@ -73,7 +73,7 @@ def test_leave_and_session_timeout_remove_members():
     refused(ErrorCode.unknown_member_id, beat, g, 10, "a", -1)
     assert g.next_deadline() == 1_000
     assert g.tick(999) == []
-    assert g.tick(1_000) == ["b"] and g.state is ShareGroupState.EMPTY
+    assert g.tick(1_000) == [("b", "session timeout")] and g.state is ShareGroupState.EMPTY
 
 
 def test_subscription_change_and_new_topics_move_the_epoch():

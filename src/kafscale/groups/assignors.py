@@ -23,6 +23,18 @@ from typing import Mapping
 TopicPartition = tuple[str, int]
 
 
+def partitions_doc(tps) -> dict[str, list[int]]:
+    """Partitions as stored in a group's document: topic id -> sorted partition numbers."""
+    out: dict[str, list[int]] = {}
+    for topic, p in sorted(tps):
+        out.setdefault(topic, []).append(p)
+    return out
+
+
+def partitions_of(doc: Mapping[str, list[int]]) -> frozenset[TopicPartition]:
+    return frozenset((t, p) for t, ps in doc.items() for p in ps)
+
+
 @dataclass(frozen=True, slots=True)
 class MemberSpec:
     """What an assignor knows of a member: the topic ids it subscribes to (that exist) and

@@ -14,12 +14,12 @@ TargetAssignment and CurrentAssignment records); the store is the source of trut
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
+from kafscale.groups.group_driver import GroupDriver
 from kafscale.groups.consumer_group import (
     ConsumerGroup,
     ConsumerGroupConfig,
@@ -50,23 +50,13 @@ def consumer_group_config(config) -> ConsumerGroupConfig:
     )
 
 
-class ConsumerGroupCoordinator:
+class ConsumerGroupCoordinator(GroupDriver):
+    kind = "consumer group"
+
     def __init__(self, parent):
-        # parent: the GroupCoordinator (its locks, clock, store, timers and classic groups);
-        # not imported here, as it imports this module
-        self.parent = parent
-        self.metadata = parent.metadata
+        super().__init__(parent)
         self.config = consumer_group_config(parent.config)
         self.groups: dict[str, ConsumerGroup] = {}
-
-    async def stop(self) -> None:
-        # (their timers are the classic coordinator's, stopped with it)
-        self.groups.clear()
-
-    def forget(self, group_id: str) -> None:
-        """This broker no longer coordinates the group (call with its lock held)."""
-        if self.groups.pop(group_id, None) is not None:
-            self.parent.cancel_timer(group_id)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -100,18 +90,11 @@ class ConsumerGroupCoordinator:
                          group.state.value, group.group_epoch, group.target_epoch, len(group.members))
             return result
 
-    async def describe(self, group_id: str) -> ConsumerGroup | None:
-        async with self.parent._locks[group_id]:
-            return await self.loaded(group_id)
+    def is_doc(self, doc: dict | None) -> bool:
+        return is_consumer_group_doc(doc)
 
-    async def list_groups(self, owned: Callable[[str], bool]) -> list[tuple[str, str]]:
-        """(group id, state) of the consumer groups this broker coordinates."""
-        out = []
-        for group_id, doc in (await self.metadata.list_groups()).items():
-            if is_consumer_group_doc(doc) and owned(group_id):
-                group = self.groups.get(group_id) or ConsumerGroup.from_doc(group_id, doc, self.config, self.parent.clock())
-                out.append((group_id, group.state.value))
-        return sorted(out)
+    def state_of_doc(self, group_id: str, doc: dict) -> str:
+        return ConsumerGroup.from_doc(group_id, doc, self.config, self.parent.clock()).state.value
 
     def validate_offset_commit(self, group: ConsumerGroup, member_id: str, member_epoch: int, api_version: int,
                                transactional: bool) -> ErrorCode:
@@ -197,41 +180,6 @@ class ConsumerGroupCoordinator:
         group = ConsumerGroup(group_id, self.config)
         self.groups[group_id] = group
         return group
-
-    async def _settle(self, group: ConsumerGroup) -> None:
-        if group.changed:
-            group.changed = False
-            try:
-                await self.metadata.put_group(group.group_id, group.to_doc())
-            except Exception:
-                # The group keeps working from memory; only failover recovery is affected.
-                log.exception("could not persist consumer group %s", group.group_id)
-        self._reschedule(group)
-
-    # -- timers (the classic coordinator's table: one timer per group id) -----------------------
-
-    def _reschedule(self, group: ConsumerGroup) -> None:
-        if self.groups.get(group.group_id) is group:
-            self.parent.arm_timer(group.group_id, group.next_deadline())
-        else:
-            self.parent.cancel_timer(group.group_id)
-
-    async def on_timer(self, group_id: str) -> None:
-        try:
-            async with self.parent._locks[group_id]:
-                group = self.groups.get(group_id)
-                if group is None:
-                    return
-                if not self.parent.owns(group_id):
-                    self.forget(group_id)
-                    return
-                for member_id, why in group.tick(self.parent.clock()):
-                    log.info("consumer group %s: member %s removed (%s)", group_id, member_id, why)
-                await self._settle(group)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("consumer group %s timer failed", group_id)
 
 
 __all__ = ["ConsumerGroupCoordinator", "GroupState", "consumer_group_config"]

@@ -37,7 +37,7 @@ from enum import Enum
 from typing import Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, MemberSpec, TopicPartition
+from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, MemberSpec, TopicPartition, partitions_doc, partitions_of
 
 CONSUMER_GROUP_TYPE = "consumer"  # ListGroups' group type and the doc's "type" in the store
 JOIN_EPOCH = 0
@@ -123,7 +123,7 @@ class Member:
             previous_member_epoch=self.previous_member_epoch, state=self.state.value,
             rebalance_timeout_ms=self.rebalance_timeout_ms, subscribed_topic_names=list(self.subscribed_topic_names),
             subscribed_topic_regex=self.subscribed_topic_regex,
-            server_assignor=self.server_assignor, assigned=_tps_doc(self.assigned), revoking=_tps_doc(self.revoking),
+            server_assignor=self.server_assignor, assigned=partitions_doc(self.assigned), revoking=partitions_doc(self.revoking),
         )
 
     @classmethod
@@ -136,21 +136,10 @@ class Member:
             state=MemberState(doc.get("state", "stable")), rebalance_timeout_ms=doc.get("rebalance_timeout_ms", 300_000),
             subscribed_topic_names=tuple(doc.get("subscribed_topic_names", ())),
             subscribed_topic_regex=doc.get("subscribed_topic_regex"), server_assignor=doc.get("server_assignor"),
-            assigned=_tps_of(doc.get("assigned", {})), revoking=_tps_of(doc.get("revoking", {})),
+            assigned=partitions_of(doc.get("assigned", {})), revoking=partitions_of(doc.get("revoking", {})),
             session_deadline=now + session_timeout_ms,
             revocation_deadline=now + doc.get("rebalance_timeout_ms", 300_000) if doc.get("revoking") else None,
         )
-
-
-def _tps_doc(tps) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for topic, p in sorted(tps):
-        out.setdefault(topic, []).append(p)
-    return out
-
-
-def _tps_of(doc: Mapping[str, list[int]]) -> frozenset[TopicPartition]:
-    return frozenset((t, p) for t, ps in doc.items() for p in ps)
 
 
 @lru_cache(maxsize=256)
@@ -517,7 +506,7 @@ class ConsumerGroup:
             type=CONSUMER_GROUP_TYPE, group_epoch=self.group_epoch, target_epoch=self.target_epoch,
             topics={name: [tid, n] for name, (tid, n) in self.topics.items()},
             members=[m.to_doc() for m in self.members.values()],
-            target={mid: _tps_doc(tps) for mid, tps in self.target.items()},
+            target={mid: partitions_doc(tps) for mid, tps in self.target.items()},
         )
 
     @classmethod
@@ -529,7 +518,7 @@ class ConsumerGroup:
         for m in doc.get("members", []):
             member = Member.from_doc(m, now, config.session_timeout_ms)
             group.members[member.member_id] = member
-        group.target = {mid: _tps_of(tps) for mid, tps in doc.get("target", {}).items()}
+        group.target = {mid: partitions_of(tps) for mid, tps in doc.get("target", {}).items()}
         return group
 
 

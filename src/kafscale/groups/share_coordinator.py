@@ -13,11 +13,11 @@ group coordinator's: it lives with each partition's owner (`kafscale.share`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Awaitable, Callable, Iterable, Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups.consumer_coordinator import TopicLookup
+from kafscale.groups.group_driver import GroupDriver
 from kafscale.groups.share_group import (
     ShareGroup,
     ShareHeartbeatRequest,
@@ -29,24 +29,14 @@ from kafscale.share.settings import ShareSettings, broker_share_settings
 
 log = logging.getLogger("kafscale.groups")
 
-TopicLookup = Callable[[Iterable[str]], Awaitable[Mapping[str, tuple[str, int]]]]
 
+class ShareGroupCoordinator(GroupDriver):
+    kind = "share group"
 
-class ShareGroupCoordinator:
     def __init__(self, parent, settings: ShareSettings | None = None):
-        # parent: the GroupCoordinator (its locks, clock, store, timers and other groups)
-        self.parent = parent
-        self.metadata = parent.metadata
+        super().__init__(parent)
         self.settings = settings or ShareSettings(broker_share_settings(parent.config))
         self.groups: dict[str, ShareGroup] = {}
-
-    async def stop(self) -> None:
-        self.groups.clear()
-
-    def forget(self, group_id: str) -> None:
-        """This broker no longer coordinates the group (call with its lock held)."""
-        if self.groups.pop(group_id, None) is not None:
-            self.parent.cancel_timer(group_id)
 
     async def heartbeat(self, group_id: str, req: ShareHeartbeatRequest, lookup: TopicLookup) -> ShareHeartbeatResult:
         validate_request(group_id, req)
@@ -69,18 +59,11 @@ class ShareGroupCoordinator:
                          group.group_epoch, len(group.members))
             return result
 
-    async def describe(self, group_id: str) -> ShareGroup | None:
-        async with self.parent._locks[group_id]:
-            return await self.loaded(group_id)
+    def is_doc(self, doc: dict | None) -> bool:
+        return is_share_group_doc(doc)
 
-    async def list_groups(self, owned: Callable[[str], bool]) -> list[tuple[str, str]]:
-        """(group id, state) of the share groups this broker coordinates."""
-        out = []
-        for group_id, doc in (await self.metadata.list_groups()).items():
-            if is_share_group_doc(doc) and owned(group_id):
-                group = self.groups.get(group_id) or ShareGroup.from_doc(group_id, doc, self.parent.clock(), 0)
-                out.append((group_id, group.state.value))
-        return sorted(out)
+    def state_of_doc(self, group_id: str, doc: dict) -> str:
+        return ShareGroup.from_doc(group_id, doc, self.parent.clock(), 0).state.value
 
     async def delete(self, group: ShareGroup) -> ErrorCode:
         """DeleteGroups: only an empty group (NON_EMPTY_GROUP otherwise), with its share-partition state."""
@@ -118,35 +101,3 @@ class ShareGroupCoordinator:
         group = ShareGroup(group_id)
         self.groups[group_id] = group
         return group
-
-    async def _settle(self, group: ShareGroup) -> None:
-        if group.changed:
-            group.changed = False
-            try:
-                await self.metadata.put_group(group.group_id, group.to_doc())
-            except Exception:
-                log.exception("could not persist share group %s", group.group_id)
-        self._reschedule(group)
-
-    def _reschedule(self, group: ShareGroup) -> None:
-        if self.groups.get(group.group_id) is group:
-            self.parent.arm_timer(group.group_id, group.next_deadline())
-        else:
-            self.parent.cancel_timer(group.group_id)
-
-    async def on_timer(self, group_id: str) -> None:
-        try:
-            async with self.parent._locks[group_id]:
-                group = self.groups.get(group_id)
-                if group is None:
-                    return
-                if not self.parent.owns(group_id):
-                    self.forget(group_id)
-                    return
-                for member_id in group.tick(self.parent.clock()):
-                    log.info("share group %s: member %s removed (session timeout)", group_id, member_id)
-                await self._settle(group)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("share group %s timer failed", group_id)

@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.groups.assignors import MemberSpec, TopicPartition, simple
+from kafscale.groups.assignors import MemberSpec, TopicPartition, partitions_doc, partitions_of, simple
 
 SHARE_GROUP_TYPE = "share"  # ListGroups' group (and protocol) type; the doc's "type" in the store
 SHARE_ASSIGNOR = "simple"
@@ -72,7 +72,7 @@ class ShareMember:
     def to_doc(self) -> dict:
         return dict(member_id=self.member_id, rack_id=self.rack_id, client_id=self.client_id,
                     client_host=self.client_host, member_epoch=self.member_epoch,
-                    subscribed_topic_names=list(self.subscribed_topic_names), assigned=_tps_doc(self.assigned))
+                    subscribed_topic_names=list(self.subscribed_topic_names), assigned=partitions_doc(self.assigned))
 
     @classmethod
     def from_doc(cls, doc: dict, now: float, session_timeout_ms: int) -> "ShareMember":
@@ -80,18 +80,7 @@ class ShareMember:
         return cls(member_id=doc["member_id"], rack_id=doc.get("rack_id"), client_id=doc.get("client_id", ""),
                    client_host=doc.get("client_host", ""), member_epoch=doc.get("member_epoch", 0),
                    subscribed_topic_names=tuple(doc.get("subscribed_topic_names", ())),
-                   assigned=_tps_of(doc.get("assigned", {})), session_deadline=now + session_timeout_ms)
-
-
-def _tps_doc(tps) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for topic, p in sorted(tps):
-        out.setdefault(topic, []).append(p)
-    return out
-
-
-def _tps_of(doc: Mapping[str, list[int]]) -> frozenset[TopicPartition]:
-    return frozenset((t, p) for t, ps in doc.items() for p in ps)
+                   assigned=partitions_of(doc.get("assigned", {})), session_deadline=now + session_timeout_ms)
 
 
 def validate_request(group_id: str, req: ShareHeartbeatRequest) -> None:
@@ -175,14 +164,8 @@ class ShareGroup:
             member.rack_id = req.rack_id
             self.changed = True
         if req.subscribed_topic_names is not None:
-            names = tuple(sorted(set(req.subscribed_topic_names)))
-            if names != member.subscribed_topic_names:
-                member.subscribed_topic_names = names
-                bump = True
-        wanted = {t: topics[t] for t in sorted(self.subscribed_topic_names()) if t in topics}
-        if wanted != self.topics:
-            self.topics = wanted
-            bump = True
+            bump |= self._subscribe(member, tuple(sorted(set(req.subscribed_topic_names))))
+        bump |= self._topics_changed(topics)
         if bump:
             self._bump()
         if self.group_epoch > self.assignment_epoch:
@@ -197,6 +180,17 @@ class ShareGroup:
                                     heartbeat_interval_ms=heartbeat_interval_ms,
                                     assignment=member.assigned if send else None)
 
+    @staticmethod
+    def _subscribe(member: ShareMember, names: tuple[str, ...]) -> bool:
+        changed = names != member.subscribed_topic_names
+        member.subscribed_topic_names = names
+        return changed
+
+    def _topics_changed(self, topics: Mapping[str, tuple[str, int]]) -> bool:
+        """Keep the subscribed topics that exist (id, partitions); True if they changed."""
+        before, self.topics = self.topics, {t: topics[t] for t in sorted(self.subscribed_topic_names()) if t in topics}
+        return self.topics != before
+
     def _bump(self) -> None:
         self.group_epoch += 1
         self.changed = True
@@ -209,10 +203,10 @@ class ShareGroup:
         self.assignment_epoch = self.group_epoch
         self.changed = True
 
-    def tick(self, now: float) -> list[str]:
-        """Remove members whose session timed out; their ids."""
-        out = [m.member_id for m in self.members.values() if m.session_deadline <= now]
-        for member_id in out:
+    def tick(self, now: float) -> list[tuple[str, str]]:
+        """Remove members whose session timed out: [(member id, why)]."""
+        out = [(m.member_id, "session timeout") for m in self.members.values() if m.session_deadline <= now]
+        for member_id, _ in out:
             del self.members[member_id]
             self.target.pop(member_id, None)
             self._bump()
@@ -224,7 +218,7 @@ class ShareGroup:
         return dict(type=SHARE_GROUP_TYPE, group_epoch=self.group_epoch, assignment_epoch=self.assignment_epoch,
                     topics={name: [tid, n] for name, (tid, n) in self.topics.items()},
                     members=[m.to_doc() for m in self.members.values()],
-                    target={mid: _tps_doc(tps) for mid, tps in self.target.items()})
+                    target={mid: partitions_doc(tps) for mid, tps in self.target.items()})
 
     @classmethod
     def from_doc(cls, group_id: str, doc: dict, now: float, session_timeout_ms: int) -> "ShareGroup":
@@ -235,7 +229,7 @@ class ShareGroup:
         for m in doc.get("members", []):
             member = ShareMember.from_doc(m, now, session_timeout_ms)
             group.members[member.member_id] = member
-        group.target = {mid: _tps_of(tps) for mid, tps in doc.get("target", {}).items()}
+        group.target = {mid: partitions_of(tps) for mid, tps in doc.get("target", {}).items()}
         return group
 
 

@@ -46,8 +46,10 @@ def _by_topic(tps) -> dict[str, list[int]]:
     return out
 
 
-async def consumer_group_heartbeat(ctx, req):
-    cls = response(ApiKey.CONSUMER_GROUP_HEARTBEAT, ctx.version)
+async def answer_heartbeat(ctx, api_key: int, req, call):
+    """A consumer or share group heartbeat's answer: `call(groups)` runs it on the group
+    coordinator and gives the machine's result; refusals become the error response."""
+    cls = response(api_key, ctx.version)
     groups = _coordinator(ctx)
 
     def refused(code: ErrorCode, message: str | None = None):
@@ -58,20 +60,11 @@ async def consumer_group_heartbeat(ctx, req):
         return refused(ErrorCode.invalid_request, "GroupId can't be empty.")
     if groups is None or not await _owned(ctx, req.group_id):
         return refused(ErrorCode.not_coordinator)
-    owned = None
-    if req.topic_partitions is not None:
-        owned = frozenset((str(t.topic_id), p) for t in req.topic_partitions for p in t.partitions)
-    request = HeartbeatRequest(
-        member_id=req.member_id, member_epoch=req.member_epoch, instance_id=req.instance_id, rack_id=req.rack_id,
-        rebalance_timeout_ms=_ms(req.rebalance_timeout), subscribed_topic_names=req.subscribed_topic_names,
-        subscribed_topic_regex=getattr(req, "subscribed_topic_regex", None), server_assignor=req.server_assignor,
-        owned=owned, client_id=ctx.client_id or "", client_host=_client_host(ctx.peer), version=ctx.version,
-    )
     try:
-        result = await groups.consumer.heartbeat(req.group_id, request, _topic_lookup(ctx), _topic_names(ctx))
+        result = await call(groups)
     except KafkaError as e:
         # The client sees the code (and the message); the log says who and why.
-        log.info("ConsumerGroupHeartbeat of group %r member %r epoch %d refused with %s: %s", req.group_id,
+        log.info("%s of group %r member %r epoch %d refused with %s: %s", ApiKey(api_key).name, req.group_id,
                  req.member_id, req.member_epoch, e.code.name.upper(), e.message)
         return refused(e.code, e.message)
     except STORE_DOWN:
@@ -85,8 +78,25 @@ async def consumer_group_heartbeat(ctx, req):
                  member_epoch=result.member_epoch, heartbeat_interval=result.heartbeat_interval_ms, assignment=assignment)
 
 
-async def consumer_group_describe(ctx, req):
-    cls = response(ApiKey.CONSUMER_GROUP_DESCRIBE, ctx.version)
+async def consumer_group_heartbeat(ctx, req):
+    owned = None
+    if req.topic_partitions is not None:
+        owned = frozenset((str(t.topic_id), p) for t in req.topic_partitions for p in t.partitions)
+    request = HeartbeatRequest(
+        member_id=req.member_id, member_epoch=req.member_epoch, instance_id=req.instance_id, rack_id=req.rack_id,
+        rebalance_timeout_ms=_ms(req.rebalance_timeout), subscribed_topic_names=req.subscribed_topic_names,
+        subscribed_topic_regex=getattr(req, "subscribed_topic_regex", None), server_assignor=req.server_assignor,
+        owned=owned, client_id=ctx.client_id or "", client_host=_client_host(ctx.peer), version=ctx.version,
+    )
+    return await answer_heartbeat(ctx, ApiKey.CONSUMER_GROUP_HEARTBEAT, req, lambda groups: groups.consumer.heartbeat(
+        req.group_id, request, _topic_lookup(ctx), _topic_names(ctx)))
+
+
+async def describe_modern_groups(ctx, api_key: int, req, driver_of, kind: str, describe):
+    """ConsumerGroupDescribe / ShareGroupDescribe: `driver_of(groups)` is the driver of the
+    kind of group asked about; `describe(cls, group, assignment)` gives the entry's fields
+    (members, epochs, assignor), `assignment(tps)` building an Assignment with topic names."""
+    cls = response(api_key, ctx.version)
     groups = _coordinator(ctx)
     out = []
     for group_id in req.group_ids:
@@ -95,13 +105,13 @@ async def consumer_group_describe(ctx, req):
             if groups is None or not await _owned(ctx, group_id):
                 out.append(dict(entry, error_code=ErrorCode.not_coordinator))
                 continue
-            group = await groups.consumer.describe(group_id)
+            group = await driver_of(groups).describe(group_id)
         except STORE_DOWN:
             out.append(dict(entry, error_code=ErrorCode.coordinator_not_available))
             continue
         if group is None:
             out.append(dict(entry, error_code=ErrorCode.group_id_not_found,
-                            error_message=f"Group {group_id} not found or not a consumer group."))
+                            error_message=f"Group {group_id} not found or not a {kind} group."))
             continue
         names = {tid: name for name, (tid, _) in group.topics.items()}
 
@@ -109,6 +119,18 @@ async def consumer_group_describe(ctx, req):
             return build(nested(cls, "Assignment"), topic_partitions=[dict(topic_id=uuid.UUID(t), topic_name=names.get(t, ""), partitions=ps)
                                           for t, ps in _by_topic(tps).items()])
 
+        if req.include_authorized_operations:
+            authz = getattr(ctx.broker, "authorizer", None)
+            entry["authorized_operations"] = GROUP_OPERATIONS if authz is None else authz.authorized_operations(
+                ctx.principal, _client_host(ctx.peer).lstrip("/"), Res.GROUP, group_id)
+        entry.update(error_code=ErrorCode.none, group_state=group.state.value, group_epoch=group.group_epoch,
+                     **describe(group, assignment))
+        out.append(entry)
+    return build(cls, throttle_time=0, groups=out)
+
+
+async def consumer_group_describe(ctx, req):
+    def describe(group, assignment):
         members = [
             dict(member_id=m.member_id, instance_id=m.instance_id, rack_id=m.rack_id, member_epoch=m.member_epoch,
                  client_id=m.client_id, client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
@@ -117,14 +139,10 @@ async def consumer_group_describe(ctx, req):
                  member_type=1)  # 1: a consumer-protocol member (0 would be classic)
             for m in group.members.values()
         ]
-        if req.include_authorized_operations:
-            authz = getattr(ctx.broker, "authorizer", None)
-            entry["authorized_operations"] = GROUP_OPERATIONS if authz is None else authz.authorized_operations(
-                ctx.principal, _client_host(ctx.peer).lstrip("/"), Res.GROUP, group_id)
-        entry.update(error_code=ErrorCode.none, group_state=group.state.value, group_epoch=group.group_epoch,
-                     assignment_epoch=group.target_epoch, assignor_name=group.preferred_assignor(), members=members)
-        out.append(entry)
-    return build(cls, throttle_time=0, groups=out)
+        return dict(assignment_epoch=group.target_epoch, assignor_name=group.preferred_assignor(), members=members)
+
+    return await describe_modern_groups(ctx, ApiKey.CONSUMER_GROUP_DESCRIBE, req, lambda groups: groups.consumer,
+                                        "consumer", describe)
 
 
 def register(router):

@@ -1,0 +1,89 @@
+"""What the drivers of KIP-848 consumer groups and KIP-932 share groups have in common:
+they live inside the classic `GroupCoordinator` (its per-group locks, clock, timer table
+and store), keep their groups in memory, write a group's document after each change and
+expire members on the group's one timer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger("kafscale.groups")
+
+
+class GroupDriver:
+    kind = "group"  # how logs name the groups of this driver
+
+    def __init__(self, parent):
+        # parent: the GroupCoordinator; not imported here, as it imports the drivers
+        self.parent = parent
+        self.metadata = parent.metadata
+        self.groups: dict = {}
+
+    async def stop(self) -> None:
+        # (their timers are the classic coordinator's, stopped with it)
+        self.groups.clear()
+
+    def forget(self, group_id: str) -> None:
+        """This broker no longer coordinates the group (call with its lock held)."""
+        if self.groups.pop(group_id, None) is not None:
+            self.parent.cancel_timer(group_id)
+
+    def is_doc(self, doc: dict | None) -> bool:
+        """Is this stored group document one of this driver's groups?"""
+        raise NotImplementedError
+
+    def state_of_doc(self, group_id: str, doc: dict) -> str:
+        """The state of a stored group not loaded here."""
+        raise NotImplementedError
+
+    async def describe(self, group_id: str):
+        async with self.parent._locks[group_id]:
+            return await self.loaded(group_id)
+
+    async def loaded(self, group_id: str):
+        raise NotImplementedError
+
+    async def list_groups(self, owned) -> list[tuple[str, str]]:
+        """(group id, state) of this driver's groups this broker coordinates."""
+        out = []
+        for group_id, doc in (await self.metadata.list_groups()).items():
+            if self.is_doc(doc) and owned(group_id):
+                group = self.groups.get(group_id)
+                out.append((group_id, group.state.value if group is not None else self.state_of_doc(group_id, doc)))
+        return sorted(out)
+
+    async def _settle(self, group) -> None:
+        if group.changed:
+            group.changed = False
+            try:
+                await self.metadata.put_group(group.group_id, group.to_doc())
+            except Exception:
+                # The group keeps working from memory; only failover recovery is affected.
+                log.exception("could not persist %s %s", self.kind, group.group_id)
+        self._reschedule(group)
+
+    # -- timers (the classic coordinator's table: one timer per group id) -----------------------
+
+    def _reschedule(self, group) -> None:
+        if self.groups.get(group.group_id) is group:
+            self.parent.arm_timer(group.group_id, group.next_deadline())
+        else:
+            self.parent.cancel_timer(group.group_id)
+
+    async def on_timer(self, group_id: str) -> None:
+        try:
+            async with self.parent._locks[group_id]:
+                group = self.groups.get(group_id)
+                if group is None:
+                    return
+                if not self.parent.owns(group_id):
+                    self.forget(group_id)
+                    return
+                for member_id, why in group.tick(self.parent.clock()):
+                    log.info("%s %s: member %s removed (%s)", self.kind, group_id, member_id, why)
+                await self._settle(group)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s %s timer failed", self.kind, group_id)
