@@ -156,14 +156,14 @@ def test_three_brokers_enforce_the_same_acls_right_after_creation(etcd_server, t
 
 def test_authorized_operations_bit_fields(secured, broker):
     """include_*_authorized_operations: the ACLs' answer with an authorizer, every
-    operation without one (an unknown group: 328, as Kafka)."""
+    operation without one (an unknown group: 3400, as Kafka 3.8+, whose groups have configs)."""
     from kafscale.errors import ErrorCode
     from kafscale.security.acl import Operation as Op
     from tests.support import raw
 
     with raw.RawClient(broker.bootstrap) as c:  # no authorizer
         r = c.request(15, 5, raw.req(15, 5, groups=["no-such-group"], include_authorized_operations=True))
-        assert r.groups[0].authorized_operations == 328
+        assert r.groups[0].authorized_operations == 3400
         md = c.request(3, 10, raw.req(3, 10, topics=None, allow_auto_topic_creation=False, include_cluster_authorized_operations=True,
                                        include_topic_authorized_operations=True))
         assert md.cluster_authorized_operations == sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
@@ -308,3 +308,38 @@ def test_broker_side_transaction_requests_need_cluster_action(secured):
     with _raw_as(sasl, "dave") as c:
         assert wait_until(lambda: (lambda r: r if r[0] == 0 else None)(add_v4(c)), 10, "dave's CLUSTER_ACTION") == (0, [KafkaError.TRANSACTION_ABORTABLE])
         assert add_offsets(c, tid, pid, epoch, "g-any") == 0
+
+
+def test_group_configs_need_describe_and_alter_configs_on_the_group(secured):
+    """Kafka authorizes GROUP config resources on the group: DESCRIBE_CONFIGS to describe,
+    ALTER_CONFIGS to alter; a refusal is GROUP_AUTHORIZATION_FAILED."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    _b, sasl = secured
+    allow, lit = AclPermissionType.ALLOW, ResourcePatternType.LITERAL
+
+    clients = {u: AdminClient(_conf(sasl, u)) for u in ("dave", "admin")}
+
+    def describe(user):
+        [fut] = clients[user].describe_configs([ConfigResource(ResourceType.GROUP, "cfg-g")]).values()
+        return fut.result(15)
+
+    def alter(user):
+        r = ConfigResource(ResourceType.GROUP, "cfg-g", incremental_configs=[
+            ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+        [fut] = clients[user].incremental_alter_configs([r]).values()
+        return fut.result(15)
+
+    for call in (describe, alter):
+        with pytest.raises(KafkaException) as e:
+            call("dave")
+        assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    for fut in clients["admin"].create_acls([AclBinding(ResourceType.GROUP, "cfg-g", lit, "User:dave", "*", AclOperation.DESCRIBE_CONFIGS, allow)]).values():
+        fut.result(10)
+    assert wait_until(lambda: describe("dave")["share.auto.offset.reset"].value == "latest", 10, "dave may describe cfg-g's configs")
+    with pytest.raises(KafkaException) as e:
+        alter("dave")
+    assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+    alter("admin")
+    assert describe("dave")["share.auto.offset.reset"].value == "earliest"

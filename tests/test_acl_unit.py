@@ -78,7 +78,7 @@ def test_super_users_and_no_acl_found():
 
 def test_authorized_operations_bits():
     everyone = Authorizer([], allow_everyone_if_no_acl_found=True)
-    assert everyone.authorized_operations("User:x", "h", Res.GROUP, "g") == 328  # READ, DELETE, DESCRIBE: Kafka's value
+    assert everyone.authorized_operations("User:x", "h", Res.GROUP, "g") == 3400  # READ, DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS: Kafka's value
     a = Authorizer([acl(Res.TOPIC, "t", "User:alice", Op.WRITE)])
     assert a.authorized_operations("User:alice", "h", Res.TOPIC, "t") == (1 << Op.WRITE) | (1 << Op.DESCRIBE)
 

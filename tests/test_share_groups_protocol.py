@@ -20,7 +20,9 @@ HEARTBEAT, DESCRIBE, LIST_GROUPS = 76, 77, 16
 
 @pytest.fixture(scope="module")
 def sbroker():
-    b = BrokerProcess(extra_args=["--group-share-heartbeat-interval-ms", "300", "--group-share-max-size", "3"]).start()
+    # (a heartbeat interval below Kafka's least, 5 s, needs the least lowered too, as in Kafka)
+    b = BrokerProcess(extra_args=["--group-share-heartbeat-interval-ms", "300", "--group-share-min-heartbeat-interval-ms", "300",
+                                  "--group-share-max-size", "3"]).start()
     yield b
     b.stop()
 

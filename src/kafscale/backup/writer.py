@@ -6,7 +6,7 @@ leader epoch through etcd, so two writers overlap at most for the moment of a ha
 and even then each writes a snapshot object of its own (ids differ by writer).
 
 The writer snapshots every `--metadata-snapshot-interval-ms`, and soon after topics, ACLs,
-SCRAM users or client quotas change on any broker (it compares the versions of those keys
+SCRAM users, client quotas or group configs change on any broker (it compares the versions of those keys
 every CHECK_S, a few small range reads), then prunes to `--metadata-snapshots-keep`.
 The other brokers only look up the newest snapshot's time, for
 `kafscale_metadata_snapshot_age_seconds`.
@@ -26,9 +26,9 @@ from kafscale.metadata.kv import KV
 
 log = logging.getLogger("kafscale.backup")
 
-CHECK_S = 2.0  # how often the writer looks for topic/ACL/user/quota changes
+CHECK_S = 2.0  # how often the writer looks for topic/ACL/user/quota/group config changes
 CHANGE_DEBOUNCE_S = 1.0  # least time between two snapshots taken for changes
-WATCHED = (keys.TOPICS, keys.ACLS, keys.SCRAM_CREDENTIALS, keys.CLIENT_QUOTAS)
+WATCHED = (keys.TOPICS, keys.ACLS, keys.SCRAM_CREDENTIALS, keys.CLIENT_QUOTAS, keys.GROUP_CONFIGS)
 
 
 class SnapshotWriter:

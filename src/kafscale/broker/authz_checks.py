@@ -195,6 +195,8 @@ def _configs(op: Op) -> Callable[[Any], list[Check]]:
                 out.append(Need(op, Res.TOPIC, r.resource_name))
             elif r.resource_type in (4, 8):  # broker, broker logger
                 out.append(_cluster(op))
+            elif r.resource_type == 32:  # group: Kafka checks DESCRIBE_CONFIGS / ALTER_CONFIGS on the group
+                out.append(Need(op, Res.GROUP, r.resource_name))
         return out
 
     return needs

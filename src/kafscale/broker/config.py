@@ -101,12 +101,23 @@ class BrokerConfig:
     group_consumer_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often consumer-protocol group members heartbeat (Kafka's group.consumer.heartbeat.interval.ms)"})
     group_consumer_max_size: int = field(default=2**31 - 1, metadata={"help": "most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.consumer.max.size)"})
     group_consumer_assignors: str = field(default="uniform,range", metadata={"help": "server-side assignors of consumer-protocol groups, the first the default (Kafka's group.consumer.assignors)"})
-    group_share_record_lock_duration_ms: int = field(default=30_000, metadata={"help": "how long a record a share consumer acquired stays locked to it before it can be delivered again (Kafka's group.share.record.lock.duration.ms)"})
-    group_share_delivery_count_limit: int = field(default=5, metadata={"help": "deliveries of a record to share consumers after which a release or lock timeout archives it (Kafka's group.share.delivery.count.limit)"})
-    group_share_partition_max_record_locks: int = field(default=2_000, metadata={"help": "records in flight (acquired or awaiting redelivery) per share partition (Kafka's group.share.partition.max.record.locks)"})
-    group_share_session_timeout_ms: int = field(default=45_000, metadata={"help": "session timeout of share group members (Kafka's group.share.session.timeout.ms)"})
-    group_share_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often share group members heartbeat (Kafka's group.share.heartbeat.interval.ms)"})
-    group_share_max_size: int = field(default=200, metadata={"help": "most members of a share group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.share.max.size)"})
+    group_consumer_min_session_timeout_ms: int = field(default=45_000, metadata={"help": "least consumer.session.timeout.ms a group config may set (Kafka's group.consumer.min.session.timeout.ms)"})
+    group_consumer_max_session_timeout_ms: int = field(default=60_000, metadata={"help": "greatest consumer.session.timeout.ms a group config may set (Kafka's group.consumer.max.session.timeout.ms)"})
+    group_consumer_min_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "least consumer.heartbeat.interval.ms a group config may set (Kafka's group.consumer.min.heartbeat.interval.ms)"})
+    group_consumer_max_heartbeat_interval_ms: int = field(default=15_000, metadata={"help": "greatest consumer.heartbeat.interval.ms a group config may set (Kafka's group.consumer.max.heartbeat.interval.ms)"})
+    group_share_session_timeout_ms: int = field(default=45_000, metadata={"help": "session timeout of share group members (KIP-932), unless the group's share.session.timeout.ms says otherwise (Kafka's group.share.session.timeout.ms)"})
+    group_share_min_session_timeout_ms: int = field(default=45_000, metadata={"help": "least share.session.timeout.ms a group config may set (Kafka's group.share.min.session.timeout.ms)"})
+    group_share_max_session_timeout_ms: int = field(default=60_000, metadata={"help": "greatest share.session.timeout.ms a group config may set (Kafka's group.share.max.session.timeout.ms)"})
+    group_share_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often share group members heartbeat, unless the group's share.heartbeat.interval.ms says otherwise (Kafka's group.share.heartbeat.interval.ms)"})
+    group_share_min_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "least share.heartbeat.interval.ms a group config may set (Kafka's group.share.min.heartbeat.interval.ms)"})
+    group_share_max_heartbeat_interval_ms: int = field(default=15_000, metadata={"help": "greatest share.heartbeat.interval.ms a group config may set (Kafka's group.share.max.heartbeat.interval.ms)"})
+    group_share_max_size: int = field(default=200, metadata={"help": "most members of a share group (Kafka's group.share.max.size)"})
+    group_share_delivery_count_limit: int = field(default=5, metadata={"help": "deliveries of a record to a share group before it is archived (Kafka's group.share.delivery.count.limit, 2-10)"})
+    group_share_partition_max_record_locks: int = field(default=2000, metadata={"help": "most records of one share-partition delivered and not yet acknowledged at once (Kafka's group.share.partition.max.record.locks, 100-10000)"})
+    group_share_record_lock_duration_ms: int = field(default=30_000, metadata={"help": "how long a record delivered to a share group member stays locked to it, unless the group's share.record.lock.duration.ms says otherwise (Kafka's group.share.record.lock.duration.ms)"})
+    group_share_min_record_lock_duration_ms: int = field(default=15_000, metadata={"help": "least share.record.lock.duration.ms a group config may set (Kafka's group.share.min.record.lock.duration.ms)"})
+    group_share_max_record_lock_duration_ms: int = field(default=60_000, metadata={"help": "greatest share.record.lock.duration.ms a group config may set (Kafka's group.share.max.record.lock.duration.ms)"})
+    group_config_refresh_ms: int = field(default=1000, metadata={"help": "how often a group's coordinator re-reads the group's configs (GROUP config resources) changed through other brokers (changes through this broker apply at once)"})
     offsets_retention_minutes: int = field(default=7 * 24 * 60, metadata={"help": "committed offsets of empty groups expire after this"})
     offsets_retention_check_interval_ms: int = field(default=600_000, metadata={"help": "how often expired committed offsets are removed and old-layout group keys migrated (Kafka's offsets.retention.check.interval.ms)"})
     offsets_topic_num_partitions: int = field(default=50, metadata={"help": "partitions of the internal topic __consumer_offsets when the broker creates it; a group's coordinator is the owner of partition hash(group) % its partition count (Kafka's offsets.topic.num.partitions)"})
@@ -295,12 +306,22 @@ KAFKA_NAMES = {
     "group_consumer_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
     "group_consumer_max_size": "group.consumer.max.size",
     "group_consumer_assignors": "group.consumer.assignors",
-    "group_share_record_lock_duration_ms": "group.share.record.lock.duration.ms",
+    "group_consumer_min_session_timeout_ms": "group.consumer.min.session.timeout.ms",
+    "group_consumer_max_session_timeout_ms": "group.consumer.max.session.timeout.ms",
+    "group_consumer_min_heartbeat_interval_ms": "group.consumer.min.heartbeat.interval.ms",
+    "group_consumer_max_heartbeat_interval_ms": "group.consumer.max.heartbeat.interval.ms",
+    "group_share_session_timeout_ms": "group.share.session.timeout.ms",
+    "group_share_min_session_timeout_ms": "group.share.min.session.timeout.ms",
+    "group_share_max_session_timeout_ms": "group.share.max.session.timeout.ms",
+    "group_share_heartbeat_interval_ms": "group.share.heartbeat.interval.ms",
+    "group_share_min_heartbeat_interval_ms": "group.share.min.heartbeat.interval.ms",
+    "group_share_max_heartbeat_interval_ms": "group.share.max.heartbeat.interval.ms",
+    "group_share_max_size": "group.share.max.size",
     "group_share_delivery_count_limit": "group.share.delivery.count.limit",
     "group_share_partition_max_record_locks": "group.share.partition.max.record.locks",
-    "group_share_session_timeout_ms": "group.share.session.timeout.ms",
-    "group_share_heartbeat_interval_ms": "group.share.heartbeat.interval.ms",
-    "group_share_max_size": "group.share.max.size",
+    "group_share_record_lock_duration_ms": "group.share.record.lock.duration.ms",
+    "group_share_min_record_lock_duration_ms": "group.share.min.record.lock.duration.ms",
+    "group_share_max_record_lock_duration_ms": "group.share.max.record.lock.duration.ms",
     "offsets_retention_minutes": "offsets.retention.minutes",
     "offsets_retention_check_interval_ms": "offsets.retention.check.interval.ms",
     "offsets_topic_num_partitions": "offsets.topic.num.partitions",

@@ -14,6 +14,7 @@ TargetAssignment and CurrentAssignment records); the store is the source of trut
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Awaitable, Callable, Iterable, Mapping
 
@@ -29,6 +30,7 @@ from kafscale.groups.consumer_group import (
     is_consumer_group_doc,
     validate_request,
 )
+from kafscale.metadata.group_config import effective_int
 
 log = logging.getLogger("kafscale.groups")
 
@@ -73,6 +75,8 @@ class ConsumerGroupCoordinator(GroupDriver):
                 if req.member_epoch != 0:
                     raise KafkaError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
                 group = await self._create(group_id)
+            # The group's session timeout and heartbeat interval as its configs say now.
+            group.config = await self.group_config(group_id)
             if group.regexes() or req.subscribed_topic_regex:
                 # Regexes are re-evaluated on every heartbeat: a topic created or deleted
                 # since changes what they select (and so the group epoch).
@@ -89,6 +93,20 @@ class ConsumerGroupCoordinator(GroupDriver):
                 log.info("consumer group %s: %s, group epoch %d, target epoch %d, %d members", group_id,
                          group.state.value, group.group_epoch, group.target_epoch, len(group.members))
             return result
+
+    async def group_config(self, group_id: str) -> ConsumerGroupConfig:
+        """The broker's settings with the group's overrides (GROUP config resources
+        consumer.session.timeout.ms / consumer.heartbeat.interval.ms), clamped to the
+        broker's min/max as Kafka's coordinator does."""
+        overrides = await self.parent.configs.overrides(group_id)
+        if not overrides:
+            return self.config
+        limits = self.parent.limits
+        return dataclasses.replace(
+            self.config,
+            session_timeout_ms=effective_int("consumer.session.timeout.ms", overrides, limits),
+            heartbeat_interval_ms=effective_int("consumer.heartbeat.interval.ms", overrides, limits),
+        )
 
     def is_doc(self, doc: dict | None) -> bool:
         return is_consumer_group_doc(doc)
@@ -164,7 +182,7 @@ class ConsumerGroupCoordinator(GroupDriver):
         doc = await self.metadata.get_group(group_id)
         if not is_consumer_group_doc(doc):
             return None
-        group = ConsumerGroup.from_doc(group_id, doc, self.config, self.parent.clock())
+        group = ConsumerGroup.from_doc(group_id, doc, await self.group_config(group_id), self.parent.clock())
         self.groups[group_id] = group
         self._reschedule(group)
         return group
@@ -177,7 +195,7 @@ class ConsumerGroupCoordinator(GroupDriver):
                 raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group.")
             # An empty classic group (or offsets only) becomes a consumer group; offsets stay.
             self.parent._forget(classic)
-        group = ConsumerGroup(group_id, self.config)
+        group = ConsumerGroup(group_id, await self.group_config(group_id))
         self.groups[group_id] = group
         return group
 

@@ -48,6 +48,8 @@ from kafscale.groups.state import (
 )
 from kafscale.groups import offsets_topic, snapshot
 from kafscale.groups.describe import describe_group
+from kafscale.groups.group_configs import GroupConfigs
+from kafscale.metadata.group_config import GroupLimits
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
 from kafscale.metadata.store import CommittedOffset, MetadataStore
 
@@ -130,11 +132,17 @@ class GroupCoordinator:
         # What was last logged of each group (state, generation, members): rebalances and
         # evictions are logged once each, as Kafka's coordinator does.
         self._logged: dict[str, tuple[str, int, frozenset[str]]] = {}
+        # Per-group overrides of the broker's group settings (GROUP config resources)
+        self.limits = GroupLimits.from_config(config)
+        self.limits.check()  # ValueError: settings Kafka refuses to start with
+        self.configs = GroupConfigs(metadata, self.limits, int(getattr(config, "group_config_refresh_ms", 1000)) / 1000)
         # Consumer-protocol (KIP-848) groups: same locks, same store keys (consumer_coordinator.py)
         self.consumer = ConsumerGroupCoordinator(self)
         # Share groups (KIP-932): same locks, same store keys (share_coordinator.py); their
         # settings (share/settings.py ShareSettings) are the broker's, shared with the share partitions
         self.share = ShareGroupCoordinator(self, share_settings)
+        # ... with each group's own share.* configs over them
+        self.share.settings.set_group_configs(self.configs.effective_overrides)
 
     # -- lifecycle ------------------------------------------------------------------------
 

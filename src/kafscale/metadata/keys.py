@@ -18,6 +18,9 @@ Layout, relative to the backend's prefix (`/kafscale` on etcd):
                                               TxnOffsetCommit offsets until the transaction ends
     /client-quotas/{entity}                   a client quota entity and its values; {entity} is
                                               type=name pairs joined by "," (name empty: default)
+    /group-configs/{group}                    a group's config overrides (GROUP config resources,
+                                              metadata/group_config.py); kept apart from the
+                                              group's state: a config may exist before its group
 
 Every name in a key goes through `escape`: each UTF-8 byte outside [A-Za-z0-9._-] becomes
 %XX (so an escaped name never holds "/", and "%" itself is escaped), and a name made only
@@ -52,6 +55,7 @@ CLIENT_QUOTAS = "/client-quotas/"
 SCRAM_CREDENTIALS = "/scram-credentials/"
 ACLS = "/acls/"
 SHARE_STATES = "/share-states/"
+GROUP_CONFIGS = "/group-configs/"
 
 # The layout before names were escaped (raw group ids); read only by the migration.
 LEGACY_GROUPS = "/groups/"
@@ -236,6 +240,19 @@ def legacy_offset_of(key: str) -> tuple[str, str, int]:
     if len(fields) != 3:
         raise MalformedKey(f"key {key!r} is not /offsets/{{group}}/{{topic}}/{{partition}}")
     return fields[0], fields[1], _int(fields[2], key)
+
+
+# -- group configs -----------------------------------------------------------------------------
+
+
+def group_config(group_id: str) -> str:
+    return GROUP_CONFIGS + escape(group_id)
+
+
+def group_config_id_of(key: str) -> str:
+    """The group id of a key made by `group_config`."""
+    (name,) = _split(key, GROUP_CONFIGS, 1)
+    return unescape(name)
 
 
 # -- client quotas -------------------------------------------------------------------------------

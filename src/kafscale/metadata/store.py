@@ -19,6 +19,7 @@ that no name's keys can be covered by another's, e.g. group `orders` vs `orders/
                                               `SharePartition.to_doc`): start offset, and the delivery counts
                                               and acknowledged/archived records in flight; written by the
                                               partition's owner with a compare on the version it read
+    /group-configs/{group}                    the group's config overrides (JSON name -> value)
 
 Older stores kept groups under /groups/{raw id} and /offsets/{raw id}/{topic}/{p};
 `migrate_legacy_keys` (run at broker start) moves them.
@@ -315,10 +316,15 @@ class MetadataStore:
         await self.kv.commit(Txn(puts=[(keys.group(group_id), _dump(doc))]))
 
     async def list_groups(self) -> dict[str, dict]:
+        return await self._documents(keys.GROUPS, keys.group_id_of)
+
+    async def _documents(self, prefix: str, name_of) -> dict:
+        """The JSON documents under `prefix` by `name_of(key)`; keys this layout cannot have
+        written are logged and passed over."""
         out = {}
-        for kv in await self.kv.range(keys.GROUPS):
+        for kv in await self.kv.range(prefix):
             try:
-                out[keys.group_id_of(kv.key)] = json.loads(kv.value)
+                out[name_of(kv.key)] = json.loads(kv.value)
             except keys.MalformedKey as e:
                 log.warning("ignoring a key this layout cannot have written: %s", e)
         return out
@@ -438,6 +444,27 @@ class MetadataStore:
                 return 0
         raise ConflictError(f"could not migrate {old.key}: it keeps changing")
 
+    # -- group configs (GROUP config resources, metadata/group_config.py) --------------------
+
+    async def get_group_config(self, group_id: str) -> dict[str, str]:
+        """The group's config overrides ({} when it has none)."""
+        kv = await self.kv.get(keys.group_config(group_id))
+        return json.loads(kv.value) if kv else {}
+
+    async def alter_group_config(self, group_id: str, change) -> dict[str, str]:
+        """Apply `change(old overrides) -> new overrides` in one guarded transaction (retried
+        when another broker changed them meanwhile); no overrides left deletes the key.
+        `change` may raise to refuse (nothing is written)."""
+        key = keys.group_config(group_id)
+        for _ in range(10):
+            kv = await self.kv.get(key)
+            new = change(json.loads(kv.value) if kv else {})
+            version = kv.version if kv else 0
+            txn = Txn(compares=[(key, version)], puts=[(key, _dump(new))]) if new else Txn(compares=[(key, version)], deletes=[key])
+            if await self.kv.commit(txn):
+                return new
+        raise ConflictError(f"group config {key} keeps changing")
+
     # -- client quotas -------------------------------------------------------------------
 
     async def list_client_quotas(self) -> list[tuple[tuple, dict[str, float]]]:
@@ -475,13 +502,7 @@ class MetadataStore:
         return json.loads(kv.value) if kv else None
 
     async def list_scram_credentials(self) -> dict[tuple[str, str], dict]:
-        out = {}
-        for kv in await self.kv.range(keys.SCRAM_CREDENTIALS):
-            try:
-                out[keys.scram_credential_of(kv.key)] = json.loads(kv.value)
-            except keys.MalformedKey as e:
-                log.warning("ignoring a key this layout cannot have written: %s", e)
-        return out
+        return await self._documents(keys.SCRAM_CREDENTIALS, keys.scram_credential_of)
 
     async def change_scram_credentials(self, puts: dict[tuple[str, str], dict], deletes: list[tuple[str, str]]) -> None:
         """Upsert and delete credentials in one transaction."""

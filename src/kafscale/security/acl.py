@@ -83,7 +83,7 @@ _IMPLIED_BY = {
 OPERATIONS_OF = {
     ResourceType.TOPIC: (Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DELETE, Operation.ALTER,
                          Operation.DESCRIBE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
-    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE),
+    ResourceType.GROUP: (Operation.READ, Operation.DESCRIBE, Operation.DELETE, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS),
     ResourceType.CLUSTER: (Operation.CREATE, Operation.CLUSTER_ACTION, Operation.DESCRIBE_CONFIGS, Operation.ALTER_CONFIGS,
                            Operation.IDEMPOTENT_WRITE, Operation.ALTER, Operation.DESCRIBE),
     ResourceType.TRANSACTIONAL_ID: (Operation.DESCRIBE, Operation.WRITE),

@@ -1,4 +1,5 @@
-"""DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44) for topic configs,
+"""DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44) for topic and group
+configs (metadata/group_config.py, kept by groups/group_configs.py), broker logger levels,
 plus read-only broker configs."""
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ import logging
 from kafscale.broker import topics
 from kafscale.broker.config import KAFKA_NAMES, BrokerConfig
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.metadata import topic_config
+from kafscale.metadata import group_config, topic_config
 from kafscale.ops import log_levels
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
-from kafscale.storage.failures import StorageError
+from kafscale.storage.failures import STORE_FAILURES, StorageError
 
-TOPIC, BROKER, BROKER_LOGGER = 2, 4, 8
+TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
 DYNAMIC_BROKER_LOGGER_CONFIG = 6
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 log = logging.getLogger("kafscale.admin")
@@ -42,12 +43,22 @@ _BROKER_DOCS: dict[str, tuple[int, str]] = {
     "group.consumer.heartbeat.interval.ms": (tc.INT, "How often consumer-protocol group members heartbeat (--group-consumer-heartbeat-interval-ms)."),
     "group.consumer.max.size": (tc.INT, "Most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (--group-consumer-max-size)."),
     "group.consumer.assignors": (tc.LIST, "Server-side assignors of consumer-protocol groups, the first the default (--group-consumer-assignors)."),
-    "group.share.record.lock.duration.ms": (tc.INT, "How long a record a share consumer acquired stays locked to it before it can be delivered again (--group-share-record-lock-duration-ms)."),
-    "group.share.delivery.count.limit": (tc.INT, "Deliveries of a record to share consumers after which a release or lock timeout archives it (--group-share-delivery-count-limit)."),
-    "group.share.partition.max.record.locks": (tc.INT, "Records in flight (acquired or awaiting redelivery) per share partition (--group-share-partition-max-record-locks)."),
-    "group.share.session.timeout.ms": (tc.INT, "Session timeout of share group members (--group-share-session-timeout-ms)."),
-    "group.share.heartbeat.interval.ms": (tc.INT, "How often share group members heartbeat (--group-share-heartbeat-interval-ms)."),
-    "group.share.max.size": (tc.INT, "Most members of a share group; more get GROUP_MAX_SIZE_REACHED (--group-share-max-size)."),
+    "group.consumer.min.session.timeout.ms": (tc.INT, "Least consumer.session.timeout.ms a group config may set (--group-consumer-min-session-timeout-ms)."),
+    "group.consumer.max.session.timeout.ms": (tc.INT, "Greatest consumer.session.timeout.ms a group config may set (--group-consumer-max-session-timeout-ms)."),
+    "group.consumer.min.heartbeat.interval.ms": (tc.INT, "Least consumer.heartbeat.interval.ms a group config may set (--group-consumer-min-heartbeat-interval-ms)."),
+    "group.consumer.max.heartbeat.interval.ms": (tc.INT, "Greatest consumer.heartbeat.interval.ms a group config may set (--group-consumer-max-heartbeat-interval-ms)."),
+    "group.share.session.timeout.ms": (tc.INT, "Session timeout of share group members, the default of the group config share.session.timeout.ms (--group-share-session-timeout-ms)."),
+    "group.share.min.session.timeout.ms": (tc.INT, "Least share.session.timeout.ms a group config may set (--group-share-min-session-timeout-ms)."),
+    "group.share.max.session.timeout.ms": (tc.INT, "Greatest share.session.timeout.ms a group config may set (--group-share-max-session-timeout-ms)."),
+    "group.share.heartbeat.interval.ms": (tc.INT, "How often share group members heartbeat, the default of the group config share.heartbeat.interval.ms (--group-share-heartbeat-interval-ms)."),
+    "group.share.min.heartbeat.interval.ms": (tc.INT, "Least share.heartbeat.interval.ms a group config may set (--group-share-min-heartbeat-interval-ms)."),
+    "group.share.max.heartbeat.interval.ms": (tc.INT, "Greatest share.heartbeat.interval.ms a group config may set (--group-share-max-heartbeat-interval-ms)."),
+    "group.share.max.size": (tc.INT, "Most members of a share group (--group-share-max-size)."),
+    "group.share.delivery.count.limit": (tc.INT, "Deliveries of a record to a share group before it is archived (--group-share-delivery-count-limit)."),
+    "group.share.partition.max.record.locks": (tc.INT, "Most records of one share-partition delivered and not yet acknowledged at once (--group-share-partition-max-record-locks)."),
+    "group.share.record.lock.duration.ms": (tc.INT, "How long a record delivered to a share group member stays locked to it, the default of the group config share.record.lock.duration.ms (--group-share-record-lock-duration-ms)."),
+    "group.share.min.record.lock.duration.ms": (tc.INT, "Least share.record.lock.duration.ms a group config may set (--group-share-min-record-lock-duration-ms)."),
+    "group.share.max.record.lock.duration.ms": (tc.INT, "Greatest share.record.lock.duration.ms a group config may set (--group-share-max-record-lock-duration-ms)."),
     "offsets.retention.minutes": (tc.INT, "Committed offsets of empty groups expire after this."),
     "offsets.retention.check.interval.ms": (tc.LONG, "How often expired committed offsets are removed."),
     "offsets.topic.num.partitions": (tc.INT, "Partitions of __consumer_offsets when the broker creates it; a group's coordinator owns its partition."),
@@ -237,6 +248,20 @@ async def describe_configs(ctx, req):
                     # as Kafka: no synonyms, type or documentation for logger levels
                     entries.append(make(entry_cls, name=name, value=level, read_only=False, config_source=DYNAMIC_BROKER_LOGGER_CONFIG, is_sensitive=False,
                                         synonyms=(), config_type=topic_config.UNKNOWN, documentation=None))
+        elif r.resource_type == GROUP:
+            if not r.resource_name:
+                results.append(failed(r, ErrorCode.invalid_request, "Group name must not be empty"))
+                continue
+            try:
+                resolved = await ctx.broker.groups.configs.describe(r.resource_name)
+            except STORE_FAILURES as e:
+                results.append(failed(r, ErrorCode.request_timed_out, f"metadata store unavailable: {e}"))
+                continue
+            # Kafka answers any group, existing or not: its overrides, else the broker's values
+            for v in resolved:
+                if _wanted(keys, v.name):
+                    d = group_config.GROUP_CONFIGS[v.name]
+                    entries.append(entry(v.name, v.value, v.source, v.synonyms, d.kind, d.doc, False))
         else:
             results.append(failed(r, ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"))
             continue
@@ -250,7 +275,9 @@ async def _alter(ctx, req, api_key: int, change_for):
     results = []
     for r in req.resources:
         code, msg = ErrorCode.none, None
-        if r.resource_type == TOPIC:
+        if r.resource_type == GROUP:
+            code, msg = await _alter_group(ctx, r, api_key, req.validate_only)
+        elif r.resource_type == TOPIC:
             try:
                 await topics.alter_configs(ctx.broker, r.resource_name, change_for(r), req.validate_only)
                 if not req.validate_only:
@@ -272,6 +299,47 @@ async def _alter(ctx, req, api_key: int, change_for):
             code, msg = ErrorCode.invalid_request, f"resource type {r.resource_type} is not supported"
         results.append(make(r_cls, error_code=code, error_message=msg, resource_type=r.resource_type, resource_name=r.resource_name))
     return make(cls, throttle_time=0, responses=tuple(results))
+
+
+async def _alter_group(ctx, r, api_key: int, validate_only: bool) -> tuple[ErrorCode, str | None]:
+    """One GROUP resource of AlterConfigs (its configs replace the group's) or
+    IncrementalAlterConfigs, with Kafka's checks in Kafka's order."""
+    incremental = api_key == ApiKey.INCREMENTAL_ALTER_CONFIGS
+    names = [c.name for c in r.configs]
+    if len(set(names)) != len(names):
+        return ErrorCode.invalid_request, "Error due to duplicate config keys"
+    nulls = [c.name for c in r.configs if c.value is None and not (incremental and c.config_operation == DELETE)]
+    if nulls:
+        return ErrorCode.invalid_request, "Null value not supported for : " + ", ".join(nulls)
+    if not r.resource_name:
+        return ErrorCode.invalid_request, "Default group resources are not allowed."
+    if incremental:
+        for c in r.configs:
+            if c.config_operation in (APPEND, SUBTRACT):  # no group config is a LIST
+                return ErrorCode.invalid_config, f"Can't {'APPEND' if c.config_operation == APPEND else 'SUBTRACT'} to key {c.name} because its type is not LIST."
+            if c.config_operation not in (SET, DELETE):
+                return ErrorCode.invalid_request, f"Unknown operations type {c.config_operation}"
+
+    def change(old: dict[str, str]) -> dict[str, str]:
+        if not incremental:
+            return {c.name: c.value for c in r.configs}
+        new = dict(old)
+        for c in r.configs:
+            if c.config_operation == SET:
+                new[c.name] = c.value
+            else:
+                new.pop(c.name, None)
+        return new
+
+    try:
+        new = await ctx.broker.groups.configs.alter(r.resource_name, change, validate_only)
+    except topic_config.InvalidConfigError as e:
+        return ErrorCode.invalid_config, str(e)
+    except STORE_FAILURES as e:
+        return ErrorCode.request_timed_out, f"metadata store unavailable: {e}"
+    if not validate_only:
+        log.info("configs of group %s are now %s (client %s)", r.resource_name, new, ctx.client_id)
+    return ErrorCode.none, None
 
 
 async def alter_configs(ctx, req):

@@ -30,7 +30,8 @@ COORDINATOR_KEY_GROUP = 0
 COORDINATOR_KEY_TRANSACTION = 1
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
 CLASSIC_GROUP_TYPE = "classic"
-# Every operation on a group (READ, DELETE, DESCRIBE: 328), what Kafka reports without an authorizer.
+# Every operation on a group (READ, DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS: 3400), what
+# Kafka (3.8+, where groups have configs) reports without an authorizer.
 GROUP_OPERATIONS = sum(1 << int(op) for op in OPERATIONS_OF[Res.GROUP])
 
 
