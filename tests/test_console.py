@@ -122,6 +122,44 @@ def test_topic_page_shows_segments_per_partition(console, cluster, browser):
     assert counts[1] == "1" and 1 <= int(counts[0]) <= 3, counts
 
 
+def test_latency_quantiles_as_prometheus_estimates_them():
+    from kafscale.console.metrics import quantile
+
+    inf = float("inf")
+    cumulative = {0.001: 50.0, 0.01: 90.0, 0.1: 100.0, inf: 100.0}
+    assert quantile(0.5, cumulative) == pytest.approx(0.001)  # the rank ends the first bucket
+    assert quantile(0.99, cumulative) == pytest.approx(0.01 + 0.09 * 9 / 10)  # linear inside (0.01, 0.1]
+    assert quantile(0.99, {0.001: 1.0, 0.01: 1.0, inf: 10.0}) == 0.01  # past the last bound: that bound
+    assert quantile(0.5, {0.001: 0.0, inf: 0.0}) is None
+
+
+def test_overview_charts_object_store_and_metadata_latency(console, cluster, browser):
+    from confluent_kafka import Producer
+
+    _open(browser, console.url + "/")
+    p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+
+    def charted(chart_id: str, *series: str):
+        p.produce(TOPIC, value=b"for the latency chart", partition=2)  # a flush: one put, one commit
+        assert p.flush(10) == 0
+        # What the uPlot chart in the page holds: [times, series...] in data-series order.
+        data = browser.execute_script(f"var el = document.getElementById('{chart_id}'); return el.uplot ? el.uplot.data : null")
+        keys = browser.find_element("id", chart_id).get_attribute("data-series").split(",")
+        if not data or not data[0]:
+            return None
+        last = {k: next((v for v in reversed(data[1 + keys.index(k)]) if v is not None), None) for k in series}
+        return last if None not in last.values() else None
+
+    put = wait_until(lambda: charted("chart-store-put-get", "store_put_p50", "store_put_p99"), 40, "object-store PUT latency in the chart")
+    assert 0 < put["store_put_p50"] <= put["store_put_p99"] <= 30_000, put
+    meta = wait_until(lambda: charted("chart-metadata", "meta_commit_p50", "meta_commit_p99"), 40, "metadata commit latency in the chart")
+    assert 0 < meta["meta_commit_p50"] <= meta["meta_commit_p99"] <= 30_000, meta
+    # The chart plots what /charts.json serves (the quantiles of the brokers' buckets).
+    served = requests.get(console.url + "/charts.json", timeout=10).json()
+    assert any(v is not None and v > 0 for v in served["store_put_p99"])
+    assert _js_errors(browser) == []
+
+
 def test_group_page_shows_committed_end_and_lag(console, browser):
     from selenium.webdriver.common.by import By
 

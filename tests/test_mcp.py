@@ -78,6 +78,8 @@ def test_read_only_tools_over_stdio(cluster):
     assert (p0["committed"], p0["end"], p0["lag"]) == (37, 100, 63)
     [b] = out["broker_metrics"]["brokers"]
     assert b["up"] and b["ready"] and b["broker_id"] == 0 and b["produce_bytes"] > 0
+    put, commit = b["latency_ms"]["store_put"], b["latency_ms"]["meta_commit"]  # the seeding's flushes
+    assert 0 < put["p50"] <= put["p99"] and 0 < commit["p50"] <= commit["p99"], b["latency_ms"]
     assert out["unknown_topic"].is_error and "does not exist" in out["unknown_topic"].content[0].text
     assert out["write_refused"].is_error  # no such tool without --allow-writes
 

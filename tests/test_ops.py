@@ -225,6 +225,13 @@ async def test_metrics_after_real_traffic(running):
     assert value(after, "kafscale_unflushed_records") == 0
     assert delta("kafscale_flush_duration_seconds_count") == delta("kafscale_flushes_total")
     assert delta("kafscale_flush_size_bytes_sum") == delta("kafscale_segment_bytes_total")
+    # Latency of every store call: each flush is one put call (its segment and index
+    # together) and one metadata commit; snapshots and merges add more.
+    assert delta("kafscale_object_store_request_duration_seconds_count", op="put") >= delta("kafscale_flushes_total")
+    assert delta("kafscale_object_store_request_duration_seconds_bucket", op="put", le="+Inf") == delta("kafscale_object_store_request_duration_seconds_count", op="put")
+    assert delta("kafscale_object_store_request_duration_seconds_sum", op="put") > 0
+    assert delta("kafscale_metadata_request_duration_seconds_count", op="commit") >= delta("kafscale_flushes_total")
+    assert value(after, "kafscale_object_store_request_failures_total", op="put") == 0
 
     # Cache: present with numbers; the fetches were served from just-flushed segments.
     for name in ("kafscale_cache_hits_total", "kafscale_cache_misses_total", "kafscale_cache_bytes", "kafscale_cache_max_bytes"):
@@ -384,9 +391,11 @@ async def test_flush_failures_are_counted(running, monkeypatch):
     async def failing_put_many(objects):
         raise ObjectStoreError(f"put {objects[0][0]}: simulated outage")
 
-    # Flushes create segments (never replacing one); every write path fails.
+    # Flushes create segments (never replacing one); every write path of the backend fails
+    # (under the broker's timing wrapper, which counts the failed calls).
+    failed_puts = value(await scrape(r), "kafscale_object_store_request_failures_total", op="put")
     for name, failing in (("put", failing_put), ("create", failing_put), ("put_many", failing_put_many), ("create_many", failing_put_many)):
-        monkeypatch.setattr(r.broker.store, name, failing)
+        monkeypatch.setattr(r.broker.store.inner, name, failing)
 
     def produce_one() -> object:
         p = Producer({"bootstrap.servers": r.bootstrap, "message.timeout.ms": 1500, "retry.backoff.ms": 100, "acks": "all"})
@@ -399,6 +408,7 @@ async def test_flush_failures_are_counted(running, monkeypatch):
     assert err is not None  # never acknowledged
     s = await scrape(r)
     assert value(s, "kafscale_flush_failures_total") >= 1
+    assert value(s, "kafscale_object_store_request_failures_total", op="put") - failed_puts >= 1
     assert value(s, "kafscale_partition_errors_total", api="Produce", error="kafka_storage_error") >= 1
     assert value(s, "kafscale_unflushed_records") == 0  # rejected batches are dropped, not kept
     assert value(s, "kafscale_partition_high_watermark", topic=topic, partition="0") == 5
@@ -430,6 +440,8 @@ async def test_metrics_observe_through_public_hooks_and_leave_none_behind():
         server, logs = r.broker.server, r.broker.logs
         assert sorted(server.response_hooks) == [0, 1]  # Produce, Fetch
         assert r.ops.metrics.on_flush in logs.flush_hooks
+        assert r.ops.metrics.on_store_request in r.broker.store.request_hooks
+        assert r.ops.metrics.on_metadata_request in r.broker.metadata.kv.request_hooks
         topic = f"hooks-{os.getpid()}-{time.monotonic_ns()}"
         await asyncio.to_thread(_produce, r.bootstrap, topic, 3)
         text = await scrape(r)
@@ -438,6 +450,7 @@ async def test_metrics_observe_through_public_hooks_and_leave_none_behind():
         await r.ops.stop()
         assert server.response_hooks == {}
         assert logs.flush_hooks == []
+        assert r.broker.store.request_hooks == [] and r.broker.metadata.kv.request_hooks == []
     finally:
         await stop_broker(r)
 

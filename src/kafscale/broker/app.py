@@ -21,11 +21,13 @@ from kafscale.groups.coordinator import GroupCoordinator
 from kafscale.share.settings import ShareSettings, broker_share_settings
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.backends import open_kv
+from kafscale.metadata.timed_kv import TimedKV
 from kafscale.metadata.producer_ids import ProducerIdAllocator
 from kafscale.metadata.store import MetadataStore
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.storage.logs import LogManager
 from kafscale.storage.backends import open_store
+from kafscale.storage.timed_store import TimedObjectStore
 from kafscale.ops.http import start_ops
 from kafscale.protocol import build
 from kafscale.registry.service import SCHEMAS_TOPIC, SCHEMAS_TOPIC_CONFIGS, RegistryService
@@ -38,8 +40,9 @@ log = logging.getLogger("kafscale.broker")
 class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
-        self.metadata = MetadataStore(open_kv(config.metadata_url, config.data_dir, config.metadata_prefix))
-        self.store = open_store(config.storage_url)
+        # Both timed for ops' latency histograms (ops/metrics.py, through HookPoints).
+        self.metadata = MetadataStore(TimedKV(open_kv(config.metadata_url, config.data_dir, config.metadata_prefix)))
+        self.store = TimedObjectStore(open_store(config.storage_url))
         self.listeners, advertised = config.resolved_listeners()
         first = advertised[0]
         local = BrokerNode(config.broker_id, first.host, first.port, endpoints=tuple((a.name, a.host, a.port) for a in advertised))

@@ -31,6 +31,7 @@ class BrokerOpsView:
         self.hooks = HookPoints(
             request_hooks=broker.server.request_hooks, response_hooks=broker.server.response_hooks,
             flush_hooks=broker.logs.flush_hooks, authentication_hooks=broker.auth.hooks,
+            store_hooks=broker.store.request_hooks, metadata_hooks=broker.metadata.kv.request_hooks,
         )
 
     def scrape(self) -> BrokerState:

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from kafscale.console.cluster import Cluster, ClusterError
-from kafscale.console.metrics import MetricsReader, total
+from kafscale.console.metrics import LATENCIES, QUANTILES, MetricsReader, buckets, quantile, total
 
 log = logging.getLogger("kafscale.mcp")
 
@@ -96,7 +96,8 @@ class Tools:
     async def broker_metrics(self) -> dict:
         """Per broker, from its /metrics: up, ready, partitions owned, connections, unflushed
         records, requests, produce/fetch bytes, flushes (count, failures, mean latency),
-        object-store requests, cache hits/misses, metadata snapshot age."""
+        object-store requests, cache hits/misses, metadata snapshot age, and object-store and
+        metadata-store call latency (p50/p99 in ms since the broker started)."""
         try:
             brokers = await anyio.to_thread.run_sync(self.cluster.overview)
         except ClusterError:
@@ -122,6 +123,7 @@ class Tools:
                     "object_store_requests": total(s, "kafscale_object_store_requests_total"),
                     "cache_hits": total(s, "kafscale_cache_hits_total"), "cache_misses": total(s, "kafscale_cache_misses_total"),
                     "metadata_snapshot_age_seconds": total(s, "kafscale_metadata_snapshot_age_seconds"),
+                    "latency_ms": _latencies(s),
                 })
             out.append(row)
         return {"brokers": out}
@@ -163,6 +165,18 @@ class Tools:
         log.info("mcp: delete group %s", group)
         await self._call(self.cluster.delete_group, group)
         return {"deleted": group}
+
+
+def _latencies(samples: dict) -> dict:
+    """{store_put: {p50, p99}, ...} in ms over everything a broker counted (None: no call yet)."""
+    out = {}
+    for key, (name, ops) in LATENCIES.items():
+        cumulative = buckets(samples, name, ops) or {}
+        out[key] = {}
+        for label, q in QUANTILES:
+            seconds = quantile(q, cumulative)
+            out[key][label] = round(seconds * 1000, 3) if seconds is not None else None
+    return out
 
 
 def make_server(cluster: Cluster, metrics: MetricsReader, allow_writes: bool):

@@ -50,7 +50,54 @@ RATES = {
     "requests": ("kafscale_requests_total", {}),
     "store_requests": ("kafscale_object_store_requests_total", {}),
     "flush_failures": ("kafscale_flush_failures_total", {}),
+    "store_failures": ("kafscale_object_store_request_failures_total", {}),
 }
+
+
+# Latency histograms whose p50/p99 over each interval the charts show: chart key ->
+# (histogram name, the `op` labels merged). Buckets are added up over brokers before the
+# quantile is taken (quantiles of brokers cannot be averaged).
+LATENCIES = {
+    "store_put": ("kafscale_object_store_request_duration_seconds", ("put",)),
+    "store_get": ("kafscale_object_store_request_duration_seconds", ("get",)),
+    "store_list": ("kafscale_object_store_request_duration_seconds", ("list",)),
+    "store_delete": ("kafscale_object_store_request_duration_seconds", ("delete",)),
+    "meta_read": ("kafscale_metadata_request_duration_seconds", ("get", "range")),
+    "meta_commit": ("kafscale_metadata_request_duration_seconds", ("commit",)),
+}
+QUANTILES = (("p50", 0.5), ("p99", 0.99))
+
+
+def buckets(samples: dict, name: str, ops: tuple[str, ...]) -> dict[float, float] | None:
+    """Cumulative counts by upper bound (le) of a histogram's series with those ops."""
+    rows = samples.get(name + "_bucket")
+    if rows is None:
+        return None
+    out: dict[float, float] = {}
+    for labels, v in rows:
+        if labels.get("op") in ops:
+            le = float(labels["le"])
+            out[le] = out.get(le, 0.0) + v
+    return out
+
+
+def quantile(q: float, cumulative: dict[float, float]) -> float | None:
+    """The q-quantile of a histogram as Prometheus' histogram_quantile estimates it:
+    linear within the bucket holding the rank; the highest finite bound past it."""
+    bounds = sorted(cumulative)
+    count = cumulative.get(float("inf"), 0.0)
+    if not bounds or count <= 0:
+        return None
+    rank = q * count
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        here = cumulative[le]
+        if here >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * ((rank - below) / (here - below) if here > below else 1.0)
+        lower, below = le, here
+    return lower
 
 
 @dataclass
@@ -83,6 +130,12 @@ def _derive(prev: tuple[float, dict], now: tuple[float, dict]) -> dict[str, floa
     h0, m0 = total(a, "kafscale_cache_hits_total"), total(a, "kafscale_cache_misses_total")
     looked = (h - h0) + (m - m0) if None not in (h, m, h0, m0) else 0
     out["cache_hit"] = (h - h0) / looked * 100 if looked > 0 else None
+    # Bucket increments over the interval, per latency chart key (None: nothing observed).
+    for key, (name, ops) in LATENCIES.items():
+        x, y = buckets(a, name, ops), buckets(b, name, ops)
+        if x is not None and y is not None:
+            inc = {le: max(n - x.get(le, 0.0), 0.0) for le, n in y.items()}
+            out["lat:" + key] = inc if inc.get(float("inf"), 0.0) > 0 else None
     return out
 
 
@@ -170,16 +223,20 @@ class MetricsReader:
         return out
 
     def series(self) -> dict:
-        """Chart data: aligned timestamps and, per chart key, the cluster total per time."""
+        """Chart data: aligned timestamps and, per chart key, the cluster total per time
+        (mean flush latency and cache hit rate averaged; latency quantiles in ms from the
+        brokers' buckets added up)."""
         times: list[float] = []
-        values: dict[str, list] = {k: [] for k in (*RATES, "flush_ms", "cache_hit")}
+        summed = (*RATES, "flush_ms", "cache_hit")
+        values: dict[str, list] = {k: [] for k in summed}
+        values.update({f"{k}_{name}": [] for k in LATENCIES for name, _q in QUANTILES})
         hist = [list(st.history) for st in self.stats.values() if st.history]
         if not hist:
             return {"t": [], **values}
         n = min(len(h) for h in hist)
         for i in range(-n, 0):
             times.append(round(hist[0][i][0]))
-            for k in values:
+            for k in summed:
                 xs = [h[i][1].get(k) for h in hist if h[i][1].get(k) is not None]
                 if not xs:
                     values[k].append(None)
@@ -187,6 +244,14 @@ class MetricsReader:
                     values[k].append(round(sum(xs) / len(xs), 2))
                 else:
                     values[k].append(round(sum(xs), 2))
+            for k in LATENCIES:
+                merged: dict[float, float] = {}
+                for h in hist:
+                    for le, c in (h[i][1].get("lat:" + k) or {}).items():
+                        merged[le] = merged.get(le, 0.0) + c
+                for name, q in QUANTILES:
+                    seconds = quantile(q, merged)
+                    values[f"{k}_{name}"].append(round(seconds * 1000, 3) if seconds is not None else None)
         return {"t": times, **values}
 
     async def close(self) -> None:

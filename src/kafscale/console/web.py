@@ -243,6 +243,8 @@ async def overview(request: web.Request):
             problems.append(f"broker {b['id']}: metadata store unreachable")
         if last.get("flush_failures"):
             problems.append(f"broker {b['id']}: flushes failing ({last['flush_failures']:.2f}/s)")
+        if last.get("store_failures"):
+            problems.append(f"broker {b['id']}: object-store calls failing ({last['store_failures']:.2f}/s)")
     if error:
         problems.insert(0, f"no broker answers: {error}")
     if ov["offline"]:

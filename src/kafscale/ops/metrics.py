@@ -83,6 +83,16 @@ class BrokerMetrics:
             "kafscale_flush_size_bytes", "Size of each uploaded segment (small ones mean many PUTs per byte)",
             buckets=(1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864), registry=r,
         )
+        self.store_seconds = Histogram(
+            "kafscale_object_store_request_duration_seconds", "Time an object-store call took as its caller waited (retries included), by operation",
+            ["op"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.store_failures = Counter("kafscale_object_store_request_failures", "Object-store calls that failed (after retries), by operation", ["op"], registry=r)
+        self.metadata_seconds = Histogram(
+            "kafscale_metadata_request_duration_seconds", "Time a metadata-store call (SQLite or etcd) took as its caller waited, by operation",
+            ["op"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.metadata_failures = Counter("kafscale_metadata_request_failures", "Metadata-store calls that failed, by operation", ["op"], registry=r)
         ProcessCollector(namespace="kafscale", registry=r)
         # Filled by the sampler (OpsHandle); read by the collector.
         self.health: dict[str, Any] = {"ready": None, "metadata": None, "object_store": None, "listener": None, "checked_at": 0.0}
@@ -91,6 +101,8 @@ class BrokerMetrics:
         self.topic_names: dict[Any, str] = {}  # topic id -> name, for Fetch v13+ (ids only)
         # Label children cached per key: resolving labels costs more than the increment.
         self._req_children: dict[tuple[int, int], tuple] = {}
+        self._store_children: dict[str, tuple] = {}
+        self._metadata_children: dict[str, tuple] = {}
         self._topic_children: dict[tuple[str, str], Any] = {}
         self._response_hooks: dict[int, Any] = {}  # api key -> the hook install_taps registered
         r.register(_LiveCollector(broker, self))
@@ -180,6 +192,12 @@ class BrokerMetrics:
         self.flush_seconds.observe(seconds)
         self.flush_bytes.observe(info.size)
 
+    def on_store_request(self, op: str, seconds: float, failed: bool) -> None:
+        _observe(self._store_children, self.store_seconds, self.store_failures, op, seconds, failed)
+
+    def on_metadata_request(self, op: str, seconds: float, failed: bool) -> None:
+        _observe(self._metadata_children, self.metadata_seconds, self.metadata_failures, op, seconds, failed)
+
     def on_authentication(self, mechanism: str, succeeded: bool) -> None:
         self.sasl_authentications.labels(mechanism, "succeeded" if succeeded else "failed").inc()
 
@@ -194,6 +212,8 @@ class BrokerMetrics:
             points.response_hooks.setdefault(key, []).append(hook)
         points.flush_hooks.append(self.on_flush)
         points.authentication_hooks.append(self.on_authentication)
+        points.store_hooks.append(self.on_store_request)
+        points.metadata_hooks.append(self.on_metadata_request)
 
     def remove_taps(self) -> None:
         points = self.broker.hooks
@@ -211,6 +231,19 @@ class BrokerMetrics:
             points.flush_hooks.remove(self.on_flush)
         if self.on_authentication in points.authentication_hooks:
             points.authentication_hooks.remove(self.on_authentication)
+        if self.on_store_request in points.store_hooks:
+            points.store_hooks.remove(self.on_store_request)
+        if self.on_metadata_request in points.metadata_hooks:
+            points.metadata_hooks.remove(self.on_metadata_request)
+
+
+def _observe(children: dict, seconds_family, failures_family, op: str, seconds: float, failed: bool) -> None:
+    pair = children.get(op)
+    if pair is None:
+        pair = children[op] = (seconds_family.labels(op), failures_family.labels(op))
+    pair[0].observe(seconds)
+    if failed:
+        pair[1].inc()
 
 
 def _never_raising(account):

@@ -32,6 +32,8 @@ class HookPoints:
     response_hooks: dict  # api key -> [hook(request, response)]; no key without hooks
     flush_hooks: list  # hook(segment info, seconds, puts) after each durable flush
     authentication_hooks: list  # hook(mechanism, succeeded) after each SASL authentication
+    store_hooks: list  # hook(operation, seconds, failed) after each object-store call
+    metadata_hooks: list  # hook(operation, seconds, failed) after each metadata-store call
 
 
 class StorageCounts(Protocol):

@@ -12,11 +12,15 @@
     el.appendChild(title);
     var series = [{}];
     keys.forEach(function (k, i) {
-      series.push({ label: k.replace(/_/g, " "), stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true });
+      // A p50 and its p99 share a colour; the p99 is dashed.
+      var color = /_p(50|99)$/.test(k) ? COLORS[Math.floor(i / 2) % COLORS.length] : COLORS[i % COLORS.length];
+      series.push({ label: k.replace(/_/g, " "), stroke: color, width: 2, spanGaps: true, dash: /_p99$/.test(k) ? [6, 4] : undefined });
     });
     var opts = { width: Math.max(el.clientWidth - 16, 280), height: 180, series: series, axes: [{}, { size: 60 }], legend: { live: false } };
     var empty = [[]].concat(keys.map(function () { return []; }));
-    return new uPlot(opts, empty, el);
+    var plot = new uPlot(opts, empty, el);
+    el.uplot = plot;  // what the chart shows, for the browser tests
+    return plot;
   }
 
   function start(container) {

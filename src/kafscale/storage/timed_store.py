@@ -1,0 +1,67 @@
+"""TimedObjectStore: an ObjectStore that times every call of the store it wraps and tells
+its `request_hooks` (ops' latency histogram by operation: kafscale_object_store_request_
+duration_seconds). The broker wraps its store in one; tools and Spark tasks do not.
+
+A call is timed as the caller waits for it, retries (s3.py's) included. A call naming
+several objects (a segment and its index, a batch of range reads) is one observation of
+its operation. A missing object or a lost conditional write is an answer, not a failure.
+"""
+
+from __future__ import annotations
+
+from kafscale.observed import Timed, timed
+from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore
+
+ANSWERS = (ObjectNotFound, ObjectExistsError, ObjectChangedError)  # outcomes, not failures of the store
+
+
+class TimedObjectStore(Timed, ObjectStore):
+    # operations told to the hooks: put, get, list, delete or copy
+
+    async def put(self, key, parts):
+        return await timed(self.request_hooks, "put", self.inner.put(key, parts), ANSWERS)
+
+    async def put_many(self, objects):
+        return await timed(self.request_hooks, "put", self.inner.put_many(objects), ANSWERS)
+
+    async def create(self, key, parts):
+        return await timed(self.request_hooks, "put", self.inner.create(key, parts), ANSWERS)
+
+    async def create_many(self, objects):
+        return await timed(self.request_hooks, "put", self.inner.create_many(objects), ANSWERS)
+
+    async def replace(self, key, parts, expected):
+        return await timed(self.request_hooks, "put", self.inner.replace(key, parts, expected), ANSWERS)
+
+    async def get_with_version(self, key):
+        return await timed(self.request_hooks, "get", self.inner.get_with_version(key), ANSWERS)
+
+    async def get(self, key, start=0, end=None):
+        return await timed(self.request_hooks, "get", self.inner.get(key, start, end), ANSWERS)
+
+    async def get_many(self, requests, concurrency=32):
+        return await timed(self.request_hooks, "get", self.inner.get_many(requests, concurrency), ANSWERS)
+
+    async def get_tail(self, key, nbytes):
+        return await timed(self.request_hooks, "get", self.inner.get_tail(key, nbytes), ANSWERS)
+
+    async def get_tails(self, keys, nbytes, concurrency=32):
+        return await timed(self.request_hooks, "get", self.inner.get_tails(keys, nbytes, concurrency), ANSWERS)
+
+    async def copy(self, source, target):
+        return await timed(self.request_hooks, "copy", self.inner.copy(source, target), ANSWERS)
+
+    async def delete(self, keys):
+        return await timed(self.request_hooks, "delete", self.inner.delete(keys), ANSWERS)
+
+    async def list(self, prefix):
+        return await timed(self.request_hooks, "list", self.inner.list(prefix), ANSWERS)
+
+    async def list_sizes(self, prefix):
+        return await timed(self.request_hooks, "list", self.inner.list_sizes(prefix), ANSWERS)
+
+    async def check(self):
+        return await self.inner.check()  # the health probe: /readyz reports it
+
+    async def close(self):
+        return await self.inner.close()
