@@ -105,4 +105,7 @@ def test_api_versions_and_features(sbroker):
         r = c.request(18, 4, req(18, 4, client_software_name="t", client_software_version="1"))
         keys = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
         assert keys[HEARTBEAT] == (1, 1) and keys[DESCRIBE] == (1, 1)
+        assert keys[78] == (1, 1) and keys[79] == (1, 1)  # ShareFetch, ShareAcknowledge
+        # the share-state APIs between brokers: not needed, the metadata store holds that state
+        assert not {83, 84, 85, 86, 87} & set(keys)
         assert {f.name: f.max_version_level for f in r.finalized_features}["share.version"] == 1

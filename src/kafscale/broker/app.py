@@ -18,6 +18,7 @@ from kafscale.broker.router import build_router
 from kafscale.broker.server import KafkaServer
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.groups.coordinator import GroupCoordinator
+from kafscale.share.manager import SharePartitionManager
 from kafscale.share.settings import ShareSettings, broker_share_settings
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC
 from kafscale.metadata.backends import open_kv
@@ -69,6 +70,8 @@ class Broker:
         self.share_settings = ShareSettings(broker_share_settings(config))
         self.groups = GroupCoordinator(self.metadata, config, self.cluster, append_records=self.logs.append_internal,
                                        share_settings=self.share_settings)
+        # The share partitions of the partitions this broker owns, and its share sessions
+        self.shares = SharePartitionManager(self.metadata, self.logs, self.share_settings)
         self.logs.marker_hooks[OFFSETS_TOPIC] = self.groups.txn_marker_written
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:
@@ -130,6 +133,7 @@ class Broker:
         await self.server.stop_accepting()
         if self.transactions is not None:
             await self.transactions.stop()  # markers in flight resume on the next coordinator
+        await self.shares.stop()
         await self.logs.stop()
         await self.groups.stop()
         await self.snapshots.stop()  # the last snapshot holds every flushed segment

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kafscale.broker.quota_manager import QuotaManager
     from kafscale.cluster.membership import Cluster
     from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.share.manager import SharePartitionManager
     from kafscale.metadata.producer_ids import ProducerIdAllocator
     from kafscale.metadata.store import MetadataStore
     from kafscale.storage.logs import LogManager
@@ -40,6 +41,7 @@ class BrokerServices(Protocol):
     producer_ids: "ProducerIdAllocator"
     router: "Router"
     groups: "GroupCoordinator"
+    shares: "SharePartitionManager"
     transactions: "TransactionCoordinator | None"
     auth: "Authenticator"
     authorizer: "BrokerAuthorizer"

@@ -1,0 +1,289 @@
+"""The share partitions this broker serves, and its share sessions: the asyncio driver of
+`partition.py` and `sessions.py` behind ShareFetch and ShareAcknowledge.
+
+A share partition lives with its topic partition's owner (the broker that appends to it
+and knows its high watermark and open transactions), as Kafka's SharePartitionManager
+lives with the partition leader. Its durable state is one metadata-store document per
+(group, topic, partition) (`MetadataStore.put_share_state`), written with a compare on the
+version this broker read: an acknowledgement is answered only once the document holding
+it is written, so it survives a kill -9 and a move of the partition to another broker
+(which loads the document on its first share fetch); a broker holding a stale copy fails
+its write (ConflictError), drops the copy and answers NOT_LEADER_OR_FOLLOWER. Acquisitions
+are not written (as in Kafka): after a crash, records acquired but not acknowledged are
+delivered again, with the delivery count of the last write.
+
+Kafka keeps this state in the share coordinator's `__share_group_state` topic, reached by
+the inter-broker APIs 83-87; here the metadata store already gives every broker a
+durable, fenced key space, so those APIs are not needed (docs/share-groups.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kafscale.errors import ErrorCode, KafkaError
+from kafscale.metadata.store import ConflictError
+from kafscale.protocol import records as batches
+from kafscale.share.partition import Ack, Acquired, LogBatch, SharePartition
+from kafscale.share.sessions import ShareSession, ShareSessionCache
+from kafscale.share.settings import ShareGroupSettings, ShareSettings
+
+log = logging.getLogger("kafscale.share")
+
+Key = tuple[str, str, int]  # (group id, topic, partition)
+ABORT_MARKER = 0  # a control record's type: 0 abort, 1 commit
+
+
+@dataclass(slots=True)
+class _Entry:
+    sp: SharePartition
+    version: int  # of its document in the metadata store
+    leader_epoch: int  # of the log it was loaded under: another epoch means it moved away and back
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(slots=True)
+class FetchResult:
+    chunks: list = field(default_factory=list)  # stored batches holding the acquired records
+    acquired: list[Acquired] = field(default_factory=list)
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+
+
+class SharePartitionManager:
+    def __init__(self, metadata, logs, settings: ShareSettings, clock: Callable[[], float] | None = None,
+                 max_sessions: int = 2_000):
+        self.metadata = metadata
+        self.logs = logs
+        self.settings = settings
+        self.clock = clock or (lambda: time.time() * 1000.0)
+        self.sessions = ShareSessionCache(max_sessions, idle_ms=settings.defaults.session_timeout_ms)
+        self.partitions: dict[Key, _Entry] = {}
+        self._load_locks: dict[Key, asyncio.Lock] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._released: set[asyncio.Future] = set()  # long polls waiting for redeliverable records
+        self.writes = 0  # state documents written (bench/ reads it)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.partitions.clear()
+
+    # -- loading ----------------------------------------------------------------------------
+
+    async def _entry(self, group_id: str, topic: str, partition: int, lg, settings: ShareGroupSettings) -> _Entry:
+        """The share partition of an owned log, loaded or initialized (SPSO from
+        share.auto.offset.reset, written at once as Kafka's InitializeShareGroupState does)."""
+        key = (group_id, topic, partition)
+        entry = self.partitions.get(key)
+        if entry is not None and entry.leader_epoch == lg.leader_epoch:
+            return entry
+        lock = self._load_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            entry = self.partitions.get(key)
+            if entry is not None and entry.leader_epoch == lg.leader_epoch:
+                return entry
+            doc, version = await self.metadata.get_share_state(group_id, topic, partition)
+            if doc is None:
+                start = lg.log_start_offset if settings.auto_offset_reset == "earliest" else lg.high_watermark
+                sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks)
+                try:
+                    version = await self.metadata.put_share_state(group_id, topic, partition, sp.to_doc(), 0)
+                    self.writes += 1
+                except ConflictError:
+                    # Another broker initialized it first (it owned the partition a moment ago): read that.
+                    doc, version = await self.metadata.get_share_state(group_id, topic, partition)
+                    if doc is None:
+                        raise
+                    sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks)
+                else:
+                    log.info("share group %s: %s-%d starts at offset %d (%s)", group_id, topic, partition, start,
+                             settings.auto_offset_reset)
+            else:
+                sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks)
+            entry = _Entry(sp, version, lg.leader_epoch)
+            self.partitions[key] = entry
+            return entry
+
+    def forget(self, key: Key) -> None:
+        self.partitions.pop(key, None)
+
+    # -- fetching -----------------------------------------------------------------------------
+
+    async def acquire(self, group_id: str, member_id: str, topic: str, partition: int, max_records: int,
+                      max_bytes: int) -> FetchResult:
+        """Records of one partition acquired for `member_id` (raises StorageError when this
+        broker does not own the partition)."""
+        settings = await self.settings.for_group(group_id)
+        lg = await self.logs.get_log(topic, partition)
+        entry = await self._entry(group_id, topic, partition, lg, settings)
+        sp = entry.sp
+        sp.delivery_count_limit = settings.delivery_count_limit
+        sp.max_in_flight = settings.partition_max_record_locks
+        upto = lg.last_stable_offset if settings.read_committed else None
+        limit = lg.high_watermark if upto is None else min(upto, lg.high_watermark)
+        async with entry.lock:
+            sp.move_start(lg.log_start_offset)
+            if not sp.has_available(limit):
+                return FetchResult()
+            offset = sp.next_fetch_offset()
+        if offset >= limit:
+            return FetchResult()
+        chunks = await lg.read(offset, max(max_bytes, 1), at_least_one=True, upto=upto)
+        found = _batches_of(chunks)
+        if settings.read_committed and found and lg.may_have_aborted_from(offset):
+            aborted = lg.aborted_transactions(offset, found[-1][1].last_offset + 1)
+            logged = _deliverable(chunks, found, aborted)
+        else:
+            logged = [LogBatch(h.base_offset, h.last_offset, not h.is_control) for _, h, _ in found]
+        async with entry.lock:
+            acquired = sp.acquire(member_id, self.clock(), settings.record_lock_duration_ms, logged, max_records,
+                                  lg.log_start_offset)
+        if acquired:
+            self._arm(sp.next_deadline())
+        return FetchResult(_covering(chunks, found, acquired), acquired)
+
+    def add_release_waiter(self, fut: asyncio.Future) -> None:
+        self._released.add(fut)
+
+    def discard_release_waiter(self, fut: asyncio.Future) -> None:
+        self._released.discard(fut)
+
+    def _wake(self) -> None:
+        for fut in self._released:
+            if not fut.done():
+                fut.set_result(None)
+        self._released.clear()
+
+    # -- acknowledging --------------------------------------------------------------------------
+
+    async def acknowledge(self, group_id: str, member_id: str, topic: str, partition: int, acks: list[Ack]) -> None:
+        """Apply and persist one partition's acknowledgements; raises KafkaError (nothing
+        changed, or the change is not durable and the copy was dropped)."""
+        settings = await self.settings.for_group(group_id)
+        lg = await self.logs.get_log(topic, partition)
+        entry = await self._entry(group_id, topic, partition, lg, settings)
+        async with entry.lock:
+            entry.sp.acknowledge(member_id, acks)
+            await self._persist((group_id, topic, partition), entry)
+        if any(t == 2 for a in acks for t in a.types):  # a release: records to deliver again
+            self._wake()
+
+    async def _persist(self, key: Key, entry: _Entry) -> None:
+        try:
+            entry.version = await self.metadata.put_share_state(*key, entry.sp.to_doc(), entry.version)
+            self.writes += 1
+        except Exception as e:
+            # Not durable: forget this copy, so what is served next is what the store has
+            # (acknowledged only what was written; acquired records become deliverable again).
+            self.forget(key)
+            log.warning("share group %s: state of %s-%d not written (%s); reloading it", key[0], key[1], key[2], e)
+            if isinstance(e, ConflictError):
+                raise KafkaError(ErrorCode.not_leader_or_follower,
+                                 f"share state of {key[1]}-{key[2]} was changed by another broker") from None
+            raise KafkaError(ErrorCode.kafka_storage_error, f"share state of {key[1]}-{key[2]} not written: {e}") from None
+
+    # -- sessions ---------------------------------------------------------------------------------
+
+    async def close_session(self, session: ShareSession) -> None:
+        """A share session closed: the member's acquired records in its partitions go back."""
+        group_id, member_id = session.key
+        released = 0
+        for (g, topic, partition), entry in list(self.partitions.items()):
+            if g == group_id:
+                async with entry.lock:
+                    released += entry.sp.release_member(member_id)
+        if released:
+            log.info("share group %s: member %s closed its session, %d records released", group_id, member_id, released)
+            self._wake()
+
+    # -- acquisition locks ------------------------------------------------------------------------
+
+    def _arm(self, deadline: float | None) -> None:
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        delay = max(0.0, (deadline - self.clock()) / 1000.0) + 0.001
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._timer_at = None, None
+        now = self.clock()
+        expired = 0
+        for (group_id, topic, partition), entry in list(self.partitions.items()):
+            if entry.lock.locked():
+                continue  # an acquisition or acknowledgement is running: look again soon
+            n = entry.sp.expire(now)
+            if n:
+                expired += n
+                log.debug("share group %s: %d record locks of %s-%d timed out", group_id, n, topic, partition)
+        deadlines = [e.sp.next_deadline() for e in self.partitions.values()]
+        deadlines = [d for d in deadlines if d is not None]
+        if any(e.lock.locked() for e in self.partitions.values()):
+            deadlines.append(now + 50)
+        if deadlines:
+            self._arm(min(deadlines))
+        if expired:
+            self._wake()
+
+
+def _batches_of(chunks) -> list[tuple[int, object, int]]:
+    """(chunk index, header, position) of every batch in `chunks`."""
+    out = []
+    for i, chunk in enumerate(chunks):
+        for pos, h in batches.iter_batches(chunk):
+            out.append((i, h, pos))
+    return out
+
+
+def _deliverable(chunks, found, aborted: list[tuple[int, int]]) -> list[LogBatch]:
+    """read_committed: a transactional batch of a producer whose transaction was aborted
+    (from its first offset up to its abort marker) is not delivered, as Kafka's consumers
+    skip it; control batches never are."""
+    pending = sorted(aborted, key=lambda a: a[1])
+    open_aborted: set[int] = set()
+    out = []
+    for i, h, pos in found:
+        while pending and pending[0][1] <= h.last_offset:
+            open_aborted.add(pending.pop(0)[0])
+        if h.is_control:
+            if h.producer_id in open_aborted and _control_type(chunks[i], pos, h) == ABORT_MARKER:
+                open_aborted.discard(h.producer_id)
+            out.append(LogBatch(h.base_offset, h.last_offset, False))
+        else:
+            out.append(LogBatch(h.base_offset, h.last_offset, not (h.is_transactional and h.producer_id in open_aborted)))
+    return out
+
+
+def _control_type(chunk, pos: int, header) -> int:
+    recs = batches.decode_records(chunk, pos, header, verify_crc=False)
+    key = recs[0].key if recs else None
+    return struct.unpack(">hh", bytes(key[:4]))[1] if key and len(key) >= 4 else -1
+
+
+def _covering(chunks, found, acquired: list[Acquired]) -> list:
+    """The stored batches holding acquired records, as they are: slices of the chunks,
+    adjacent batches of one chunk in one slice."""
+    if not acquired:
+        return []
+    spans: list[list[int]] = []  # [chunk index, start, end]
+    ranges = [(a.first_offset, a.last_offset) for a in acquired]
+    for i, h, pos in found:
+        if any(first <= h.last_offset and h.base_offset <= last for first, last in ranges):
+            if spans and spans[-1][0] == i and spans[-1][2] == pos:
+                spans[-1][2] = pos + h.size
+            else:
+                spans.append([i, pos, pos + h.size])
+    return [chunks[i][start:end] for i, start, end in spans]

@@ -1,0 +1,282 @@
+"""One share partition (a share group's view of one topic partition): the pure state
+machine behind ShareFetch and ShareAcknowledge. No I/O and no clock of its own: the driver
+(`manager.py`) passes `now` (ms) and the batches it read from the log, persists `to_doc()`
+before it answers an acknowledgement, and calls `expire()` at `next_deadline()`.
+
+Apache Kafka's SharePartition is the reference:
+
+- The share-partition start offset (SPSO) is the first offset not yet done with; `end`
+  (Kafka's SPEO + 1) the first offset never acquired. Every offset in [SPSO, end) is in
+  flight: AVAILABLE (to be delivered again), ACQUIRED (by one member, until a lock
+  deadline), ACKNOWLEDGED or ARCHIVED. Offsets in that window that are not in `records`
+  are gaps (no record there: compacted away, or control and aborted batches) and count as
+  ARCHIVED. Once the records at the SPSO are done it moves past them.
+- Acquiring a record counts one delivery. A release (or a lock that times out) makes it
+  AVAILABLE again, unless it has reached the delivery count limit: then it is ARCHIVED.
+  REJECT archives at once, ACCEPT acknowledges, GAP archives an offset with no record.
+- An acknowledgement names records the member holds: anything else (another member's, not
+  acquired, already done) is INVALID_RECORD_STATE for the whole partition's acknowledgement,
+  which then changes nothing.
+- The number of records in flight is bounded (`max_in_flight`, Kafka's
+  group.share.partition.max.record.locks): new records are acquired only below it.
+- The log start moving past the SPSO (retention, DeleteRecords) moves the SPSO with it.
+- What is persisted (`to_doc`): the SPSO, `end` and every in-flight record's state and
+  delivery count, with ACQUIRED written as AVAILABLE: after a crash or a move to another
+  broker, records acquired but not acknowledged are delivered again (at least once), and
+  acknowledged or archived ones never.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from kafscale.errors import ErrorCode, KafkaError
+
+
+class RecordState(IntEnum):
+    # Kafka's values (RecordState in SharePartition, the persisted state of the share coordinator)
+    AVAILABLE = 0
+    ACQUIRED = 1
+    ACKNOWLEDGED = 2
+    ARCHIVED = 4
+
+
+class AckType(IntEnum):
+    GAP = 0
+    ACCEPT = 1
+    RELEASE = 2
+    REJECT = 3
+
+
+DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+
+
+@dataclass(slots=True)
+class InFlight:
+    state: RecordState
+    delivery_count: int = 0
+    member_id: str | None = None
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class LogBatch:
+    """What acquisition needs of a stored batch: its offsets and whether its records go to
+    consumers (a control batch, or an aborted transaction's under read_committed, do not)."""
+
+    base_offset: int
+    last_offset: int
+    deliverable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    first_offset: int
+    last_offset: int
+    types: tuple[int, ...]  # one for the whole range, or one per offset
+
+
+class SharePartition:
+    def __init__(self, start_offset: int, delivery_count_limit: int = 5, max_in_flight: int = 2_000):
+        self.spso = start_offset
+        self.end = start_offset
+        self.records: dict[int, InFlight] = {}
+        self.delivery_count_limit = delivery_count_limit
+        self.max_in_flight = max_in_flight
+
+    # -- views ------------------------------------------------------------------------------
+
+    def next_fetch_offset(self) -> int:
+        """Where the log should be read from: the first AVAILABLE record, else `end`."""
+        available = [o for o, r in self.records.items() if r.state is RecordState.AVAILABLE]
+        return min(available) if available else self.end
+
+    def has_available(self, high_watermark: int) -> bool:
+        """Would an acquisition now find something (records to redeliver, or new ones below
+        `high_watermark` with room in flight)?"""
+        if any(r.state is RecordState.AVAILABLE for r in self.records.values()):
+            return True
+        return self.end < high_watermark and self.end - self.spso < self.max_in_flight
+
+    def next_deadline(self) -> float | None:
+        return min((r.deadline for r in self.records.values() if r.state is RecordState.ACQUIRED), default=None)
+
+    def in_flight(self) -> int:
+        return self.end - self.spso
+
+    def counts(self) -> dict[str, int]:
+        """Records in flight by state (gaps counted as archived)."""
+        out = {s.name.lower(): 0 for s in RecordState}
+        for r in self.records.values():
+            out[r.state.name.lower()] += 1
+        out["archived"] += self.end - self.spso - len(self.records)
+        return out
+
+    # -- acquisition --------------------------------------------------------------------------
+
+    def acquire(self, member_id: str, now: float, lock_ms: int, batches: list[LogBatch], max_records: int,
+                log_start: int | None = None) -> list[Acquired]:
+        """Acquire for `member_id` what `batches` (read from `next_fetch_offset()`, in
+        offset order) offer: AVAILABLE records again, new records past `end`. Whole batches
+        at a time, stopping once `max_records` are acquired (Kafka's batch-optimized mode)."""
+        if log_start is not None:
+            self.move_start(log_start)
+        got: list[int] = []
+        deadline = now + lock_ms
+        for batch in batches:
+            if len(got) >= max_records:
+                break
+            if batch.last_offset < self.spso:
+                continue
+            for offset in range(max(batch.base_offset, self.spso), min(batch.last_offset + 1, self.end)):
+                r = self.records.get(offset)
+                if r is not None and r.state is RecordState.AVAILABLE:
+                    self._acquire_one(r, member_id, deadline)
+                    got.append(offset)
+            if batch.last_offset < self.end:
+                continue
+            self._advance()  # (gaps and undeliverable batches just passed are not in flight)
+            if self.end - self.spso >= self.max_in_flight:
+                break  # no new records beyond the in-flight limit
+            start = max(batch.base_offset, self.end)
+            if batch.deliverable:
+                for offset in range(start, batch.last_offset + 1):
+                    r = InFlight(RecordState.AVAILABLE)
+                    self._acquire_one(r, member_id, deadline)
+                    self.records[offset] = r
+                    got.append(offset)
+            # (gaps before the batch and an undeliverable batch stay out of `records`: archived)
+            self.end = batch.last_offset + 1
+        self._advance()
+        return self._ranges(got)
+
+    def _acquire_one(self, r: InFlight, member_id: str, deadline: float) -> None:
+        r.state, r.member_id, r.deadline = RecordState.ACQUIRED, member_id, deadline
+        r.delivery_count += 1
+
+    def _ranges(self, offsets: list[int]) -> list[Acquired]:
+        out: list[Acquired] = []
+        for o in sorted(offsets):
+            count = self.records[o].delivery_count if o in self.records else 1
+            if out and out[-1].last_offset == o - 1 and out[-1].delivery_count == count:
+                out[-1] = Acquired(out[-1].first_offset, o, count)
+            else:
+                out.append(Acquired(o, o, count))
+        return out
+
+    # -- acknowledgement ------------------------------------------------------------------------
+
+    def acknowledge(self, member_id: str, acks: list[Ack]) -> None:
+        """Apply one partition's acknowledgements, all or nothing; INVALID_RECORD_STATE (or
+        INVALID_REQUEST for a malformed batch) changes nothing."""
+        planned: list[tuple[int, int]] = []
+        for ack in acks:
+            n = ack.last_offset - ack.first_offset + 1
+            if n <= 0 or not ack.types or (len(ack.types) != 1 and len(ack.types) != n):
+                raise KafkaError(ErrorCode.invalid_request,
+                                 f"acknowledgement batch {ack.first_offset}-{ack.last_offset} is malformed")
+            for i in range(n):
+                offset = ack.first_offset + i
+                kind = ack.types[0] if len(ack.types) == 1 else ack.types[i]
+                if kind not in AckType._value2member_map_:
+                    raise KafkaError(ErrorCode.invalid_request, f"unknown acknowledge type {kind}")
+                r = self.records.get(offset)
+                if r is None or r.state is not RecordState.ACQUIRED or r.member_id != member_id:
+                    raise KafkaError(ErrorCode.invalid_record_state,
+                                     f"offset {offset} is not acquired by member {member_id}")
+                planned.append((offset, kind))
+        for offset, kind in planned:
+            r = self.records[offset]
+            if kind == AckType.ACCEPT:
+                self._finish(r, RecordState.ACKNOWLEDGED)
+            elif kind == AckType.RELEASE:
+                self._release(r)
+            else:  # REJECT, GAP
+                self._finish(r, RecordState.ARCHIVED)
+        self._advance()
+
+    def _finish(self, r: InFlight, state: RecordState) -> None:
+        r.state, r.member_id, r.deadline = state, None, 0.0
+
+    def _release(self, r: InFlight) -> None:
+        self._finish(r, RecordState.ARCHIVED if r.delivery_count >= self.delivery_count_limit else RecordState.AVAILABLE)
+
+    def release_member(self, member_id: str) -> int:
+        """Give back every record `member_id` holds (its share session closed); how many."""
+        held = [r for r in self.records.values() if r.state is RecordState.ACQUIRED and r.member_id == member_id]
+        for r in held:
+            self._release(r)
+        self._advance()
+        return len(held)
+
+    def expire(self, now: float) -> int:
+        """Release the records whose acquisition lock has timed out; how many."""
+        due = [r for r in self.records.values() if r.state is RecordState.ACQUIRED and r.deadline <= now]
+        for r in due:
+            self._release(r)
+        self._advance()
+        return len(due)
+
+    # -- the window -------------------------------------------------------------------------------
+
+    def move_start(self, log_start: int) -> bool:
+        """The log no longer has what is below `log_start`: neither does the share partition."""
+        if log_start <= self.spso:
+            return False
+        for offset in [o for o in self.records if o < log_start]:
+            del self.records[offset]
+        self.spso = log_start
+        self.end = max(self.end, log_start)
+        self._advance()
+        return True
+
+    def reset(self, start_offset: int) -> None:
+        """Start over at `start_offset` (an admin's AlterShareGroupOffsets; the group is empty)."""
+        self.records.clear()
+        self.spso = self.end = start_offset
+
+    def _advance(self) -> None:
+        while self.spso < self.end:
+            r = self.records.get(self.spso)
+            if r is None:  # a gap: jump to the next record in flight
+                self.spso = min(self.records, default=self.end)
+                continue
+            if r.state not in DONE:
+                break
+            del self.records[self.spso]
+            self.spso += 1
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def to_doc(self) -> dict:
+        """SPSO, end and runs of [first, last, state, delivery count]; acquired records as
+        AVAILABLE (what a new owner may deliver again), gaps left out (archived)."""
+        runs: list[list[int]] = []
+        for offset in sorted(self.records):
+            r = self.records[offset]
+            state = RecordState.AVAILABLE if r.state is RecordState.ACQUIRED else r.state
+            if runs and runs[-1][1] == offset - 1 and runs[-1][2] == state and runs[-1][3] == r.delivery_count:
+                runs[-1][1] = offset
+            else:
+                runs.append([offset, offset, int(state), r.delivery_count])
+        return dict(start_offset=self.spso, end_offset=self.end, records=runs)
+
+    @classmethod
+    def from_doc(cls, doc: dict, delivery_count_limit: int = 5, max_in_flight: int = 2_000) -> "SharePartition":
+        sp = cls(doc["start_offset"], delivery_count_limit, max_in_flight)
+        sp.end = doc.get("end_offset", sp.spso)
+        for first, last, state, count in doc.get("records", []):
+            if state == RecordState.AVAILABLE and count >= delivery_count_limit:
+                state = RecordState.ARCHIVED  # delivered as often as allowed before the crash
+            for offset in range(first, last + 1):
+                sp.records[offset] = InFlight(RecordState(state), count)
+        sp._advance()
+        return sp
