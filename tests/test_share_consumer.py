@@ -26,7 +26,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 LOCK_MS = 2_000
 DELIVERY_LIMIT = 3
-ARGS = ["--group-share-heartbeat-interval-ms", "300", "--group-share-record-lock-duration-ms", str(LOCK_MS),
+# (below Kafka's least lock duration and heartbeat interval: the least lowered too, as Kafka requires)
+ARGS = ["--group-share-heartbeat-interval-ms", "300", "--group-share-min-heartbeat-interval-ms", "300",
+        "--group-share-record-lock-duration-ms", str(LOCK_MS), "--group-share-min-record-lock-duration-ms", "1000",
         "--group-share-delivery-count-limit", str(DELIVERY_LIMIT)]
 
 
