@@ -75,6 +75,16 @@ def records(c: ShareConsumer, timeout: float = 0.3) -> list:
     return out
 
 
+def accept_polled(c: ShareConsumer) -> bool:
+    """One poll of an explicit-mode consumer, everything accepted and committed: read any?"""
+    ms = records(c)
+    for m in ms:
+        c.acknowledge(m, AcknowledgeType.ACCEPT)
+    if ms:
+        c.commit_sync(10)
+    return bool(ms)
+
+
 def prime(bootstrap: str, topic: str, seen) -> None:
     """Produce probes until `seen()` says a consumer got one: the share partition exists."""
     n = 0
@@ -161,15 +171,7 @@ def test_released_records_go_to_another_consumer(sbroker):
     create_topic(bootstrap, topic)
     a = consumer(bootstrap, group, topic, explicit=True)
     try:
-        def a_sees_probe() -> bool:
-            ms = records(a)
-            for m in ms:
-                a.acknowledge(m, AcknowledgeType.ACCEPT)
-            if ms:
-                a.commit_sync(10)
-            return bool(ms)
-
-        prime(bootstrap, topic, a_sees_probe)
+        prime(bootstrap, topic, lambda: accept_polled(a))
         produce(bootstrap, topic, [f"x-{i}".encode() for i in range(20)])
         held: list = []
         wait_until(lambda: held.extend(m for m in records(a) if m.value().startswith(b"x-")) or len(held) >= 20, 30,
@@ -198,15 +200,7 @@ def test_locks_of_a_consumer_that_stops_polling_time_out(sbroker):
     a = consumer(bootstrap, group, topic, explicit=True)
     b = None
     try:
-        def a_sees_probe() -> bool:
-            ms = records(a)
-            for m in ms:
-                a.acknowledge(m)
-            if ms:
-                a.commit_sync(10)
-            return bool(ms)
-
-        prime(bootstrap, topic, a_sees_probe)
+        prime(bootstrap, topic, lambda: accept_polled(a))
         produce(bootstrap, topic, [f"y-{i}".encode() for i in range(10)])
         held: list = []
         wait_until(lambda: held.extend(records(a)) or len(held) >= 10, 30, "the records at the first consumer")
@@ -230,15 +224,7 @@ def test_delivery_count_limit_and_reject_archive_records(sbroker):
     create_topic(bootstrap, topic)
     c = consumer(bootstrap, group, topic, explicit=True)
     try:
-        def probe_accepted() -> bool:
-            ms = records(c)
-            for m in ms:
-                c.acknowledge(m)
-            if ms:
-                c.commit_sync(10)
-            return bool(ms)
-
-        prime(bootstrap, topic, probe_accepted)
+        prime(bootstrap, topic, lambda: accept_polled(c))
         produce(bootstrap, topic, [b"poison", b"bad"])
         deliveries: list[tuple[bytes, int]] = []
 
@@ -282,15 +268,7 @@ def test_acknowledged_records_survive_kill9(tmp_path):
         create_topic(bootstrap, topic)
         c = consumer(bootstrap, group, topic, explicit=True)
 
-        def probe_accepted() -> bool:
-            ms = records(c)
-            for m in ms:
-                c.acknowledge(m)
-            if ms:
-                c.commit_sync(10)
-            return bool(ms)
-
-        prime(bootstrap, topic, probe_accepted)
+        prime(bootstrap, topic, lambda: accept_polled(c))
         produce(bootstrap, topic, [f"z-{i}".encode() for i in range(100)])
         held: list = []
         wait_until(lambda: held.extend(records(c)) or len(held) >= 100, 30, "the records")
