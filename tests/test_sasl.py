@@ -8,6 +8,7 @@ token) closes that connection with one log line; KIP-368 re-authentication."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import struct
 import subprocess
@@ -16,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion, UserScramCredentialUpsertion
 
 from kafscale.errors import ErrorCode
@@ -324,3 +325,16 @@ def test_admin_cli_with_client_security_settings(env, tmp_path):
     # the broker logged this run's refusal
     assert bad.returncode != 0 and "sasl-cli-topic-2" in bad.stderr, bad.stderr
     wait_until(lambda: env["broker"].log_text().count(needle) > refused_before, 10, "the refusal logged")
+    # a consumer-protocol group's member epochs come over the same SASL_SSL SCRAM settings
+    # (the CLI's own request: librdkafka's describe has no epochs)
+    c = Consumer({**_conf(env, "SCRAM-SHA-512", "carol", "carol-secret"), "group.id": "sasl-cli-g", "group.protocol": "consumer"})
+    try:
+        c.subscribe(["sasl-cli-topic"])
+        wait_until(lambda: c.poll(0.2) is None and len(c.assignment()) == 2, 60, "the consumer assigned both partitions")
+        described = subprocess.run([*base[:3], "groups", "describe", "sasl-cli-g", "--json", *base[8:], "-X", "sasl.password=carol-secret",
+                                    "--timeout", "60"], capture_output=True, text=True, timeout=90)
+        assert described.returncode == 0, described.stderr
+        doc = json.loads(described.stdout)
+        assert doc["group_epoch"] >= 1 and [m["member_epoch"] for m in doc["members"]] == [doc["assignment_epoch"]], doc
+    finally:
+        c.close()

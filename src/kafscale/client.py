@@ -76,6 +76,57 @@ def admin_client(args):
     return AdminClient(client_conf(args))
 
 
+class UnsupportedSecurity(Exception):
+    """The connection settings use what `kafka_request` cannot (OAUTHBEARER, GSSAPI)."""
+
+
+def kafka_request(args, host: str, port: int, api_key: int, version: int, body):
+    """One request to one broker, for what librdkafka's admin API does not offer (a
+    consumer group's member epochs: ConsumerGroupDescribe). Over the same connection
+    settings as the librdkafka clients: PLAINTEXT, SSL and SASL PLAIN/SCRAM (the broker's
+    own inter-broker client); other SASL mechanisms raise UnsupportedSecurity."""
+    import asyncio
+
+    from kafscale.protocol.codec import decode_response, encode_request
+
+    security = _request_security(client_conf(args))
+
+    async def call():
+        reader, writer = await security.connect(host, port, args.timeout, "kafscale-cli")
+        try:
+            writer.write(encode_request(api_key, version, 1, "kafscale-cli", body))
+            await writer.drain()
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), args.timeout), "big", signed=True)
+            return decode_response(api_key, version, await asyncio.wait_for(reader.readexactly(size), args.timeout))[1]
+        finally:
+            writer.close()
+
+    return asyncio.run(call())
+
+
+def _request_security(conf: dict):
+    """librdkafka's security settings as the broker's client connector."""
+    import ssl
+
+    from kafscale.security.inter_broker import InterBrokerSecurity
+
+    protocol = str(conf.get("security.protocol", "plaintext")).upper()
+    ctx = None
+    if protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=conf.get("ssl.ca.location") or None)
+        if str(conf.get("ssl.endpoint.identification.algorithm", "https")).lower() == "none":
+            ctx.check_hostname = False
+        if str(conf.get("enable.ssl.certificate.verification", "true")).lower() == "false":
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if conf.get("ssl.certificate.location"):
+            ctx.load_cert_chain(conf["ssl.certificate.location"], conf.get("ssl.key.location") or None, conf.get("ssl.key.password") or None)
+    mechanism = str(conf.get("sasl.mechanism", conf.get("sasl.mechanisms", "GSSAPI"))).upper()
+    if protocol.startswith("SASL_") and mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise UnsupportedSecurity(f"SASL {mechanism}")
+    return InterBrokerSecurity("", protocol, ctx, mechanism, str(conf.get("sasl.username", "")), str(conf.get("sasl.password", "")))
+
+
 UNREACHABLE = {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_RESOLVE", "_DESTROY", "REQUEST_TIMED_OUT", "_WAIT_COORD", "COORDINATOR_NOT_AVAILABLE"}
 
 
