@@ -35,6 +35,13 @@ class SegmentInfo:
     # compactor kept in this segment (-1: none): the partition is due for a pass then, dirty
     # or not, so they go. Absent (-1) in metadata written before compaction.
     delete_horizon_ms: int = -1
+    # Where the segment's bytes are when they are not its own spec object: the range
+    # [wao_position, wao_position + size) of the write-ahead object `wao_key`
+    # (storage/write_ahead.py; that range is a whole spec segment). "" (absent in metadata
+    # written before write-ahead objects): the segment's own key
+    # ({namespace}/{topic}/{partition}/segment-{base}.kfs).
+    wao_key: str = ""
+    wao_position: int = 0
 
     def __post_init__(self) -> None:
         for name in ("aborted", "open_txns"):

@@ -54,6 +54,12 @@ from kafscale.metadata.segments import SegmentInfo
 
 log = logging.getLogger("kafscale.metadata")
 
+# Partitions per transaction of commit_segments: each is one compare and two puts, so a
+# transaction stays within etcd's default --max-txn-ops (128) however many partitions a
+# write-ahead flush commits.
+COMMIT_CHUNK = 32
+COMMIT_ATTEMPTS = 3
+
 
 class ConflictError(RuntimeError):
     """A compare condition failed: someone else changed the state first."""
@@ -112,6 +118,8 @@ def _segment_json(seg: SegmentInfo) -> bytes:
             del d[name]  # the common case stays as compact as before transactions and compaction
     if d["delete_horizon_ms"] < 0:
         del d["delete_horizon_ms"]
+    if not d["wao_key"]:
+        del d["wao_key"], d["wao_position"]  # its own spec object, as before write-ahead objects
     return _dump(d)
 
 
@@ -251,22 +259,73 @@ class MetadataStore:
 
         `st` is the caller's last known state; its version guards the write (fencing).
         """
-        if seg.base_offset != st.high_watermark:
-            raise ConflictError(f"segment base {seg.base_offset} != high watermark {st.high_watermark}")
-        new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
-        key = keys.partition(st.topic, st.partition)
-        txn = Txn(
-            compares=[(key, st.version)],
-            puts=[
-                (key, _dump(self.state_doc(new))),
-                (keys.segment(st.topic, st.partition, seg.base_offset), _segment_json(seg)),
-            ],
-        )
-        if not await self.kv.commit(txn):
-            raise ConflictError(f"partition {st.topic}-{st.partition} changed concurrently")
-        new.version = st.version + 1
-        new.segments = st.segments + [seg]
-        return new
+        result = (await self.commit_segments([(st, seg)]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def commit_segments(self, commits: list[tuple[PartitionState, SegmentInfo]]) -> list[PartitionState | Exception]:
+        """`commit_segment` for many partitions at once (a write-ahead flush): for each
+        (state, segment) the new state, or the error that kept it out (ConflictError when
+        its partition changed meanwhile: fenced, ownership moved; any other when the store
+        failed and its outcome is unknown). Each partition's commit is guarded by its own
+        compare, as commit_segment's; COMMIT_CHUNK partitions share a transaction, and when
+        one of them fails its compare the others are committed without it, so one moved
+        partition fails only its own flush."""
+        results: list[PartitionState | Exception | None] = [None] * len(commits)
+        for start in range(0, len(commits), COMMIT_CHUNK):
+            chunk = list(range(start, min(start + COMMIT_CHUNK, len(commits))))
+            try:
+                await self._commit_chunk(commits, chunk, results)
+            except Exception as e:  # noqa: BLE001 - the store failed: these partitions' outcomes are unknown
+                for i in chunk:
+                    if results[i] is None:
+                        results[i] = e
+        return results  # type: ignore[return-value]
+
+    async def _commit_chunk(self, commits, chunk: list[int], results: list) -> None:
+        for _ in range(COMMIT_ATTEMPTS):
+            txn = Txn()
+            live = []
+            for i in chunk:
+                st, seg = commits[i]
+                if seg.base_offset != st.high_watermark:
+                    results[i] = ConflictError(f"segment base {seg.base_offset} != high watermark {st.high_watermark}")
+                    continue
+                new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
+                key = keys.partition(st.topic, st.partition)
+                txn.compares.append((key, st.version))
+                txn.puts += [(key, _dump(self.state_doc(new))), (keys.segment(st.topic, st.partition, seg.base_offset), _segment_json(seg))]
+                live.append((i, new))
+            if not live:
+                return
+            if await self.kv.commit(txn):
+                for i, new in live:
+                    st, seg = commits[i]
+                    new.version = st.version + 1
+                    new.segments = st.segments + [seg]
+                    results[i] = new
+                return
+            # Some partition changed under us: those fail, the others go again.
+            chunk = []
+            for i, _new in live:
+                st = commits[i][0]
+                kv = await self.kv.get(keys.partition(st.topic, st.partition))
+                if (kv.version if kv else 0) != st.version:
+                    results[i] = ConflictError(f"partition {st.topic}-{st.partition} changed concurrently")
+                else:
+                    chunk.append(i)
+        for i in chunk:
+            results[i] = ConflictError(f"partition {commits[i][0].topic}-{commits[i][0].partition} kept changing")
+
+    async def write_ahead_keys_in_use(self) -> set[str]:
+        """The keys of the write-ahead objects any partition's segment list refers to
+        (SegmentInfo.wao_key): one consistent read of every segment key."""
+        used = set()
+        for kv in await self.kv.range(keys.SEGMENTS):
+            if b'"wao_key"' in kv.value:
+                used.add(json.loads(kv.value)["wao_key"])
+        return used
 
     async def update_partition(
         self,

@@ -24,6 +24,12 @@ class StorageConfig:
     compaction_key_map_bytes: int = 128 * 1024 * 1024
     retention_check_interval_ms: int = 30_000
     producer_id_expiration_ms: int = 86_400_000
+    broker_id: int = 0  # names this broker's write-ahead objects
+    # One write-ahead object per flush for all partitions (storage/write_ahead_flusher.py),
+    # rewritten into per-partition segments by the merger after at most segment_max_age_ms.
+    write_ahead_objects: bool = False
+    segment_max_age_ms: int = 600_000
+    write_ahead_orphan_age_ms: int = 300_000
     # The operator-given broker settings that are Kafka configs (log.segment.bytes, ...):
     # the defaults under each topic's own configs.
     kafka_static_configs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))

@@ -13,6 +13,9 @@ The rest of storage/, by job:
                      the read-only view of a partition owned elsewhere
   reader.py          SegmentReader: the shared read path (cache, whole and ranged segment loads)
   recovery.py        adopting uncommitted segments and rebuilding producer state on load
+  write_ahead.py     the write-ahead object format: one object per flush for all partitions
+  write_ahead_flusher.py  WriteAheadFlusher: the broker-wide flush cycle writing them
+  write_ahead_cleanup.py  deleting write-ahead objects no segment refers to (after the merger's rewrite)
   retention.py       which segments are past retention, and the task that deletes them
   merger.py          merging small adjacent segments (and the loop the compactor runs in)
   cleaner.py         log compaction's decisions (cleanable range, key map, batch rewriting)
@@ -54,6 +57,8 @@ from kafscale.storage.retention import Retention
 from kafscale.storage.rewrite import SegmentRewriter
 from kafscale.storage.topic_cache import TopicCache
 from kafscale.storage.txn import TxnMarker
+from kafscale.storage.write_ahead_cleanup import WriteAheadCleanup
+from kafscale.storage.write_ahead_flusher import WriteAheadFlusher
 
 log = logging.getLogger("kafscale.storage")
 
@@ -84,11 +89,22 @@ class LogManager:
         # ops/metrics times and sizes each durable flush through these hooks.
         self.flush_hooks = self.metrics.flush_hooks
         self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.metrics)
+        # One object per flush for all owned partitions (None: a segment per partition).
+        self.write_ahead = (
+            WriteAheadFlusher(store, metadata, self.logs.values, self.namespace, config.broker_id, self.metrics,
+                              commit_deadline_s=config.write_ahead_orphan_age_ms / 4000)
+            if config.write_ahead_objects else None
+        )
         self.cache = self.reader.cache
         rewriter = SegmentRewriter(store, self.reader, self.namespace, config.index_min_bytes, self.metrics, cluster.owns)
         self.merger = SegmentMerger(
             store, self.logs.values, rewriter, config.merge_interval_ms / 1000, config.merge_grace_ms / 1000,
             config.merge_max_pending_objects, config.merge_min_grace_ms / 1000,
+        )
+        self.merger.segment_max_age_ms = config.segment_max_age_ms
+        self.merger.write_ahead_seen = config.write_ahead_objects
+        self.merger.write_ahead_cleanup = WriteAheadCleanup(
+            store, metadata, self.namespace, config.merge_grace_ms / 1000, config.write_ahead_orphan_age_ms / 1000
         )
         self.retention = Retention(self.logs.values, self.load_owned, config.retention_check_interval_ms / 1000, config.producer_id_expiration_ms)
         self.compactor = Compactor(self.logs.values, rewriter, config.compaction_key_map_bytes, self.merger.schedule_delete)
@@ -117,6 +133,8 @@ class LogManager:
         reason = StorageError("the broker is shutting down", ErrorCode.not_leader_or_follower)
         await asyncio.gather(*(self._stop_log(lg, reason, flush=True) for lg in list(self.logs.values())), return_exceptions=True)
         self.logs.clear()
+        if self.write_ahead is not None:
+            await self.write_ahead.stop()
 
     async def _stop_log(self, lg: PartitionLog, reason: StorageError, flush: bool) -> None:
         """Stop a log and then forget it; until then get_log refuses with its reason (no
@@ -253,7 +271,7 @@ class LogManager:
             st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers, topic_id=meta.topic_id)
             lg = PartitionLog(
                 meta, st, producers, config=self.config, store=self.store, metadata=self.metadata, reader=self.reader,
-                metrics=self.metrics, owns=self.cluster.owns, forget=self.forget,
+                metrics=self.metrics, owns=self.cluster.owns, forget=self.forget, write_ahead=self.write_ahead,
             )
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e

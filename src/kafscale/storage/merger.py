@@ -42,7 +42,7 @@ def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[l
     run: list[segment.SegmentInfo] = []
     size = 0
     for seg in segments:
-        small = seg.size < segment_bytes // 2
+        small = seg.size < segment_bytes // 2 and not seg.wao_key  # (write-ahead pieces: plan_write_ahead_runs)
         contiguous = not run or (run[-1].last_offset + 1 == seg.base_offset and run[-1].cleaned == seg.cleaned)
         if small and contiguous and size + seg.size <= segment_bytes:
             run.append(seg)
@@ -52,6 +52,37 @@ def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[l
             runs.append(run)
         run, size = ([seg], seg.size) if small else ([], 0)
     if len(run) >= 2:
+        runs.append(run)
+    return runs
+
+
+def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: int, max_age_ms: int, now_ms: int) -> list[list[segment.SegmentInfo]]:
+    """Runs of adjacent segments held in write-ahead objects (SegmentInfo.wao_key) to
+    rewrite into the partition's own spec segments: all of them once they hold half of
+    segment_bytes, or once the oldest is `max_age_ms` old (a partition writing slowly);
+    none before (so a rewrite writes few, well-filled segments). A run of one is a run
+    here: its bytes move out of the shared object. Runs stay within segment_bytes and never
+    mix cleaned and dirty segments."""
+    pieces = [s for s in segments if s.wao_key]
+    if not pieces:
+        return []
+    if sum(s.size for s in pieces) < segment_bytes // 2 and min(s.created_ms for s in pieces) > now_ms - max_age_ms:
+        return []
+    runs: list[list[segment.SegmentInfo]] = []
+    run: list[segment.SegmentInfo] = []
+    size = 0
+    for seg in segments:
+        if not seg.wao_key:
+            if run:
+                runs.append(run)
+            run, size = [], 0
+            continue
+        if run and (run[-1].last_offset + 1 != seg.base_offset or run[-1].cleaned != seg.cleaned or size + seg.size > segment_bytes):
+            runs.append(run)
+            run, size = [], 0
+        run.append(seg)
+        size += seg.size
+    if run:
         runs.append(run)
     return runs
 
@@ -91,6 +122,14 @@ class SegmentMerger:
         # compaction of a partition never overlap; set by the LogManager.
         self.compactor = None
         self.compaction_interval_s = 0.0
+        # Segments in write-ahead objects are rewritten into spec segments after at most
+        # this long (plan_write_ahead_runs); the objects then go through `write_ahead_cleanup`
+        # (storage/write_ahead_cleanup.py), run after each round; both set by the LogManager.
+        self.segment_max_age_ms = 600_000
+        self.write_ahead_cleanup = None
+        # Whether the cleanup runs: with --write-ahead-objects, and once a segment in a
+        # write-ahead object was seen (the flag turned off since: its objects still go).
+        self.write_ahead_seen = False
 
     async def run_forever(self) -> None:
         """Merge every `interval_s` (0: never), run the compactor (`compactor`, if set)
@@ -129,7 +168,11 @@ class SegmentMerger:
                 # merged with the ones before it, it would keep them from the compactor
                 # until the next flush.
                 segments = segments[:-1]
-            for run in plan_runs(segments, lg.settings.segment_bytes):
+            runs = plan_runs(segments, lg.settings.segment_bytes)
+            wal_runs = plan_write_ahead_runs(lg.state.segments, lg.settings.segment_bytes, self.segment_max_age_ms, int(time.time() * 1000))
+            self.write_ahead_seen = self.write_ahead_seen or bool(wal_runs) or any(s.wao_key for s in lg.state.segments[-1:])
+            runs += wal_runs
+            for run in runs:
                 try:
                     if await self.merge(lg, run):
                         done += 1
@@ -137,6 +180,11 @@ class SegmentMerger:
                     log.warning("merge of %s-%s at %d failed: %s", lg.topic, lg.partition, run[0].base_offset, e)
                     break
         await self.delete_expired()
+        if self.write_ahead_cleanup is not None and self.write_ahead_seen:
+            try:
+                await self.write_ahead_cleanup.run_once()
+            except Exception as e:  # noqa: BLE001 - tried again next round
+                log.warning("write-ahead cleanup failed (will retry): %s", e)
         return done
 
     async def merge(self, lg: PartitionLog, run: list[segment.SegmentInfo]) -> bool:

@@ -40,9 +40,10 @@ class PartitionLog:
     def __init__(
         self, meta: TopicMeta, state: PartitionState, producers: ProducerStateTable | None = None, *, config: StorageConfig,
         store: ObjectStore, metadata: MetadataStore, reader: SegmentReader, metrics: StorageMetrics,
-        owns: Callable[[str, int], bool], forget: Callable[[str, int], None],
+        owns: Callable[[str, int], bool], forget: Callable[[str, int], None], write_ahead=None,
     ):
         self.topic = meta.name
+        self.topic_id = meta.topic_id
         self.partition = state.partition
         self.config = config
         self.store = store
@@ -65,6 +66,10 @@ class PartitionLog:
         self._flusher: asyncio.Task | None = None
         self._flush_lock = asyncio.Lock()
         self._aborted = AbortedIndex()
+        # The broker's write-ahead flusher (storage/write_ahead_flusher.py) when this log's
+        # flushes go into write-ahead objects shared with the broker's other partitions;
+        # None: this log uploads its own segments from its own flusher task.
+        self._write_ahead = write_ahead
 
     # -- state (the core's) ---------------------------------------------------------------
 
@@ -159,9 +164,7 @@ class PartitionLog:
                 self._deliver(done.answer)
             return done.base_offset, done.append_time, waiter
         self.metrics.produced(len(data), sum(h.record_count for h in headers))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
-        self._wake.set()
+        self._buffered()
         return done.base_offset, done.append_time, waiter
 
     def append_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool) -> asyncio.Future:
@@ -170,10 +173,17 @@ class PartitionLog:
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         self.core.append_marker(producer_id, producer_epoch, coordinator_epoch, commit, waiter, time.monotonic(), int(time.time() * 1000))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
-        self._wake.set()
+        self._buffered()
         return waiter
+
+    def _buffered(self) -> None:
+        """Something was buffered: the flusher looks at when it is due."""
+        if self._write_ahead is not None:
+            self._write_ahead.buffered(self)
+            return
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._run_flusher(), name=f"flush-{self.topic}-{self.partition}")
+        self._wake.set()
 
     async def _run_flusher(self) -> None:
         while not self.core.closed:
@@ -204,6 +214,9 @@ class PartitionLog:
                 return
 
     async def flush_once(self) -> None:
+        if self._write_ahead is not None:
+            await self._write_ahead.flush(self)  # in the broker's next write-ahead object
+            return
         async with self._flush_lock:
             out = self.core.begin_flush(time.monotonic(), self._owns(self.topic, self.partition))
             if out is None:
@@ -226,18 +239,51 @@ class PartitionLog:
             self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
             raise
         except Exception as e:  # noqa: BLE001 - any failure means "not durable"
-            latest = await self._reread_state()
-            if not self.core.commit_landed(latest, enc.info):
-                self._upload_failed(e, latest)
-                return
-            state = latest
+            await self.flush_uncertain(e, enc.info, body, started)
+            return
+        self.flush_landed(state, enc.info, body, started, len(objects))
+
+    # -- the steps of a flush another driver runs (the write-ahead flusher) ---------------
+    # It takes an upload with take_flush under flush_lock, held until one of flush_landed,
+    # flush_uncertain or flush_failed has answered it.
+
+    @property
+    def flush_lock(self) -> asyncio.Lock:
+        return self._flush_lock
+
+    def take_flush(self, now: float):
+        """The core's next upload (PartitionCore.begin_flush), None when there is nothing
+        to upload or ownership was lost (then the log halts here)."""
+        out = self.core.begin_flush(now, self._owns(self.topic, self.partition))
+        if out is None:
+            return None
+        if out.upload is None:  # ownership lost: halted
+            self._apply(out)
+            return None
+        return out.upload
+
+    def flush_landed(self, state: PartitionState, info: SegmentInfo, body, started: float, puts: int) -> None:
+        """The upload is durable and committed as `state`: answer its producers."""
         out = self.core.flush_committed(state)
         try:
-            self.metrics.flushed(enc.info, time.monotonic() - started, len(objects))
-            self.reader.cache_segment(self.topic, self.partition, base, body)
+            self.metrics.flushed(info, time.monotonic() - started, puts)
+            self.reader.cache_segment(self.topic, self.partition, info.base_offset, body)
         except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
             log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
         self._apply(out)
+
+    async def flush_uncertain(self, error: BaseException, info: SegmentInfo, body, started: float) -> None:
+        """The commit of `info` failed or its answer was lost: committed after all (the
+        metadata re-read holds it) or not durable."""
+        latest = await self._reread_state()
+        if not self.core.commit_landed(latest, info):
+            self._upload_failed(error, latest)
+            return
+        self.flush_landed(latest, info, body, started, 0)
+
+    def flush_failed(self, error: BaseException) -> None:
+        """The upload did not become durable (nothing was committed)."""
+        self._upload_failed(error, None)
 
     async def _reread_state(self) -> PartitionState | None:
         """After an ambiguous failure, the metadata as it is now (None: unreadable)."""

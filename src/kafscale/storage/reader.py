@@ -162,20 +162,22 @@ class SegmentReader:
             # replaced it (here or on another broker): it lacks the offsets the new segment
             # took over from the ones after it. Read the object again.
             self.cache.drop(key)
-        if seg.size > WHOLE_SEGMENT_READ_BYTES:
+        if seg.size > WHOLE_SEGMENT_READ_BYTES and not seg.wao_key:  # (a write-ahead piece has no .index: read whole)
             return await self._ranged_view(topic, partition, seg, offset, max_bytes)
         return await asyncio.shield(self._whole_segment_load(topic, partition, seg))
 
     async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
-        key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        key, start, end = segment.stored_at(self.namespace, topic, partition, seg)
         try:
-            data = await self.store.get(key)
+            data = await self.store.get(key, start, end)
             self.metrics.read_objects()
         except ObjectNotFound as e:
             raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
         try:
+            if end is not None and len(data) != end - start:
+                raise segment.SegmentFormatError(f"{key}: {len(data)} bytes at {start}, the committed segment has {end - start} (truncated?)")
             decoded = segment.decode(data, name=key)
             got = decoded.info
             if got.base_offset != seg.base_offset or got.created_ms != seg.created_ms or got.last_offset < seg.last_offset:

@@ -17,7 +17,7 @@ from typing import Callable
 from kafscale.storage import segment
 from kafscale.storage.failures import StorageError
 from kafscale.storage.metrics import StorageMetrics
-from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound, ObjectStore
+from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore
 from kafscale.storage.partition_log import PartitionLog
 from kafscale.storage.reader import SegmentReader
 
@@ -27,7 +27,8 @@ log = logging.getLogger("kafscale.storage")
 @dataclass
 class RunInput:
     bodies: list  # each segment's committed batches, in order
-    version: object  # of the first object: the replace happens only over this one
+    version: object  # of the first object: the replace happens only over this one (None: the first
+    # segment is in a write-ahead object, the result is created under its spec key)
     first_size: int  # bytes of the first object as read
 
 
@@ -54,9 +55,9 @@ class SegmentRewriter:
         view = self.reader.cache.get((topic, partition, seg.base_offset))
         if view is not None and len(view.data) + segment.HEADER_SIZE + segment.FOOTER_SIZE == seg.size:
             return segment.batches_through(view.data, seg.last_offset, view.last_offset)
-        key = segment.segment_key(self.namespace, topic, partition, seg.base_offset)
+        key, start, end = segment.stored_at(self.namespace, topic, partition, seg)
         try:
-            data = await self.store.get(key)
+            data = await self.store.get(key, start, end)
         except ObjectNotFound as e:
             raise StorageError(f"segment {key} is gone (retention, DeleteRecords?)") from e
         decoded = segment.decode(data, name=key)
@@ -70,6 +71,14 @@ class SegmentRewriter:
         """The run's batches, or None when its first object is gone or is not one this rewrite
         may replace (a newer owner's longer rewrite under the key, which must stand)."""
         base = run[0].base_offset
+        if run[0].wao_key:
+            # In a write-ahead object: no spec object of its own is replaced, one is created.
+            try:
+                bodies = [await self.read_segment_batches(lg.topic, lg.partition, seg) for seg in run]
+            except StorageError as e:
+                log.info("%s of %s-%s at %d skipped: %s", what, lg.topic, lg.partition, base, e)
+                return None
+            return RunInput(bodies, None, 0)
         key = segment.segment_key(self.namespace, lg.topic, lg.partition, base)
         try:
             stored, version = await self.store.get_with_version(key)
@@ -103,7 +112,11 @@ class SegmentRewriter:
             # that does not match its segment (readers then read the segment whole).
             await self.store.delete([segment.index_key(ns, lg.topic, lg.partition, base)])
         try:
-            await self.store.replace(*objects[0], read.version)
+            if read.version is None:
+                if not await self._create_first(lg, objects[0], enc.info, what):
+                    return False
+            else:
+                await self.store.replace(*objects[0], read.version)
         except ObjectChangedError as e:
             log.warning("%s of %s-%s at %d dropped: %s (another writer, a newer owner?, replaced it first)", what, lg.topic, lg.partition, base, e)
             return False
@@ -115,6 +128,34 @@ class SegmentRewriter:
         self.reader.replace_cached(lg.topic, lg.partition, [s.base_offset for s in run], base, body, enc.info.last_offset)
         keys = []
         for seg in run[1:]:
+            if seg.wao_key:
+                continue  # its write-ahead object goes once nothing refers to it (write_ahead_cleanup.py)
             keys += [segment.segment_key(ns, lg.topic, lg.partition, seg.base_offset), segment.index_key(ns, lg.topic, lg.partition, seg.base_offset)]
         schedule_delete(keys)
+        return True
+
+    async def _create_first(self, lg: PartitionLog, obj: tuple[str, list], info: segment.SegmentInfo, what: str) -> bool:
+        """Create the rewritten segment of a run that began in a write-ahead object under its
+        spec key. An object already there was left by a rewrite that never committed (this
+        broker's before a crash, or an old owner's): replaced, over its version, only when the
+        new segment holds all of it (same segment, offsets up to its last); anything else is
+        another writer's and stands (False)."""
+        key, parts = obj
+        try:
+            await self.store.create(key, parts)
+            return True
+        except ObjectExistsError:
+            pass
+        try:
+            stored, version = await self.store.get_with_version(key)
+            got = segment.decode(stored, name=key).info
+        except ObjectNotFound:
+            return False  # gone meanwhile: the next round creates it
+        except segment.SegmentFormatError as e:
+            log.warning("%s of %s-%s at %d: replacing an unusable uncommitted object: %s", what, lg.topic, lg.partition, info.base_offset, e)
+            got = None
+        if got is not None and not (got.base_offset == info.base_offset and got.created_ms == info.created_ms and got.last_offset <= info.last_offset):
+            log.warning("%s of %s-%s at %d dropped: another writer's object (offsets %d-%d) is there", what, lg.topic, lg.partition, info.base_offset, got.base_offset, got.last_offset)
+            return False
+        await self.store.replace(key, parts, version)
         return True

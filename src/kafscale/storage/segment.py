@@ -56,6 +56,15 @@ def index_key(namespace: str, topic: str, partition: int, base_offset: int) -> s
     return f"{namespace}/{topic}/{partition}/segment-{base_offset:020d}.index"
 
 
+def stored_at(namespace: str, topic: str, partition: int, seg: SegmentInfo) -> tuple[str, int, int | None]:
+    """Where a committed segment's bytes are: (key, start, end), end None for the whole
+    object. Its own spec object, or the range of a write-ahead object holding it
+    (SegmentInfo.wao_key; storage/write_ahead.py), which is a whole spec segment too."""
+    if seg.wao_key:
+        return seg.wao_key, seg.wao_position, seg.wao_position + seg.size
+    return segment_key(namespace, topic, partition, seg.base_offset), 0, None
+
+
 def segment_key_pattern(namespace: str) -> re.Pattern:
     """Matches a whole segment_key under `namespace`; groups: topic, partition, base offset.
     One regex match per key: a stream lists tens of thousands of keys a trigger."""

@@ -204,6 +204,14 @@ class TopicRestore:
         return new, out
 
     async def _copy_segment(self, source: str, target: str, p: int, seg: segment.SegmentInfo, out: PartitionRestored) -> segment.SegmentInfo:
+        if seg.wao_key:
+            # Inside a write-ahead object: the new topic gets it as a segment of its own.
+            async with self._copies:
+                body = await self._batches(source, p, seg)
+                info = await self._write(target, p, [body], seg.base_offset, seg.created_ms, seg.last_offset, seg.aborted, seg.open_txns, seg.cleaned, seg.delete_horizon_ms)
+            out.segments_rewritten += 1
+            self._tick()
+            return info
         src = segment.segment_key(self.namespace, source, p, seg.base_offset)
         dst = segment.segment_key(self.namespace, target, p, seg.base_offset)
         async with self._copies:
@@ -299,9 +307,9 @@ class TopicRestore:
                     raise ObjectNotFound(segment.segment_key(self.namespace, source, p, seg.base_offset)) from None
                 raise RestoreError(f"{e}; nothing published") from None
             return segment.batches_through(view.data, seg.last_offset)
-        key = segment.segment_key(self.namespace, source, p, seg.base_offset)
+        key, start, end = segment.stored_at(self.namespace, source, p, seg)
         try:
-            decoded = segment.decode(await self.store.get(key), name=key)
+            decoded = segment.decode(await self.store.get(key, start, end), name=key)
         except segment.SegmentFormatError as e:
             raise RestoreError(f"{e}; nothing published") from None
         return segment.batches_through(decoded.batches, seg.last_offset)

@@ -1,0 +1,206 @@
+"""The broker's write-ahead flusher: one object per flush for all the partitions it owns.
+
+With `--write-ahead-objects true` the partition logs do not upload segments of their own.
+When any log is due for a flush (PartitionCore.flush_due_in: the same min/max flush
+interval and size rules as a log's own flusher), a flush cycle takes the next upload
+(PartitionCore.begin_flush) of EVERY log with buffered data, so the data of all partitions
+rides in one object; encodes each as the spec segment a log's own flush would upload;
+writes them as ONE write-ahead object (storage/write_ahead.py; created, never replaced);
+then commits every partition's new segment, located in that object, in one metadata
+transaction per MetadataStore.COMMIT_CHUNK partitions (MetadataStore.commit_segments),
+each guarded by its own partition's compare; and answers each partition's producers from
+its own outcome (PartitionLog.flush_landed / flush_uncertain / flush_failed, over the
+core's rules):
+- the upload failed: every partition of the cycle fails its waiters with a retriable
+  error and hands its offsets out again (nothing was committed anywhere);
+- a partition's compare failed (fenced, ownership moved mid-flush): only that partition's
+  waiters fail (NOT_LEADER_OR_FOLLOWER); the others are committed without it;
+- a commit whose answer was lost is settled per partition by re-reading its state.
+An object whose commit never happened holds nothing anyone was answered for: the
+write-ahead cleanup deletes it once it is old enough (storage/merger.py).
+
+At most MAX_CYCLES cycles run at once, each with the partitions not in another one, and a
+cycle takes at most `max_object_bytes` (what is left rides on the next one at once).
+Each log's flush lock is held from its take to its answer, as its own flush holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from typing import Callable, Iterable
+
+from kafscale.metadata.store import MetadataStore, PartitionState
+from kafscale.storage import segment, write_ahead
+from kafscale.storage.failures import StorageError
+from kafscale.storage.metrics import StorageMetrics
+from kafscale.storage.objectstore import ObjectStore
+from kafscale.storage.partition_log import PartitionLog
+
+log = logging.getLogger("kafscale.storage")
+
+MAX_CYCLES = 4
+MAX_OBJECT_BYTES = 64 * 1024 * 1024
+
+
+class WriteAheadFlusher:
+    def __init__(self, store: ObjectStore, metadata: MetadataStore, logs: Callable[[], Iterable[PartitionLog]], namespace: str,
+                 broker_id: int, metrics: StorageMetrics, max_object_bytes: int = MAX_OBJECT_BYTES, commit_deadline_s: float = 75.0):
+        self.store = store
+        self.metadata = metadata
+        self.logs = logs
+        self.namespace = namespace
+        self.broker_id = broker_id
+        self.metrics = metrics
+        self.max_object_bytes = max_object_bytes
+        # No commit starts into an object older than this: the cleanup deletes unreferenced
+        # objects from four times that age on (write_ahead_cleanup.py).
+        self.commit_deadline_s = commit_deadline_s
+        self.writer = uuid.uuid4().hex[:8]  # this process's objects, apart from an earlier run's of the broker id
+        self.sequence = 0
+        self.objects_written = 0
+        self._wake = asyncio.Event()
+        self._next_due = float("inf")  # monotonic time of the earliest due flush last seen
+        self._requests: list[tuple[PartitionLog, asyncio.Future]] = []
+        self._cycles: set[asyncio.Task] = set()
+        self._task: asyncio.Task | None = None
+
+    # -- what the logs call ------------------------------------------------------------
+
+    def buffered(self, lg: PartitionLog) -> None:
+        """`lg` buffered something: wake the loop if that makes a flush due sooner."""
+        self._ensure_running()
+        delay = lg.core.flush_due_in(time.monotonic())
+        if delay is not None and time.monotonic() + delay < self._next_due:
+            self._next_due = time.monotonic() + delay
+            self._wake.set()
+
+    async def flush(self, lg: PartitionLog) -> None:
+        """Run a cycle that takes `lg`'s buffered data now (shutdown, hand-over), after any
+        upload of it in flight, and return when that cycle has answered."""
+        self._ensure_running()
+        await lg.upload_finished()
+        if not lg.core.buffer:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._requests.append((lg, fut))
+        self._wake.set()
+        await fut
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._cycles:
+            await asyncio.gather(*self._cycles, return_exceptions=True)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _ensure_running(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="write-ahead-flusher")
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            now = time.monotonic()
+            next_due = float("inf")
+            for lg in self.logs():
+                if lg.core.uploading:
+                    continue
+                delay = lg.core.flush_due_in(now)
+                if delay is not None and now + delay < next_due:
+                    next_due = now + delay
+            if (self._requests or next_due <= now) and len(self._cycles) < MAX_CYCLES:
+                requests, self._requests = self._requests, []
+                task = asyncio.get_running_loop().create_task(self._cycle(requests))
+                self._cycles.add(task)
+                task.add_done_callback(self._cycle_done)
+                await asyncio.sleep(0)  # let it take its logs before the next look
+                continue
+            self._next_due = now if next_due <= now else next_due  # (all cycles busy: a cycle's end wakes us)
+            try:
+                await asyncio.wait_for(self._wake.wait(), None if next_due <= now or next_due == float("inf") else next_due - now)
+            except TimeoutError:
+                pass
+
+    def _cycle_done(self, task: asyncio.Task) -> None:
+        self._cycles.discard(task)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("write-ahead flush cycle failed unexpectedly", exc_info=task.exception())
+
+    async def _cycle(self, requests: list[tuple[PartitionLog, asyncio.Future]]) -> None:
+        taken: list[tuple[PartitionLog, object]] = []
+        try:
+            now = time.monotonic()
+            size = 0
+            requested = [lg for lg, _f in requests]
+            for lg in [*requested, *self.logs()]:
+                if size >= self.max_object_bytes:
+                    break
+                if lg.flush_lock.locked() or lg.core.uploading or not lg.core.buffer:
+                    continue
+                await lg.flush_lock.acquire()  # free: taken at once
+                upload = None
+                try:
+                    upload = lg.take_flush(now)
+                finally:
+                    if upload is None:
+                        lg.flush_lock.release()
+                if upload is not None:
+                    taken.append((lg, upload))
+                    size += sum(b.nbytes for b in upload.batches)
+            if taken:
+                await self._write(taken)
+        finally:
+            for lg, _upload in taken:
+                lg.flush_lock.release()
+            for _lg, fut in requests:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _write(self, taken: list) -> None:
+        started = time.monotonic()
+        created_ms = int(time.time() * 1000)
+        pieces = []
+        for lg, up in taken:
+            body = b"".join(b.data for b in up.batches)
+            enc = segment.encode([body], up.base_offset, created_ms=created_ms, aborted=up.aborted, open_txns=up.open_txns)
+            pieces.append((lg, body, enc))
+        obj = write_ahead.encode([(lg.topic, lg.topic_id, lg.partition, enc) for lg, _body, enc in pieces], created_ms)
+        self.sequence += 1
+        key = write_ahead.object_key(self.namespace, created_ms, self.broker_id, self.writer, self.sequence)
+        infos = [dataclasses.replace(enc.info, wao_key=key, wao_position=p.position) for (_lg, _b, enc), p in zip(pieces, obj.pieces)]
+        try:
+            await self.store.create(key, obj.parts)
+        except asyncio.CancelledError:
+            for lg, _body, _enc in pieces:
+                lg.flush_failed(StorageError("flush cancelled (broker stopping)"))
+            raise
+        except Exception as e:  # noqa: BLE001 - nothing committed: every partition of the cycle fails
+            for lg, _body, _enc in pieces:
+                lg.flush_failed(e)
+            return
+        self.objects_written += 1
+        self.metrics.uploaded(1)
+        if time.monotonic() - started > self.commit_deadline_s:
+            late = StorageError(f"write-ahead object {key} took longer than {self.commit_deadline_s:.0f} s to upload: not committed")
+            for lg, _body, _enc in pieces:
+                lg.flush_failed(late)
+            return
+        try:
+            results = await self.metadata.commit_segments([(lg.state, info) for (lg, _b, _e), info in zip(pieces, infos)])
+        except asyncio.CancelledError:
+            for lg, _body, _enc in pieces:
+                lg.flush_failed(StorageError("flush cancelled (broker stopping)"))
+            raise
+        for (lg, body, _enc), info, result in zip(pieces, infos, results):
+            if isinstance(result, PartitionState):
+                lg.flush_landed(result, info, body, started, 0)
+            else:
+                await lg.flush_uncertain(result, info, body, started)

@@ -1,0 +1,322 @@
+"""Write-ahead objects (issue #32): the codec (storage/write_ahead.py) and, in process, the
+broker-wide flush (storage/write_ahead_flusher.py) over a real file store and SQLite: one
+object per flush for many partitions, each partition's piece a byte-exact spec segment,
+read back through the shared read path; a failed upload fails every waiter and renumbers
+nothing; a partition fenced mid-flush fails only its own waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+
+import pytest
+
+from kafscale.broker.config import BrokerConfig
+from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
+from kafscale.errors import ErrorCode
+from kafscale.metadata.sqlite import SqliteKV
+from kafscale.metadata.store import MetadataStore, TopicMeta
+from kafscale.protocol import records
+from kafscale.storage import segment, write_ahead
+from kafscale.storage.failures import StorageError
+from kafscale.storage.local_store import LocalObjectStore
+from kafscale.storage.logs import LogManager
+from tests.support.wait import wait_until_async
+
+
+def _enc(base: int, values: list[bytes], created_ms: int = 1_700_000_000_000) -> segment.EncodedSegment:
+    batch = records.build_batch([(None, v) for v in values], timestamp=created_ms)
+    body = bytearray(batch)
+    records.patch_batch(memoryview(body), 0, base, 0)
+    return segment.encode([bytes(body)], base, created_ms=created_ms)
+
+
+def _object(n: int = 3) -> tuple[bytes, list[segment.EncodedSegment], list[str]]:
+    encs = [_enc(10 * i, [b"p%d-%d" % (i, j) for j in range(i + 1)]) for i in range(n)]
+    ids = [str(uuid.uuid4()) for _ in range(n)]
+    obj = write_ahead.encode([(f"topic-{i}", ids[i], i, e) for i, e in enumerate(encs)], 1_700_000_000_123)
+    data = b"".join(bytes(p) for p in obj.parts)
+    assert len(data) == obj.size
+    return data, encs, ids
+
+
+def test_codec_round_trip_and_pieces_are_spec_segments():
+    data, encs, ids = _object()
+    created, pieces = write_ahead.decode(data)
+    assert created == 1_700_000_000_123
+    assert [(p.topic, p.topic_id, p.partition, p.base_offset, p.last_offset) for p in pieces] == [
+        (f"topic-{i}", ids[i], i, 10 * i, 10 * i + i) for i in range(3)
+    ]
+    for p, enc in zip(pieces, encs):
+        piece = data[p.position : p.position + p.length]
+        assert piece == b"".join(bytes(x) for x in enc.parts)  # byte-exact: what a segment flush writes
+        assert segment.decode(piece).info == dataclasses.replace(enc.info, aborted=(), open_txns=())
+    assert data[:4] == b"KWAL" and data[-4:] == b"KWAL"
+
+
+@pytest.mark.parametrize("damage", ["index_crc", "truncated", "trailer_magic", "short", "header_magic"])
+def test_codec_refuses_damaged_objects(damage):
+    data, _encs, _ids = _object()
+    index_pos = write_ahead.TRAILER.unpack_from(data, len(data) - write_ahead.TRAILER_SIZE)[0]
+    if damage == "index_crc":
+        data = data[:index_pos] + bytes([data[index_pos] ^ 1]) + data[index_pos + 1 :]
+        match = "CRC32C of the index"
+    elif damage == "truncated":
+        data = data[:-5]
+        match = "trailer magic"
+    elif damage == "trailer_magic":
+        data = data[:-1] + b"X"
+        match = "trailer magic"
+    elif damage == "short":
+        data = data[:20]
+        match = "too short"
+    else:
+        data = b"XXXX" + data[4:]
+        match = "header magic"
+    with pytest.raises(write_ahead.WriteAheadFormatError, match=match):
+        write_ahead.decode(data)
+
+
+def test_codec_refuses_an_index_promising_more_than_it_holds():
+    data, _encs, _ids = _object()
+    index_pos, index_len, count, crc, magic = write_ahead.TRAILER.unpack_from(data, len(data) - write_ahead.TRAILER_SIZE)
+    bad = data[: len(data) - write_ahead.TRAILER_SIZE] + write_ahead.TRAILER.pack(index_pos, index_len, count + 1, crc, magic)
+    with pytest.raises(write_ahead.WriteAheadFormatError, match="cut short"):
+        write_ahead.decode(bad)
+
+
+def test_keys_sort_by_time_and_parse():
+    a = write_ahead.object_key("ns", 1_700_000_000_000, 3, "abcd1234", 7)
+    b = write_ahead.object_key("ns", 1_700_000_000_001, 1, "ffff0000", 1)
+    assert a.startswith("ns/~wal/") and a < b
+    assert write_ahead.created_ms_of_key(a) == 1_700_000_000_000
+    assert write_ahead.created_ms_of_key("ns/t/0/segment-00000000000000000000.kfs") is None
+
+
+async def test_read_index_from_the_tail_of_a_stored_object(tmp_path, monkeypatch):
+    store = LocalObjectStore(tmp_path)
+    data, _encs, _ids = _object(5)
+    await store.create("ns/~wal/x.wal", [data])
+    pieces = await write_ahead.read_index(store, "ns/~wal/x.wal")
+    assert [p.partition for p in pieces] == list(range(5))
+    monkeypatch.setattr(write_ahead, "INDEX_TAIL_BYTES", 40)  # an index longer than the first read
+    assert await write_ahead.read_index(store, "ns/~wal/x.wal") == pieces
+
+
+# -- the broker-wide flush, in process -------------------------------------------------
+
+
+class _FailingStore(LocalObjectStore):
+    """A file store whose creates fail while `failing` (an unreachable store at the edge)."""
+
+    failing = False
+
+    async def create(self, key, parts):
+        if self.failing:
+            from kafscale.storage.objectstore import ObjectStoreError
+
+            raise ObjectStoreError("store unreachable")
+        await super().create(key, parts)
+
+
+def _manager(tmp_path, store=None, **settings) -> LogManager:
+    cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0, write_ahead_objects=True, **settings)
+    meta = MetadataStore(SqliteKV(tmp_path / "meta.sqlite"))
+    return LogManager(meta, store or LocalObjectStore(tmp_path / "objects"), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
+
+
+def _append(lg, values: list[bytes]):
+    data = memoryview(bytearray(records.build_batch([(None, v) for v in values], timestamp=int(time.time() * 1000))))
+    return lg.append(data, records.validate_record_set(data), True)
+
+
+def _wal_objects(tmp_path) -> list:
+    d = tmp_path / "objects" / "default" / "~wal"
+    return sorted(d.iterdir()) if d.exists() else []
+
+
+async def _read_all(lg) -> list[tuple[int, bytes]]:
+    out = []
+    for chunk in await lg.read(0, 1 << 24, True):
+        for pos, _h in records.iter_batches(chunk):
+            out += [(r.offset, r.value) for r in records.decode_records(chunk, pos)]
+    return out
+
+
+async def test_one_object_per_flush_for_many_partitions(tmp_path):
+    mgr = _manager(tmp_path, flush_interval_ms=200, min_flush_interval_ms=200)
+    await mgr.metadata.create_topic(TopicMeta("many", 16))
+    logs = [await mgr.get_log("many", p) for p in range(16)]
+    waiters = []
+    for rnd in range(3):
+        for p, lg in enumerate(logs):
+            waiters.append(_append(lg, [b"%d-%d-%d" % (rnd, p, i) for i in range(5)])[2])
+    await asyncio.gather(*waiters)
+    objects = _wal_objects(tmp_path)
+    # Everything waited in the buffers together: far fewer objects than partition flushes.
+    assert 1 <= len(objects) <= 3, objects
+    assert mgr.write_ahead.objects_written == len(objects) and mgr.metrics.puts == len(objects)
+    assert not (tmp_path / "objects" / "default" / "many").exists() or not list((tmp_path / "objects" / "default" / "many").rglob("*.kfs"))
+    for p, lg in enumerate(logs):
+        assert lg.high_watermark == 15
+        assert await _read_all(lg) == [(rnd * 5 + i, b"%d-%d-%d" % (rnd, p, i)) for rnd in range(3) for i in range(5)]
+        assert all(s.wao_key.startswith("default/~wal/") for s in lg.state.segments)
+    # each segment's range of its object is a whole spec segment holding what the metadata says
+    st = await mgr.metadata.get_partition("many", 3)
+    for seg in st.segments:
+        raw = (tmp_path / "objects" / seg.wao_key).read_bytes()
+        got = segment.decode(raw[seg.wao_position : seg.wao_position + seg.size]).info
+        assert (got.base_offset, got.last_offset, got.created_ms, got.size) == (seg.base_offset, seg.last_offset, seg.created_ms, seg.size)
+    await mgr.stop()
+    # and a fresh broker (cold cache) reads them from the objects
+    again = _manager(tmp_path)
+    lg = await again.get_log("many", 7)
+    again.cache.drop_prefix(("many",))
+    assert await _read_all(lg) == [(rnd * 5 + i, b"%d-%d-%d" % (rnd, 7, i)) for rnd in range(3) for i in range(5)]
+    await again.stop()
+
+
+async def test_failed_upload_fails_every_waiter_and_renumbers_nothing(tmp_path):
+    store = _FailingStore(tmp_path / "objects")
+    mgr = _manager(tmp_path, store=store)
+    await mgr.metadata.create_topic(TopicMeta("fail", 4))
+    logs = [await mgr.get_log("fail", p) for p in range(4)]
+    for lg in logs:
+        await _append(lg, [b"ok"])[2]
+    store.failing = True
+    pending = [_append(lg, [b"lost-1", b"lost-2"])[2] for lg in logs]
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(r, StorageError) and r.error_code == ErrorCode.kafka_storage_error for r in results), results
+    store.failing = False
+    for p, lg in enumerate(logs):
+        base, _t, w = _append(lg, [b"again-%d" % p])
+        await w
+        assert base == 1  # the failed offsets were handed out again
+        assert await _read_all(lg) == [(0, b"ok"), (1, b"again-%d" % p)]
+    await mgr.stop()
+
+
+async def test_a_partition_fenced_mid_flush_fails_only_its_own_waiters(tmp_path):
+    mgr = _manager(tmp_path)
+    await mgr.metadata.create_topic(TopicMeta("fence", 3))
+    logs = [await mgr.get_log("fence", p) for p in range(3)]
+    for lg in logs:
+        await _append(lg, [b"first"])[2]
+    # Another owner takes partition 1 over (its leader epoch bumped) behind this broker's back.
+    st = await mgr.metadata.get_partition("fence", 1)
+    await mgr.metadata.update_partition(st, leader_epoch=st.leader_epoch + 1, owner=99)
+    pending = [_append(lg, [b"second"])[2] for lg in logs]
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], StorageError) and results[1].error_code == ErrorCode.not_leader_or_follower
+    for p in (0, 2):
+        assert (await mgr.metadata.get_partition("fence", p)).high_watermark == 2
+    assert (await mgr.metadata.get_partition("fence", 1)).high_watermark == 1
+    assert len(_wal_objects(tmp_path)) == 4  # 3 single-partition flushes, then one for all three
+    await mgr.stop()
+
+
+# -- the rewrite into spec segments and the cleanup, in process --------------------------
+
+
+async def test_rewrite_makes_byte_exact_spec_segments_and_cleanup_deletes_the_objects(tmp_path):
+    mgr = _manager(tmp_path, segment_max_age_ms=0, merge_grace_ms=0, write_ahead_orphan_age_ms=4000)
+    await mgr.metadata.create_topic(TopicMeta("rw", 4))
+    logs = [await mgr.get_log("rw", p) for p in range(4)]
+    for rnd in range(2):
+        await asyncio.gather(*(_append(lg, [b"%d-%d" % (rnd, p)])[2] for p, lg in enumerate(logs)))
+    before = {p: list(lg.state.segments) for p, lg in enumerate(logs)}
+    pieces = {}
+    for p, segs in before.items():
+        for seg in segs:
+            raw = (tmp_path / "objects" / seg.wao_key).read_bytes()
+            pieces[(p, seg.base_offset)] = raw[seg.wao_position : seg.wao_position + seg.size]
+    assert await mgr.merger.run_once() == 4  # one run per partition: its two pieces
+    for p, lg in enumerate(logs):
+        assert [s.wao_key for s in lg.state.segments] == [""]
+        spec = tmp_path / "objects" / "default" / "rw" / str(p) / f"segment-{0:020d}.kfs"
+        decoded = segment.decode(spec.read_bytes())
+        # the spec's layout, the batches as produced, at their offsets, the first piece's creation time
+        assert bytes(decoded.batches) == b"".join(bytes(segment.decode(pieces[(p, s.base_offset)]).batches) for s in before[p])
+        assert decoded.info.created_ms == before[p][0].created_ms and decoded.info.last_offset == 1
+        assert await _read_all(lg) == [(0, b"0-%d" % p), (1, b"1-%d" % p)]
+    # A run of one piece is rewritten byte for byte: the spec object IS the piece.
+    await asyncio.gather(*(_append(lg, [b"third"])[2] for lg in logs))
+    third = logs[0].state.segments[-1]
+    piece = (tmp_path / "objects" / third.wao_key).read_bytes()[third.wao_position : third.wao_position + third.size]
+    await mgr.merger.run_once()
+    assert (tmp_path / "objects" / "default" / "rw" / "0" / f"segment-{2:020d}.kfs").read_bytes() == piece
+    # nothing refers to the objects any more: deleted once old enough (the orphan age)
+    assert _wal_objects(tmp_path)
+    await wait_until_async(lambda: _cleanup_done(mgr, tmp_path), 15, "the objects to be deleted")
+    for p, lg in enumerate(logs):
+        mgr.cache.drop_prefix(("rw",))
+        assert await _read_all(lg) == [(0, b"0-%d" % p), (1, b"1-%d" % p), (2, b"third")]
+    await mgr.stop()
+
+
+async def _cleanup_done(mgr, tmp_path) -> bool:
+    await mgr.merger.write_ahead_cleanup.run_once()
+    return not _wal_objects(tmp_path)
+
+
+async def test_an_uncommitted_object_is_deleted_only_once_old_enough(tmp_path):
+    mgr = _manager(tmp_path, merge_grace_ms=0, write_ahead_orphan_age_ms=3000)
+    await mgr.metadata.create_topic(TopicMeta("orph", 1))
+    lg = await mgr.get_log("orph", 0)
+    await _append(lg, [b"committed"])[2]
+    # an object uploaded whose commit never happened (a kill -9 in between)
+    obj = write_ahead.encode([("orph", lg.topic_id, 0, _enc(1, [b"never acknowledged"]))], int(time.time() * 1000))
+    orphan = write_ahead.object_key("default", int(time.time() * 1000), 0, "deadbeef", 1)
+    await mgr.store.create(orphan, obj.parts)
+    cleanup = mgr.merger.write_ahead_cleanup
+    assert await cleanup.run_once() == 0  # too young: its commit might still come
+    assert (tmp_path / "objects" / orphan).exists()
+    await wait_until_async(lambda: _cleanup_done_keeping(cleanup, tmp_path / "objects" / orphan), 15, "the orphan to be deleted")
+    assert [s.wao_key for s in lg.state.segments] != [""]  # the committed one stays: it is referenced
+    assert (tmp_path / "objects" / lg.state.segments[0].wao_key).exists()
+    assert await _read_all(lg) == [(0, b"committed")]
+    await mgr.stop()
+
+
+async def _cleanup_done_keeping(cleanup, path) -> bool:
+    await cleanup.run_once()
+    return not path.exists()
+
+
+# -- commit_segments on both metadata backends ----------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+async def metadata(request, tmp_path):
+    if request.param == "sqlite":
+        kv = SqliteKV(tmp_path / "meta.sqlite")
+    else:
+        from kafscale.metadata.etcd import EtcdKV
+
+        kv = EtcdKV.from_url(request.getfixturevalue("etcd_server").url, prefix=f"/wal-{uuid.uuid4().hex[:10]}")
+    store = MetadataStore(kv)
+    yield store
+    await store.close()
+
+
+async def test_commit_segments_of_many_partitions_fails_only_the_moved_ones(metadata):
+    """100 partitions (more than one etcd transaction's --max-txn-ops allows at once): two
+    taken over meanwhile fail alone; the others are committed, each as commit_segment would."""
+    await metadata.create_topic(TopicMeta("cs", 100))
+    states = [await metadata.get_partition("cs", p) for p in range(100)]
+    for p in (7, 70):  # another owner took these over (their state changed)
+        await metadata.update_partition(states[p], leader_epoch=1, owner=9)
+    infos = [segment.SegmentInfo(0, 4, 100, 5, 1, 1, wao_key="default/~wal/x.wal", wao_position=16 + 100 * p) for p in range(100)]
+    results = await metadata.commit_segments(list(zip(states, infos)))
+    for p, res in enumerate(results):
+        if p in (7, 70):
+            assert isinstance(res, Exception) and "changed concurrently" in str(res), res
+            assert (await metadata.get_partition("cs", p)).high_watermark == 0
+        else:
+            stored = await metadata.get_partition("cs", p)
+            assert stored.high_watermark == 5 == res.high_watermark and res.version == stored.version
+            assert stored.segments == [infos[p]]  # the location round-trips
+    assert await metadata.write_ahead_keys_in_use() == {"default/~wal/x.wal"}
