@@ -136,11 +136,15 @@ def test_latency_quantiles_as_prometheus_estimates_them():
 def test_overview_charts_object_store_and_metadata_latency(console, cluster, browser):
     from confluent_kafka import Producer
 
+    from confluent_kafka.admin import NewTopic
+
+    name = f"latency-{free_port()}"
+    admin(cluster.bootstrap).create_topics([NewTopic(name, 1, 1)])[name].result(15)
     _open(browser, console.url + "/")
     p = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
 
     def charted(chart_id: str, *series: str):
-        p.produce(TOPIC, value=b"for the latency chart", partition=2)  # a flush: one put, one commit
+        p.produce(name, value=b"for the latency chart")  # a flush: one put, one commit
         assert p.flush(10) == 0
         # What the uPlot chart in the page holds: [times, series...] in data-series order.
         data = browser.execute_script(f"var el = document.getElementById('{chart_id}'); return el.uplot ? el.uplot.data : null")
@@ -333,7 +337,126 @@ def test_transactions_and_quotas_pages(console, cluster, browser):
         p.abort_transaction(10)
     _set_quota(cluster.bootstrap, "quota-user", "producer_byte_rate", 2048.0)
     _open(browser, f"{console.url}/quotas")
-    assert "user=quota-user producer_byte_rate=2048.0" in browser.find_element(By.ID, "quotas").text
+    assert browser.find_element(By.CSS_SELECTOR, '#quotas tr[data-entity="user=quota-user"] .quota[data-key="producer_byte_rate"] code').text \
+        == "producer_byte_rate=2048.0"
+
+
+def _quotas(bootstrap: str) -> dict[frozenset, dict[str, float]]:
+    """Every client quota as the broker describes it: {{"user=x", "client-id=y"}: {key: value}}."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest
+
+    kp = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        async def send():
+            return await kp._manager.send(DescribeClientQuotasRequest(components=[], strict=False))
+
+        res = kp._manager.run(send)
+        assert res.error_code == 0
+        return {frozenset(f"{e.entity_type}={e.entity_name if e.entity_name is not None else '<default>'}" for e in entry.entity):
+                {v.key: v.value for v in entry.values} for entry in res.entries}
+    finally:
+        kp.close()
+
+
+def test_quotas_set_and_removed_through_the_page(console, cluster, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    user = f"quota-{free_port()}"
+    _open(browser, f"{console.url}/quotas")
+    browser.find_element(By.ID, "quota-user").send_keys(user)
+    browser.find_element(By.ID, "quota-client").send_keys("<default>")  # this user, any client without its own quota
+    Select(browser.find_element(By.ID, "quota-key")).select_by_visible_text("consumer_byte_rate")
+    browser.find_element(By.ID, "quota-value").send_keys("65536")
+    browser.find_element(By.ID, "quota-button").click()
+    _until(browser, 15, lambda d: "consumer_byte_rate" in d.find_element(By.ID, "flash").text)
+    entity = frozenset({f"user={user}", "client-id=<default>"})
+    row = f'#quotas tr[data-entity*="user={user}"]'
+    assert _quotas(cluster.bootstrap)[entity] == {"consumer_byte_rate": 65536.0}
+    assert f"user=anonymous set quota consumer_byte_rate=65536.0 of user={user}, client-id=<default>" in console.log_text()
+    assert browser.find_element(By.CSS_SELECTOR, f'{row} .quota[data-key="consumer_byte_rate"] code').text == "consumer_byte_rate=65536.0"
+
+    # A second quota of the same entity, then the first removed by its own button.
+    browser.find_element(By.ID, "quota-user").send_keys(user)
+    browser.find_element(By.ID, "quota-client").send_keys("<default>")
+    Select(browser.find_element(By.ID, "quota-key")).select_by_visible_text("request_percentage")
+    browser.find_element(By.ID, "quota-value").send_keys("150")
+    browser.find_element(By.ID, "quota-button").click()
+    _until(browser, 15, lambda d: "request_percentage" in d.find_element(By.ID, "flash").text)
+    assert _quotas(cluster.bootstrap)[entity] == {"consumer_byte_rate": 65536.0, "request_percentage": 150.0}
+    browser.find_element(By.CSS_SELECTOR, f'{row} .quota[data-key="consumer_byte_rate"] button').click()
+    _until(browser, 15, lambda d: "removed" in d.find_element(By.ID, "flash").text)
+    assert _quotas(cluster.bootstrap)[entity] == {"request_percentage": 150.0}
+    assert _js_errors(browser) == []
+
+    # What the broker refuses is shown (a 400 page), and nothing changes.
+    browser.find_element(By.ID, "quota-ip").send_keys("not an address")
+    Select(browser.find_element(By.ID, "quota-key")).select_by_visible_text("connection_creation_rate")
+    browser.find_element(By.ID, "quota-value").send_keys("5")
+    browser.find_element(By.ID, "quota-button").click()
+    _until(browser, 15, lambda d: d.find_elements(By.ID, "error"))
+    assert "altering client quotas: error" in browser.find_element(By.ID, "error").text
+    assert not any(part.startswith("ip=") for k in _quotas(cluster.bootstrap) for part in k)
+    _leave(browser)  # the 400 is in the browser's log: not the next test's
+
+
+def _last_stable_offset(bootstrap: str, topic: str, partition: int) -> int:
+    from confluent_kafka import IsolationLevel, TopicPartition
+    from confluent_kafka.admin import OffsetSpec
+
+    tp = TopicPartition(topic, partition)
+    return admin(bootstrap).list_offsets({tp: OffsetSpec.latest()}, isolation_level=IsolationLevel.READ_COMMITTED)[tp].result(10).offset
+
+
+def test_a_hanging_transaction_aborted_through_the_page(console, cluster, browser):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    from selenium.webdriver.common.by import By
+
+    topic = f"hanging-{free_port()}"
+    admin(cluster.bootstrap).create_topics([NewTopic(topic, 2, 1)])[topic].result(15)
+    plain = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    plain.produce(topic, value=b"committed before", partition=0)
+    assert plain.flush(10) == 0
+    # A transaction left open (as by a producer that went away): read_committed readers
+    # stop at its first offset until it ends, here not for 15 minutes.
+    txn = Producer({"bootstrap.servers": cluster.bootstrap, "transactional.id": f"{topic}-txn", "transaction.timeout.ms": 900_000, "log_level": 0})
+    txn.init_transactions(15)
+    txn.begin_transaction()
+    for i in range(3):
+        txn.produce(topic, value=b"never committed %d" % i, partition=0)
+    assert txn.flush(10) == 0
+    plain.produce(topic, value=b"committed after", partition=0)
+    assert plain.flush(10) == 0
+    assert _last_stable_offset(cluster.bootstrap, topic, 0) == 1
+
+    _open(browser, f"{console.url}/transactions")
+    browser.find_element(By.ID, "open-txns-topic").send_keys(topic)
+    browser.find_element(By.ID, "open-txns-button").click()
+    _until(browser, 15, lambda d: d.find_elements(By.CSS_SELECTOR, "#open-transactions tr[data-partition]"))
+    [row] = browser.find_elements(By.CSS_SELECTOR, "#open-transactions tr[data-partition]")
+    assert (row.get_attribute("data-partition"), row.find_element(By.CSS_SELECTOR, ".start").text) == ("0", "1")
+    row.find_element(By.CSS_SELECTOR, "button.abort").click()
+    _until(browser, 15, lambda d: "aborted the transaction" in d.find_element(By.ID, "flash").text)
+    assert "No open transaction" in browser.find_element(By.ID, "open-transactions").text
+
+    # The marker is in the log: the partition is stable to its end, and read_committed
+    # readers see the records around the transaction, not its own.
+    wait_until(lambda: _last_stable_offset(cluster.bootstrap, topic, 0) == 6, 15, "the last stable offset past the abort marker")
+    c = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": f"{topic}-reader", "isolation.level": "read_committed", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        seen = []
+        wait_until(lambda: seen.extend(m.value() for m in c.consume(10, 0.5) if m.error() is None) or len(seen) >= 2, 20, "the committed records")
+        assert seen == [b"committed before", b"committed after"]
+    finally:
+        c.close()
+    assert "abort the transaction of producer" in console.log_text() and f"on {topic}-0 from offset 1" in console.log_text()
+    try:
+        txn.abort_transaction(10)  # the producer's own end, after the admin's: nothing left to abort on the partition
+    except Exception:  # noqa: BLE001 - either answer is fine here; the partition was checked above
+        pass
 
 
 def test_a_post_without_the_csrf_token_is_refused(console, cluster):
@@ -344,6 +467,8 @@ def test_a_post_without_the_csrf_token_is_refused(console, cluster):
     assert r.status_code == 403
     r = s.post(console.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": "forged"}, timeout=10, allow_redirects=False)
     assert r.status_code == 403
+    r = s.post(console.url + "/quotas", data={"user": name, "key": "producer_byte_rate", "value": "1"}, timeout=10, allow_redirects=False)
+    assert r.status_code == 403 and not any(f"user={name}" in k for k in _quotas(cluster.bootstrap))
     assert name not in admin(cluster.bootstrap).list_topics(timeout=10).topics
     # The same form with the session's token works: the refusal above was the token.
     token = csrf_token(s.get(console.url + "/login", timeout=10).text)
@@ -378,8 +503,14 @@ def test_read_only_console_shows_no_forms_and_refuses_changes(cluster, browser):
             s.post(c.url + "/topics", data={"name": name, "partitions": "1", "csrf_token": token}, timeout=10, allow_redirects=False),
             s.post(f"{c.url}/topics/{TOPIC}/produce", data={"value": "x", "csrf_token": token}, timeout=10, allow_redirects=False),
             s.post(f"{c.url}/groups/{GROUP}/reset", data={"topic": TOPIC, "execute": "1", "plan": "0:0", "csrf_token": token}, timeout=10, allow_redirects=False),
+            s.post(f"{c.url}/quotas", data={"user": name, "key": "producer_byte_rate", "value": "1", "csrf_token": token}, timeout=10, allow_redirects=False),
+            s.post(f"{c.url}/transactions/abort", data={"topic": TOPIC, "partition": "0", "producer_id": "0", "start_offset": "0", "csrf_token": token},
+                   timeout=10, allow_redirects=False),
         ]
-        assert [r.status_code for r in refused] == [403, 403, 403]
+        assert [r.status_code for r in refused] == [403] * 5
+        assert not any(f"user={name}" in k for k in _quotas(cluster.bootstrap))
+        _open(browser, f"{c.url}/quotas")
+        assert browser.find_elements(By.ID, "set-quota") == []
         assert name not in admin(cluster.bootstrap).list_topics(timeout=10).topics
         assert committed(cluster.bootstrap, GROUP, TOPIC, [0])[0] == 37
         assert _ends(cluster.bootstrap) == ends_before  # nothing produced

@@ -24,6 +24,7 @@ log = logging.getLogger("kafscale.console")
 MAX_RECORDS = 200  # per page of the message browser
 FILTER_SCAN = 2000  # records a key/value filter may look through for one page
 MAX_LIST_ROWS = 1000  # transactions and quotas shown on one page
+QUOTA_DEFAULT = "<default>"  # how a quota entity's default name is written (as kafka-configs.sh shows it)
 METADATA_TTL_S = 10.0  # pages shown within this reuse one Metadata answer (the sampler refreshes it every interval)
 
 
@@ -148,26 +149,83 @@ class Cluster:
                             sizes[p["partition_index"]] = sizes.get(p["partition_index"], 0) + p["partition_size"]
         return sizes
 
+    def _send(self, request, what: str):
+        """One request through kafka-python's connection manager (the APIs its admin client
+        has no call for), to any broker: each answers for the whole cluster."""
+        admin = self._kafka_python()
+
+        async def send():
+            return await admin._manager.send(request)
+
+        try:
+            return admin._manager.run(send)
+        except Exception as e:  # noqa: BLE001
+            raise _err(e, what) from None
+
     def quotas(self) -> list[dict]:
         """Every client quota (DescribeClientQuotas matching all entities)."""
         from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest
 
-        admin = self._kafka_python()
-
-        async def describe():
-            return await admin._manager.send(DescribeClientQuotasRequest(components=[], strict=False))
-
-        try:
-            res = admin._manager.run(describe)
-        except Exception as e:  # noqa: BLE001
-            raise _err(e, "describing client quotas") from None
+        res = self._send(DescribeClientQuotasRequest(components=[], strict=False), "describing client quotas")
         if res.error_code:
             raise ClusterError(f"describing client quotas: error {res.error_code} {res.error_message or ''}")
         rows = []
         for entry in res.entries[:MAX_LIST_ROWS]:
-            entity = ", ".join(f"{e.entity_type}={e.entity_name if e.entity_name is not None else '<default>'}" for e in entry.entity)
-            rows.append({"entity": entity, "values": {v.key: v.value for v in entry.values}})
+            parts = {e.entity_type: e.entity_name for e in entry.entity}
+            rows.append({"entity": ", ".join(f"{t}={QUOTA_DEFAULT if n is None else n}" for t, n in parts.items()), "parts": parts,
+                         "values": {v.key: v.value for v in entry.values}})
         return sorted(rows, key=lambda r: r["entity"])
+
+    def set_quota(self, entity: dict[str, str | None], key: str, value: float | None) -> None:
+        """Set one quota of an entity ({user: name, client-id: name, ip: address}; a None name
+        is the entity type's default), or remove it (value None): AlterClientQuotas."""
+        from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest as Alter
+
+        e = Alter.EntryData
+        op = e.OpData(key=key, value=0.0 if value is None else float(value), remove=value is None)
+        req = Alter(entries=[e(entity=[e.EntityData(entity_type=t, entity_name=n) for t, n in entity.items()], ops=[op])], validate_only=False)
+        res = self._send(req, "altering client quotas")
+        for entry in res.entries:
+            if entry.error_code:
+                raise ClusterError(f"altering client quotas: error {entry.error_code} {entry.error_message or ''}".strip())
+
+    def open_transactions(self, topic: str) -> list[dict]:
+        """The producers with an open transaction on each partition of `topic`, as their
+        owners see them (DescribeProducers): what a hanging transaction looks like."""
+        from kafka.structs import TopicPartition
+
+        parts = sorted(self._topic(topic).partitions)
+        try:
+            states = self._kafka_python().describe_producers([TopicPartition(topic, p) for p in parts])
+        except Exception as e:  # noqa: BLE001 - a broker's error code, as kafka-python raises it
+            raise _err(e, f"describing the producers of {topic!r}") from None
+        rows = []
+        for tp, state in sorted(states.items(), key=lambda kv: kv[0].partition):
+            for pr in state.active_producers:
+                if pr.current_transaction_start_offset >= 0:
+                    rows.append({"topic": tp.topic, "partition": tp.partition, "producer_id": pr.producer_id, "epoch": pr.producer_epoch,
+                                 "coordinator_epoch": pr.coordinator_epoch, "start_offset": pr.current_transaction_start_offset,
+                                 "last_timestamp": pr.last_timestamp})
+        return rows
+
+    def abort_transaction(self, topic: str, partition: int, producer_id: int, start_offset: int) -> None:
+        """Abort the open transaction of `producer_id` on one partition that began at
+        `start_offset`, as kafka-transactions.sh abort --start-offset does: the producer's
+        epoch and coordinator epoch from DescribeProducers, then an ABORT marker through
+        WriteTxnMarkers to the partition's owner. Refused when the partition no longer has
+        that transaction open (it ended, or a newer one began)."""
+        from kafka.admin import AbortTransactionSpec
+        from kafka.structs import TopicPartition
+
+        open_now = [r for r in self.open_transactions(topic) if r["partition"] == partition and r["producer_id"] == producer_id]
+        if not open_now or open_now[0]["start_offset"] != start_offset:
+            raise ClusterError(f"{topic}-{partition} has no open transaction of producer {producer_id} from offset {start_offset} (any more)")
+        r = open_now[0]
+        spec = AbortTransactionSpec(TopicPartition(topic, partition), producer_id, r["epoch"], r["coordinator_epoch"])
+        try:
+            self._kafka_python().abort_transaction(spec)
+        except Exception as e:  # noqa: BLE001 - a broker's error code, as kafka-python raises it
+            raise _err(e, f"aborting the transaction of producer {producer_id} on {topic}-{partition}") from None
 
     def close(self) -> None:
         if self._kp_admin is not None:

@@ -22,7 +22,7 @@ import jinja2
 from aiohttp import web
 
 from kafscale.console.auth import COOKIE, Sessions, csrf_ok
-from kafscale.console.cluster import Cluster, ClusterError
+from kafscale.console.cluster import QUOTA_DEFAULT, Cluster, ClusterError
 from kafscale.console.metrics import MetricsReader
 from kafscale.registry.client import RegistryClient, RegistryClientError
 
@@ -103,7 +103,9 @@ async def run(request: web.Request, fn, *args):
 
 
 def back(location: str, ok: str = "") -> web.HTTPSeeOther:
-    return web.HTTPSeeOther(location + ("?" + urlencode({"ok": ok}) if ok else ""))
+    """To `location` (which may have a query of its own) with the flash message `ok`."""
+    sep = "&" if "?" in location else "?"
+    return web.HTTPSeeOther(location + (sep + urlencode({"ok": ok}) if ok else ""))
 
 
 def act(request: web.Request, what: str) -> None:
@@ -503,11 +505,51 @@ async def user_change(request: web.Request):
 
 
 async def transactions(request: web.Request):
-    return render(request, "transactions.html", txns=await run(request, request.app[CLUSTER].transactions))
+    cluster: Cluster = request.app[CLUSTER]
+    topic = request.query.get("topic", "").strip()
+    open_txns = await run(request, cluster.open_transactions, topic) if topic else []
+    return render(request, "transactions.html", txns=await run(request, cluster.transactions), topic=topic, open_txns=open_txns)
+
+
+async def transaction_abort(request: web.Request):
+    form = await request.post()
+    topic = str(form.get("topic", ""))
+    try:
+        partition, producer_id, start = (int(str(form.get(k, ""))) for k in ("partition", "producer_id", "start_offset"))
+    except ValueError:
+        return fail(request, "partition, producer id and start offset are numbers")
+    act(request, f"abort the transaction of producer {producer_id} on {topic}-{partition} from offset {start}")
+    await run(request, request.app[CLUSTER].abort_transaction, topic, partition, producer_id, start)
+    raise back(f"/transactions?topic={quote(topic, safe='')}", f"aborted the transaction of producer {producer_id} on {topic}-{partition}")
+
+
+QUOTA_KEYS = ("producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate", "connection_creation_rate")
+QUOTA_ENTITIES = ("user", "client-id", "ip")
 
 
 async def quotas(request: web.Request):
-    return render(request, "quotas.html", quotas=await run(request, request.app[CLUSTER].quotas))
+    return render(request, "quotas.html", quotas=await run(request, request.app[CLUSTER].quotas), keys=QUOTA_KEYS, default=QUOTA_DEFAULT)
+
+
+async def quota_change(request: web.Request):
+    form = await request.post()
+    # An empty field is no part of the entity; <default> is the default of its kind.
+    entity = {t: (None if v == QUOTA_DEFAULT else v) for t in QUOTA_ENTITIES if (v := str(form.get(t, "")).strip())}
+    key, remove = str(form.get("key", "")), form.get("remove") == "1"
+    if not entity:
+        return fail(request, "a quota is for a user, a client id, both, or an IP")
+    if key not in QUOTA_KEYS:
+        return fail(request, f"unknown quota {key!r} ({', '.join(QUOTA_KEYS)})")
+    value = None
+    if not remove:
+        try:
+            value = float(str(form.get("value", "")))
+        except ValueError:
+            return fail(request, f"{key} is a number, not {form.get('value')!r}")
+    shown = ", ".join(f"{t}={QUOTA_DEFAULT if n is None else n}" for t, n in entity.items())
+    act(request, f"{'remove' if remove else 'set'} quota {key}{'' if remove else '=' + str(value)} of {shown}")
+    await run(request, request.app[CLUSTER].set_quota, entity, key, value)
+    raise back("/quotas", f"{key} of {shown} removed" if remove else f"{key} of {shown} set to {value:g}")
 
 
 # -- the application -----------------------------------------------------------------------
@@ -584,7 +626,9 @@ def make_app(cluster: Cluster, metrics: MetricsReader, logins: dict[str, str] | 
     r.add_post("/users", user_change)
     r.add_post("/users/delete", user_change)
     r.add_get("/quotas", quotas)
+    r.add_post("/quotas", quota_change)
     r.add_get("/transactions", transactions)
+    r.add_post("/transactions/abort", transaction_abort)
     r.add_static("/static/", HERE / "static")
     app.on_startup.append(_start_sampler)
     app.on_cleanup.append(_stop)
