@@ -398,3 +398,82 @@ def test_group_survives_a_coordinator_restart(broker_factory, tmp_path):
         [g] = r.groups
         assert (g.group_state, g.group_epoch, g.assignment_epoch) == ("Stable", 2, 2)
         assert sorted(sum(len(t.partitions) for t in m.assignment.topic_partitions) for m in g.members) == [3, 3]
+
+
+def test_rack_aware_assignment_and_group_configs_across_brokers(etcd_server, tmp_path):
+    """Two brokers on racks x and y (--broker-rack) own two partitions each; confluent-kafka
+    members with client.rack x and y each get the partitions their rack's broker owns. A
+    group config changed through the broker that does not coordinate the group reaches its
+    coordinator within --group-config-refresh-ms."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    from tests.support.broker import free_port
+
+    prefix = f"/ks-racks-{free_port()}"
+    brokers = []
+    try:
+        for node, rack in ((0, "x"), (1, "y")):
+            (tmp_path / f"b{node}").mkdir()
+            brokers.append(BrokerProcess(data_dir=str(tmp_path / f"b{node}"), extra_args=[
+                "--broker-id", str(node), "--broker-rack", rack, "--metadata", etcd_server.url, "--metadata-prefix", prefix,
+                "--storage", f"file://{tmp_path}/objects", "--lease-ttl-s", "3", "--group-initial-rebalance-delay-ms", "0",
+                "--group-consumer-heartbeat-interval-ms", "300", "--group-consumer-min-heartbeat-interval-ms", "300",
+                "--group-config-refresh-ms", "200"]).start())
+        bootstrap = ",".join(b.bootstrap for b in brokers)
+        topic, group = f"racks-{uuid.uuid4().hex[:6]}", f"racks-{uuid.uuid4().hex[:6]}"
+
+        def leaders():
+            with RawClient(brokers[0].bootstrap) as c:
+                md = c.metadata([topic], version=12, allow_auto=False)
+                assert {b.node_id: b.rack for b in md.brokers} == {0: "x", 1: "y"}
+                return {p.partition_index: p.leader_id for p in md.topics[0].partitions}
+
+        def live():
+            with RawClient(brokers[0].bootstrap) as c:
+                return len(c.metadata([], version=12).brokers) == 2
+
+        wait_until(live, 20, "both brokers live")
+        create_topic(bootstrap, topic, 4)
+        def spread():
+            lead = leaders()
+            return lead if sorted(lead.values()) == [0, 0, 1, 1] else None
+
+        owners = wait_until(spread, 30, "two partitions on each broker")
+        by_rack = {"x": {p for p, n in owners.items() if n == 0}, "y": {p for p, n in owners.items() if n == 1}}
+        consumers = {rack: Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer", "client.rack": rack})
+                     for rack in ("x", "y")}
+        try:
+            for c in consumers.values():
+                c.subscribe([topic])
+
+            def placed():
+                for c in consumers.values():
+                    c.poll(0.1)
+                got = {rack: {tp.partition for tp in c.assignment()} for rack, c in consumers.items()}
+                return got == by_rack
+
+            wait_until(placed, 60, f"each member assigned its rack's partitions {by_rack}")
+        finally:
+            for c in consumers.values():
+                c.close()
+
+        # the group's coordinator answers its heartbeats; the other broker says NOT_COORDINATOR
+        other = f"cfg-{uuid.uuid4().hex[:6]}"
+
+        def raw_join(b):
+            with RawClient(b.bootstrap) as c:
+                return join(c, other, uuid.uuid4().hex, topic)
+
+        answers = {i: raw_join(b) for i, b in enumerate(brokers)}
+        [coordinator] = [i for i, r in answers.items() if error_code(r.error_code) == 0]
+        assert answers[coordinator].heartbeat_interval.total_seconds() * 1000 == 300
+        admin = AdminClient({"bootstrap.servers": brokers[1 - coordinator].bootstrap})
+        r = ConfigResource(ResourceType.GROUP, other, incremental_configs=[
+            ConfigEntry("consumer.heartbeat.interval.ms", "700", incremental_operation=AlterConfigOpType.SET)])
+        for fut in admin.incremental_alter_configs([r]).values():
+            fut.result(15)
+        wait_until(lambda: raw_join(brokers[coordinator]).heartbeat_interval.total_seconds() * 1000 == 700, 10,
+                   "the coordinator applying a config changed through the other broker")
+    finally:
+        for b in brokers:
+            b.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.groups.assignors import MemberSpec, range_, uniform
+from kafscale.groups.assignors import MemberSpec, range_, uniform, use_racks
 from kafscale.groups.consumer_group import (
     ConsumerGroup,
     ConsumerGroupConfig,
@@ -69,6 +69,73 @@ def test_uniform_heterogeneous_subscriptions():
 def test_range_gives_contiguous_ranges():
     out = range_({m: MemberSpec(frozenset({T}), frozenset()) for m in "ab"}, {T: 5})
     assert out["a"] == {(T, 0), (T, 1), (T, 2)} and out["b"] == {(T, 3), (T, 4)}
+
+
+# Partitions 0, 2, 4 on rack x and 1, 3, 5 on rack y (their owner brokers' racks)
+RACKS = {(T, p): frozenset({"x" if p % 2 == 0 else "y"}) for p in range(6)}
+
+
+def test_rack_awareness_applies_only_where_kafka_uses_it():
+    specs = {"a": MemberSpec(frozenset({T}), frozenset(), "x"), "b": MemberSpec(frozenset({T}), frozenset(), "y")}
+    assert use_racks(specs, {T: 6}, RACKS)
+    assert not use_racks({m: MemberSpec(frozenset({T}), frozenset()) for m in "ab"}, {T: 6}, RACKS)  # members without racks
+    assert not use_racks(specs, {T: 6}, {tp: frozenset({"x", "y"}) for tp in RACKS})  # every partition on every rack
+    assert not use_racks(specs, {T: 6}, {tp: frozenset({"z"}) for tp in RACKS})  # no member on a partition's rack
+    # without rack awareness the assignment is the same as without racks at all
+    plain = {m: MemberSpec(frozenset({T}), frozenset()) for m in "ab"}
+    assert uniform(plain, {T: 6}, RACKS) == uniform(plain, {T: 6}) and range_(plain, {T: 6}, RACKS) == range_(plain, {T: 6})
+
+
+def test_uniform_gives_members_their_racks_partitions_balance_first():
+    specs = {"a": MemberSpec(frozenset({T}), frozenset(), "x"), "b": MemberSpec(frozenset({T}), frozenset(), "y")}
+    out = uniform(specs, {T: 6}, RACKS)
+    assert out["a"] == {(T, 0), (T, 2), (T, 4)} and out["b"] == {(T, 1), (T, 3), (T, 5)}
+    # a partition kept against its rack is moved to its rack's member when balance allows ...
+    crossed = {"a": MemberSpec(frozenset({T}), frozenset({(T, 0), (T, 1), (T, 2)}), "x"),
+               "b": MemberSpec(frozenset({T}), frozenset({(T, 3), (T, 4), (T, 5)}), "y")}
+    assert uniform(crossed, {T: 6}, RACKS) == out
+    # ... but balance comes first: three members on x, one on y, and y's partitions shared
+    four = {m: MemberSpec(frozenset({T}), frozenset(), "x") for m in "abc"} | {"d": MemberSpec(frozenset({T}), frozenset(), "y")}
+    got = uniform(four, {T: 6}, RACKS)
+    assert sorted(len(v) for v in got.values()) == [1, 1, 2, 2] and set().union(*got.values()) == set(RACKS)
+    # d has only its rack's partitions; x's three partitions went to x's three members, one each
+    assert got["d"] <= {(T, 1), (T, 3), (T, 5)} and all(len(got[m] & {(T, 0), (T, 2), (T, 4)}) == 1 for m in "abc")
+    # a member without a rack takes what is left
+    mixed = {"a": MemberSpec(frozenset({T}), frozenset(), "x"), "n": MemberSpec(frozenset({T}), frozenset())}
+    got = uniform(mixed, {T: 6}, RACKS)
+    assert got["a"] == {(T, 0), (T, 2), (T, 4)} and got["n"] == {(T, 1), (T, 3), (T, 5)}
+
+
+def test_range_takes_its_racks_partitions_first():
+    specs = {"a": MemberSpec(frozenset({T}), frozenset(), "y"), "b": MemberSpec(frozenset({T}), frozenset(), "x")}
+    out = range_(specs, {T: 6}, RACKS)
+    assert out["a"] == {(T, 1), (T, 3), (T, 5)} and out["b"] == {(T, 0), (T, 2), (T, 4)}
+    # counts stay the range assignor's (5 partitions: the first member in id order gets 3)
+    five = range_(specs, {T: 5}, {tp: r for tp, r in RACKS.items() if tp[1] < 5})
+    assert five["a"] == {(T, 1), (T, 3), (T, 4)} and five["b"] == {(T, 0), (T, 2)}
+
+
+def test_rack_aware_group_and_rack_moves():
+    g = ConsumerGroup("g", CONFIG)
+    racks = {T: tuple("x" if p % 2 == 0 else "y" for p in range(6))}
+
+    def hb(member_id, epoch, owned, rack, racks=racks):
+        req = HeartbeatRequest(member_id=member_id, member_epoch=epoch, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",),
+                               owned=frozenset(owned), rack_id=rack)
+        return g.heartbeat(0.0, req, TOPICS, racks)
+
+    hb("a", 0, (), "x")
+    hb("b", 0, (), "y")
+    assert g.target == {"a": frozenset({(T, 0), (T, 2), (T, 4)}), "b": frozenset({(T, 1), (T, 3), (T, 5)})}
+    epoch = g.group_epoch
+    # the partitions' owners move: rack x now holds 0-2, y 3-5; the epoch moves and the target follows
+    moved = {T: ("x", "x", "x", "y", "y", "y")}
+    hb("a", g.members["a"].member_epoch, g.members["a"].assigned, "x", moved)
+    assert g.group_epoch == epoch + 1 and g.target["a"] == {(T, 0), (T, 1), (T, 2)}
+    # a member changing racks moves the epoch too; and racks survive the document round trip
+    hb("b", g.members["b"].member_epoch, g.members["b"].assigned, "x", moved)
+    assert g.group_epoch == epoch + 2
+    assert ConsumerGroup.from_doc("g", g.to_doc(), CONFIG, 0.0).racks == moved
 
 
 def test_join_revoke_then_assign_never_two_owners():

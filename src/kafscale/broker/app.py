@@ -46,7 +46,7 @@ class Broker:
         self.store = TimedObjectStore(open_store(config.storage_url))
         self.listeners, advertised = config.resolved_listeners()
         first = advertised[0]
-        local = BrokerNode(config.broker_id, first.host, first.port, endpoints=tuple((a.name, a.host, a.port) for a in advertised))
+        local = BrokerNode(config.broker_id, first.host, first.port, config.broker_rack or None, endpoints=tuple((a.name, a.host, a.port) for a in advertised))
         if config.metadata_url.is_etcd:
             from kafscale.cluster.etcd_cluster import EtcdCluster
 

@@ -57,6 +57,7 @@ class BrokerConfig:
     quota_refresh_ms: int = field(default=1000, metadata={"help": "how often client quotas changed through other brokers are read (changes through this broker apply at once)"})
     data_dir: str = field(default="./data", metadata={"help": "local directory for embedded metadata and objects"})
     broker_id: int = field(default=0, metadata={"help": "this broker's node id"})
+    broker_rack: str = field(default="", metadata={"help": "this broker's rack or availability zone (Kafka's broker.rack): given to clients in Metadata, and the rack of the partitions it owns for rack-aware assignment of consumer groups whose members set client.rack ('' for none)"})
     storage: str = field(default="", metadata={"help": "object store URL: file:///dir or s3://bucket/prefix (default file://<data-dir>/objects)"})
     namespace: str = field(default="default", metadata={"help": "first component of every object key"})
     metadata: str = field(default="embedded", metadata={"help": "metadata store: embedded or etcd://host:port[,host:port]"})

@@ -12,6 +12,13 @@ balance requires it to move, so a join or a leave moves as few partitions as pos
   of partitions, the first `partitions % members` one partition more; members subscribed
   to co-partitioned topics get the same partition numbers of each.
 
+Rack awareness, as Kafka's assignors (KIP-881 / KIP-1101): when members say their racks
+(`client.rack`) and partitions have racks (KafScale: the rack of the broker owning the
+partition, `--broker-rack`), and not every partition is on every rack, a partition goes
+to a member in one of its racks where balance allows (balance first, then racks, then
+stickiness: a member keeps a partition of another rack only while no balanced assignment
+would give it to one of the partition's racks).
+
 Partitions are `(topic_id, partition)` pairs; topic ids are strings (UUIDs).
 """
 
@@ -21,6 +28,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 TopicPartition = tuple[str, int]
+# the racks of the partitions that have any (Kafka's SubscribedTopicDescriber.racksForPartition)
+Racks = Mapping[TopicPartition, frozenset[str]]
 
 
 def partitions_doc(tps) -> dict[str, list[int]]:
@@ -42,15 +51,35 @@ class MemberSpec:
 
     subscribed: frozenset[str]
     current: frozenset[TopicPartition]
+    rack: str | None = None
 
 
-def uniform(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> dict[str, frozenset[TopicPartition]]:
+def use_racks(members: Mapping[str, MemberSpec], partitions: Mapping[str, int], racks: Racks | None) -> bool:
+    """Kafka's rule: racks count when members have racks, some partition is on one of them,
+    and the partitions are not all on the same racks (then racks could not matter)."""
+    member_racks = {m.rack for m in members.values() if m.rack}
+    if not member_racks or not racks:
+        return False
+    tps = [(t, p) for t in {t for m in members.values() for t in m.subscribed if t in partitions} for p in range(partitions[t])]
+    per_partition = [racks.get(tp, frozenset()) for tp in tps]
+    all_racks = frozenset().union(*per_partition)
+    return bool(member_racks & all_racks) and any(r != all_racks for r in per_partition)
+
+
+def _matches(spec: MemberSpec, tp: TopicPartition, racks: Racks) -> bool:
+    return spec.rack is not None and spec.rack in racks.get(tp, ())
+
+
+def uniform(members: Mapping[str, MemberSpec], partitions: Mapping[str, int], racks: Racks | None = None) -> dict[str, frozenset[TopicPartition]]:
     """Balanced and sticky. Each member's quota is its fair share of the partitions it can
     take; it keeps current partitions up to that quota, then free partitions go one at a
     time to the eligible member with the fewest (ties: member id), which for identical
-    subscriptions gives counts that differ by at most one."""
+    subscriptions gives counts that differ by at most one. With racks (`use_racks`) a
+    member keeps only partitions of its rack, and free partitions go first to members of
+    their racks with room under their quota."""
     if not members:
         return {}
+    rack_aware = use_racks(members, partitions, racks)
     subscribers: dict[str, list[str]] = {}
     for mid in sorted(members):
         for topic in members[mid].subscribed:
@@ -75,33 +104,47 @@ def uniform(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) ->
     for mid in sorted(members):
         spec = members[mid]
         for tp in sorted(spec.current):
-            if tp in valid and tp[0] in spec.subscribed and tp not in taken and len(owned[mid]) < quota[mid]:
+            if (tp in valid and tp[0] in spec.subscribed and tp not in taken and len(owned[mid]) < quota[mid]
+                    and (not rack_aware or _matches(spec, tp, racks))):
+                owned[mid].append(tp)
+                taken.add(tp)
+    if rack_aware:
+        # first the free partitions a member of their racks has room for
+        for tp in all_partitions:
+            local = [m for m in subscribers[tp[0]] if tp not in taken and _matches(members[m], tp, racks) and len(owned[m]) < quota[m]]
+            if local:
+                mid = min(local, key=lambda m: (len(owned[m]), m))
                 owned[mid].append(tp)
                 taken.add(tp)
     for tp in all_partitions:
         if tp in taken:
             continue
-        eligible = [m for m in subscribers[tp[0]]]
+        eligible = [m for m in subscribers[tp[0]] if not rack_aware or len(owned[m]) < quota[m]] or subscribers[tp[0]]
         mid = min(eligible, key=lambda m: (len(owned[m]), m))
         owned[mid].append(tp)
         taken.add(tp)
     if not n_identical:
-        _rebalance(owned, members, subscribers)
+        _rebalance(owned, members, subscribers, racks if rack_aware else None)
     return {mid: frozenset(tps) for mid, tps in owned.items()}
 
 
 def _rebalance(owned: dict[str, list[TopicPartition]], members: Mapping[str, MemberSpec],
-               subscribers: Mapping[str, list[str]]) -> None:
+               subscribers: Mapping[str, list[str]], racks: Racks | None = None) -> None:
     """Heterogeneous subscriptions: move partitions from the most to the least loaded member
-    that may take them until no move lowers the spread."""
+    that may take them until no move lowers the spread (with racks: first the partitions
+    off the giver's rack, to a taker of their rack where one can take them)."""
+    def order(giver):
+        mine = sorted(owned[giver], reverse=True)
+        return mine if racks is None else sorted(mine, key=lambda tp: _matches(members[giver], tp, racks))
+
     moved = True
     while moved:
         moved = False
         for giver in sorted(owned, key=lambda m: (-len(owned[m]), m)):
-            for tp in sorted(owned[giver], reverse=True):
+            for tp in order(giver):
                 takers = [m for m in subscribers[tp[0]] if len(owned[m]) + 1 < len(owned[giver])]
                 if takers:
-                    taker = min(takers, key=lambda m: (len(owned[m]), m))
+                    taker = min(takers, key=lambda m: (racks is not None and not _matches(members[m], tp, racks), len(owned[m]), m))
                     owned[giver].remove(tp)
                     owned[taker].append(tp)
                     moved = True
@@ -110,18 +153,33 @@ def _rebalance(owned: dict[str, list[TopicPartition]], members: Mapping[str, Mem
                 break
 
 
-def range_(members: Mapping[str, MemberSpec], partitions: Mapping[str, int]) -> dict[str, frozenset[TopicPartition]]:
-    """Per topic: contiguous ranges over its subscribers sorted by member id."""
+def range_(members: Mapping[str, MemberSpec], partitions: Mapping[str, int], racks: Racks | None = None) -> dict[str, frozenset[TopicPartition]]:
+    """Per topic: contiguous ranges over its subscribers sorted by member id. With racks
+    (`use_racks`), as Kafka's rack-aware range: each member (in that order) first takes the
+    lowest free partitions of its rack up to its count, then the remaining partitions fill
+    the remaining counts in order (so co-partitioned topics on the same racks still line up)."""
     owned: dict[str, set[TopicPartition]] = {mid: set() for mid in members}
+    rack_aware = use_racks(members, partitions, racks)
     topics = sorted({t for spec in members.values() for t in spec.subscribed if t in partitions})
     for topic in topics:
         subs = sorted(m for m in members if topic in members[m].subscribed)
         base, extra = divmod(partitions[topic], len(subs))
-        start = 0
-        for i, mid in enumerate(subs):
-            count = base + (1 if i < extra else 0)
-            owned[mid].update((topic, p) for p in range(start, start + count))
-            start += count
+        counts = {mid: base + (1 if i < extra else 0) for i, mid in enumerate(subs)}
+        if not rack_aware:
+            start = 0
+            for mid in subs:
+                owned[mid].update((topic, p) for p in range(start, start + counts[mid]))
+                start += counts[mid]
+            continue
+        free = list(range(partitions[topic]))
+        for mid in subs:
+            mine = [p for p in free if _matches(members[mid], (topic, p), racks)][:counts[mid]]
+            owned[mid].update((topic, p) for p in mine)
+            free = [p for p in free if p not in mine]
+        for mid in subs:
+            room = counts[mid] - _count(owned[mid], topic)
+            owned[mid].update((topic, p) for p in free[:room])
+            free = free[room:]
     return {mid: frozenset(tps) for mid, tps in owned.items()}
 
 

@@ -86,7 +86,7 @@ class ConsumerGroupCoordinator(GroupDriver):
             topics = await lookup(names)
             before = (group.state, group.group_epoch)
             try:
-                result = group.heartbeat(self.parent.clock(), req, topics)
+                result = group.heartbeat(self.parent.clock(), req, topics, self.partition_racks(topics))
             finally:
                 await self._settle(group)
             if (group.state, group.group_epoch) != before:
@@ -107,6 +107,15 @@ class ConsumerGroupCoordinator(GroupDriver):
             session_timeout_ms=effective_int("consumer.session.timeout.ms", overrides, limits),
             heartbeat_interval_ms=effective_int("consumer.heartbeat.interval.ms", overrides, limits),
         )
+
+    def partition_racks(self, topics: Mapping[str, tuple[str, int]]) -> dict[str, tuple[str | None, ...]]:
+        """Topic id -> the rack of each partition: its owner broker's (--broker-rack), what
+        Kafka's rack-aware assignment takes from the replicas; {} when no broker has one."""
+        cluster = self.parent.cluster
+        rack_of = {b.node_id: b.rack for b in cluster.brokers()} if cluster is not None else {}
+        if not any(rack_of.values()):
+            return {}
+        return {tid: tuple(rack_of.get(cluster.owner_of(name, p)) for p in range(n)) for name, (tid, n) in topics.items()}
 
     def is_doc(self, doc: dict | None) -> bool:
         return is_consumer_group_doc(doc)

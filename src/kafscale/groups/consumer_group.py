@@ -207,6 +207,8 @@ class ConsumerGroup:
         self.target: dict[str, frozenset[TopicPartition]] = {}
         # topic name -> (topic id, partitions) of the subscribed topics when the epoch last moved
         self.topics: dict[str, tuple[str, int]] = {}
+        # topic id -> each partition's rack (None: no rack), of subscribed topics with any rack
+        self.racks: dict[str, tuple[str | None, ...]] = {}
         self.resolved_regexes: dict[str, frozenset[str]] = {}  # regex -> the topics it selects now
         self._joined = False  # the heartbeat being handled added its member
         self.changed = False  # set when the persisted doc would differ; the driver clears it
@@ -268,10 +270,12 @@ class ConsumerGroup:
 
     # -- the heartbeat ------------------------------------------------------------------------
 
-    def heartbeat(self, now: float, req: HeartbeatRequest, topics: Mapping[str, tuple[str, int]]) -> HeartbeatResult:
+    def heartbeat(self, now: float, req: HeartbeatRequest, topics: Mapping[str, tuple[str, int]],
+                  racks: Mapping[str, tuple[str | None, ...]] | None = None) -> HeartbeatResult:
         """One ConsumerGroupHeartbeat (validated with `validate_request`). `topics`: name ->
         (topic id, partition count) of the existing topics among the group's subscriptions
-        and the request's. Raises KafkaError for refusals."""
+        and the request's; `racks`: topic id -> the rack of each partition (its owner
+        broker's), for rack-aware assignment. Raises KafkaError for refusals."""
         if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(now, req)
         full = req.member_epoch == JOIN_EPOCH
@@ -279,13 +283,14 @@ class ConsumerGroup:
         before = (member.member_epoch, member.assigned, member.revoking, member.state)
         member.session_deadline = now + self.config.session_timeout_ms
         member.client_id, member.client_host = req.client_id, req.client_host
-        if req.rack_id is not None:
+        rack_changed = req.rack_id is not None and req.rack_id != member.rack_id
+        if rack_changed:
             member.rack_id = req.rack_id
         if req.rebalance_timeout_ms != -1 and req.rebalance_timeout_ms != member.rebalance_timeout_ms:
             member.rebalance_timeout_ms = req.rebalance_timeout_ms
             self.changed = True
         # One heartbeat moves the group epoch at most once, whatever changed in it.
-        bump = self._joined
+        bump = self._joined or rack_changed  # a member's rack counts in rack-aware assignment, as in Kafka
         self._joined = False
         if req.server_assignor != member.server_assignor and (req.server_assignor is not None or full):
             member.server_assignor = req.server_assignor
@@ -299,6 +304,13 @@ class ConsumerGroup:
         wanted = {t: topics[t] for t in sorted(self.subscribed_topic_names()) if t in topics}
         if wanted != self.topics:
             self.topics = wanted
+            bump = True
+        # Partition racks moving (an owner broker of another rack) redo the assignment, as
+        # Kafka's rack topology changes do (KIP-1101).
+        ids = {tid for tid, _n in wanted.values()}
+        wanted_racks = {tid: r for tid, r in (racks or {}).items() if tid in ids and any(r)}
+        if wanted_racks != self.racks:
+            self.racks = wanted_racks
             bump = True
         if bump:
             self._bump()
@@ -413,9 +425,10 @@ class ConsumerGroup:
         specs = {}
         for m in self.members.values():
             subscribed = frozenset(self.topics[t][0] for t in self.member_topics(m) if t in self.topics)
-            specs[m.member_id] = MemberSpec(subscribed, self.target.get(m.member_id, frozenset()))
+            specs[m.member_id] = MemberSpec(subscribed, self.target.get(m.member_id, frozenset()), m.rack_id)
         counts = {tid: n for tid, n in self.topics.values()}
-        self.target = dict(ASSIGNORS[self.preferred_assignor()](specs, counts))
+        racks = {(tid, p): frozenset((r,)) for tid, per in self.racks.items() for p, r in enumerate(per) if r is not None}
+        self.target = dict(ASSIGNORS[self.preferred_assignor()](specs, counts, racks))
         self.target_epoch = self.group_epoch
         self.changed = True
 
@@ -505,6 +518,7 @@ class ConsumerGroup:
         return dict(
             type=CONSUMER_GROUP_TYPE, group_epoch=self.group_epoch, target_epoch=self.target_epoch,
             topics={name: [tid, n] for name, (tid, n) in self.topics.items()},
+            **({"racks": {tid: list(r) for tid, r in self.racks.items()}} if self.racks else {}),
             members=[m.to_doc() for m in self.members.values()],
             target={mid: partitions_doc(tps) for mid, tps in self.target.items()},
         )
@@ -515,6 +529,7 @@ class ConsumerGroup:
         group.group_epoch = doc.get("group_epoch", 0)
         group.target_epoch = doc.get("target_epoch", 0)
         group.topics = {name: (tid, n) for name, (tid, n) in doc.get("topics", {}).items()}
+        group.racks = {tid: tuple(r) for tid, r in doc.get("racks", {}).items()}
         for m in doc.get("members", []):
             member = Member.from_doc(m, now, config.session_timeout_ms)
             group.members[member.member_id] = member

@@ -145,6 +145,8 @@ def _broker_entries(broker) -> list[tuple]:
         d = defaults[fname].default
         add(kname, _value(getattr(c, fname)), kind, doc, fname in given, _value(d))
     add("node.id", str(c.broker_id), tc.INT, "Same as broker.id.", "broker_id" in given, None)
+    add("broker.rack", c.broker_rack or None, tc.STRING, "This broker's rack (--broker-rack): in Metadata, and the rack of the partitions it owns "
+        "for rack-aware assignment of consumer groups.", "broker_rack" in given)
     advertised = ",".join(f"{n}://{h}:{p}" for n, h, p in broker.cluster.local.endpoints) or f"PLAINTEXT://{c.advertise}"
     add("advertised.listeners", advertised, tc.STRING, "Addresses given to clients (--advertised-listeners or --advertise).", True)
     add("listeners", ",".join(str(x) for x in broker.listeners), tc.STRING, "Addresses the broker accepts clients on (--listeners or --listen).", True)
