@@ -277,11 +277,12 @@ class BenchBroker:
 class KafscaleBroker(BenchBroker):
     side = "ours"
 
-    def __init__(self, shared: Shared, case_id: str, s3: bool):
+    def __init__(self, shared: Shared, case_id: str, s3: bool, extra_args: list[str] | None = None):
         self.name = "kafscale-s3" if s3 else "kafscale-file"
         self.storage = "s3" if s3 else "embedded"
         super().__init__(shared, case_id)
         self.s3 = s3
+        self.extra_args = list(extra_args or [])  # broker flags of a variant under test
         self.bp: BrokerProcess | None = None
 
     def start(self) -> None:
@@ -302,6 +303,7 @@ class KafscaleBroker(BenchBroker):
             self.counter = InotifyPutCounter(objects)
         self.http_port = free_port()
         extra += ["--http", f"127.0.0.1:{self.http_port}"]  # for kafscale_decompressions_total
+        extra += self.extra_args
         self.bp = BrokerProcess(data_dir=str(self.workdir), extra_args=extra, env=env)
         self.bp.start()
 
