@@ -293,3 +293,41 @@ def test_acknowledged_records_survive_kill9(tmp_path):
         if c is not None:
             c.close()
         b.stop()
+
+
+def set_group_configs(bootstrap: str, group: str, **configs: str) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry(k.replace("_", "."), v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
+    for fut in admin.incremental_alter_configs([r]).values():
+        fut.result(15)
+
+
+def test_read_committed_share_group_skips_aborted_transactions(sbroker):
+    bootstrap = sbroker.bootstrap
+    topic, group = names("txn")
+    create_topic(bootstrap, topic)
+    # the group's own configs: from the log start, committed records only
+    set_group_configs(bootstrap, group, share_auto_offset_reset="earliest", share_isolation_level="read_committed")
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{group}", "linger.ms": 5})
+    p.init_transactions(15)
+    for outcome, prefix in (("commit", b"ok-a"), ("abort", b"no"), ("commit", b"ok-b")):
+        p.begin_transaction()
+        for i in range(10):
+            p.produce(topic, value=prefix + b"-%d" % i)
+        p.flush(15)
+        (p.commit_transaction if outcome == "commit" else p.abort_transaction)(15)
+    produce(bootstrap, topic, [b"plain"])
+    c = consumer(bootstrap, group, topic)
+    got: list[bytes] = []
+    try:
+        wait_until(lambda: got.extend(m.value() for m in records(c)) or b"plain" in got, 30, "the records")
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline:
+            got.extend(m.value() for m in records(c))
+    finally:
+        c.close()
+    want = [b"ok-a-%d" % i for i in range(10)] + [b"ok-b-%d" % i for i in range(10)] + [b"plain"]
+    assert sorted(got) == sorted(want), got

@@ -81,19 +81,22 @@ class SharePartitionManager:
 
     # -- loading ----------------------------------------------------------------------------
 
-    async def _entry(self, group_id: str, topic: str, partition: int, lg, settings: ShareGroupSettings) -> _Entry:
+    async def _entry(self, group_id: str, topic: str, partition: int, lg, settings: ShareGroupSettings,
+                     revalidate: bool = False) -> _Entry:
         """The share partition of an owned log, loaded or initialized (SPSO from
-        share.auto.offset.reset, written at once as Kafka's InitializeShareGroupState does)."""
+        share.auto.offset.reset, written at once as Kafka's InitializeShareGroupState does).
+        `revalidate`: compare the copy with the store first (a new share session: an admin
+        may have altered or deleted the state of the then empty group meanwhile)."""
         key = (group_id, topic, partition)
         entry = self.partitions.get(key)
-        if entry is not None and entry.leader_epoch == lg.leader_epoch:
+        if entry is not None and entry.leader_epoch == lg.leader_epoch and not revalidate:
             return entry
         lock = self._load_locks.setdefault(key, asyncio.Lock())
         async with lock:
             entry = self.partitions.get(key)
-            if entry is not None and entry.leader_epoch == lg.leader_epoch:
-                return entry
             doc, version = await self.metadata.get_share_state(group_id, topic, partition)
+            if entry is not None and entry.leader_epoch == lg.leader_epoch and entry.version == version:
+                return entry
             if doc is None:
                 start = lg.log_start_offset if settings.auto_offset_reset == "earliest" else lg.high_watermark
                 sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks)
@@ -121,12 +124,12 @@ class SharePartitionManager:
     # -- fetching -----------------------------------------------------------------------------
 
     async def acquire(self, group_id: str, member_id: str, topic: str, partition: int, max_records: int,
-                      max_bytes: int) -> FetchResult:
+                      max_bytes: int, new_session: bool = False) -> FetchResult:
         """Records of one partition acquired for `member_id` (raises StorageError when this
         broker does not own the partition)."""
         settings = await self.settings.for_group(group_id)
         lg = await self.logs.get_log(topic, partition)
-        entry = await self._entry(group_id, topic, partition, lg, settings)
+        entry = await self._entry(group_id, topic, partition, lg, settings, revalidate=new_session)
         sp = entry.sp
         sp.delivery_count_limit = settings.delivery_count_limit
         sp.max_in_flight = settings.partition_max_record_locks

@@ -105,6 +105,7 @@ async def _fetch(ctx, group_id: str, member_id: str, session, parts: dict, req) 
             parts[(tid, index)] = _Part(tid, index, name)
     fetching = [parts[k] for k in sorted(parts, key=str) if k in session.partitions]
     deadline = time.monotonic() + req.max_wait.total_seconds()
+    first_round = True
     while True:
         budget_records, budget_bytes = req.max_records, req.max_bytes
         for part in fetching:
@@ -114,7 +115,8 @@ async def _fetch(ctx, group_id: str, member_id: str, session, parts: dict, req) 
             if budget_records <= 0 or budget_bytes <= 0:
                 break
             try:
-                got = await shares.acquire(group_id, member_id, part.name, part.index, budget_records, budget_bytes)
+                got = await shares.acquire(group_id, member_id, part.name, part.index, budget_records, budget_bytes,
+                                           new_session=first_round and req.share_session_epoch == 0)
             except (KafkaError, *STORE_FAILURES) as e:
                 part.error, part.message = _refusal(e)
                 continue
@@ -122,6 +124,7 @@ async def _fetch(ctx, group_id: str, member_id: str, session, parts: dict, req) 
             part.acquired += got.acquired
             budget_records -= sum(a.last_offset - a.first_offset + 1 for a in got.acquired)
             budget_bytes -= sum(len(c) for c in got.chunks)
+        first_round = False
         remaining = deadline - time.monotonic()
         if any(p.acquired for p in fetching) or remaining <= 0 or not fetching or req.max_records <= 0:
             return
