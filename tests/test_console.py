@@ -612,3 +612,86 @@ def test_users_topic_and_group_deleted_through_the_pages(console, cluster, brows
     _until(browser, 15, lambda d: d.current_url.split("?")[0].endswith("/topics"))
     wait_until(lambda: doomed not in admin(cluster.bootstrap).list_topics(timeout=10).topics, 15, "the topic to be deleted")
     assert _js_errors(browser) == []
+
+
+def test_acls_created_and_deleted_through_the_page_on_an_authorizing_broker(browser, tmp_path):
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic, ResourcePatternType, ResourceType
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from tests.support.broker import BrokerProcess
+
+    users = tmp_path / "users.txt"
+    users.write_text("admin:admin-secret\nalice:alice-secret\n")
+    plain, sasl = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
+        "--authorizer", "acls", "--super-users", "User:admin"]).start()
+
+    def sasl_conf(user: str) -> dict:
+        return {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": user, "sasl.password": f"{user}-secret"}
+
+    def console_as(user: str) -> ConsoleProcess:
+        settings = [f"-X{k}={v}" for k, v in sasl_conf(user).items() if k != "bootstrap.servers"]
+        return ConsoleProcess(f"127.0.0.1:{sasl}", [*settings, "--metrics-port-offset", "-1"]).start()
+
+    def alice_produces() -> KafkaError | None:
+        out = []
+        p = Producer({**sasl_conf("alice"), "message.timeout.ms": 8000})
+        p.produce("acl-topic", value=b"v", on_delivery=lambda err, _m: out.append(err))
+        p.flush(15)
+        return out[0] if out else KafkaError(KafkaError._TIMED_OUT)
+
+    everything = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY)
+    admin_client = AdminClient(sasl_conf("admin"))
+    admin_client.create_topics([NewTopic("acl-topic", 1, 1)])["acl-topic"].result(15)
+    c = console_as("admin")
+    refused = None
+    try:
+        assert alice_produces().code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        _open(browser, f"{c.url}/acls")
+        browser.find_element(By.CSS_SELECTOR, "#create-acl summary").click()
+        form = browser.find_element(By.CSS_SELECTOR, "#create-acl form")
+        Select(form.find_element(By.NAME, "resource_type")).select_by_visible_text("TOPIC")
+        form.find_element(By.NAME, "name").send_keys("acl-topic")
+        principal = form.find_element(By.NAME, "principal")
+        principal.clear()
+        principal.send_keys("User:alice")
+        Select(form.find_element(By.NAME, "operation")).select_by_visible_text("WRITE")
+        form.find_element(By.TAG_NAME, "button").click()
+        _until(browser, 15, lambda d: "ACL created" in d.find_element(By.ID, "flash").text)
+        assert [(a.restype, a.name, a.principal, a.operation, a.permission_type) for a in admin_client.describe_acls(everything).result(10)] == [
+            (ResourceType.TOPIC, "acl-topic", "User:alice", AclOperation.WRITE, AclPermissionType.ALLOW)]
+        assert alice_produces() is None  # the broker enforces what the page made
+        rows = [[td.text for td in r.find_elements(By.TAG_NAME, "td")][:7] for r in _rows(browser, "acls")]
+        assert rows == [["TOPIC", "acl-topic", "LITERAL", "User:alice", "*", "WRITE", "ALLOW"]]
+        assert "user=anonymous create ACL" in c.log_text()
+
+        # A console whose client is not allowed to alter the cluster shows the broker's refusal.
+        refused = console_as("alice")
+        _open(browser, f"{refused.url}/acls")
+        browser.find_element(By.CSS_SELECTOR, "#create-acl summary").click()
+        form = browser.find_element(By.CSS_SELECTOR, "#create-acl form")
+        form.find_element(By.NAME, "name").send_keys("other-topic")
+        form.find_element(By.NAME, "principal").send_keys("alice")
+        form.find_element(By.TAG_NAME, "button").click()
+        _until(browser, 15, lambda d: d.find_elements(By.ID, "error"))
+        assert "CLUSTER_AUTHORIZATION_FAILED" in browser.find_element(By.ID, "error").text.upper().replace(" ", "_")
+        assert len(admin_client.describe_acls(everything).result(10)) == 1
+        _leave(browser)
+
+        _open(browser, f"{c.url}/acls")
+        browser.find_element(By.XPATH, "//table[@id='acls']//tr[td[2]='acl-topic']//button[contains(., 'delete')]").click()
+        _until(browser, 15, lambda d: "ACL deleted" in d.find_element(By.ID, "flash").text)
+        assert admin_client.describe_acls(everything).result(10) == []
+        assert "No ACLs." in browser.find_element(By.ID, "acls").text
+        assert alice_produces().code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert _js_errors(browser) == []
+    finally:
+        _leave(browser)
+        if refused is not None:
+            refused.stop()
+        c.stop()
+        b.stop()
