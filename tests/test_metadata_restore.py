@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from kafscale.backup.snapshot import created_ms_of
 from tests.support.broker import REPO, wait_for_leader
+from tests.support.clients import AckedLoad
 from tests.support.wait import wait_until
 
 TOPIC = "orders"
@@ -164,41 +164,15 @@ def test_kill9_under_load_every_acknowledged_record_back(broker_factory):
     # acknowledged records, so the restore must adopt segments from the bucket.
     b = broker_factory(extra_args=["--metadata-snapshot-interval-ms", "300", "--merge-interval-ms", "1000", "--merge-min-grace-ms", "100", "--merge-grace-ms", "200"])
     create_orders(b.bootstrap)
-    acked: dict[tuple[int, int], bytes] = {}
-    stop = threading.Event()
-    lock = threading.Lock()
-
-    def load() -> None:
-        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5, "message.timeout.ms": 5000, "retries": 0})
-
-        def done(err, msg):
-            if err is None:
-                with lock:
-                    acked[(msg.partition(), msg.offset())] = msg.value()
-
-        i = 0
-        while not stop.is_set():
-            try:
-                p.produce(TOPIC, value=f"v{i}".encode(), partition=i % PARTITIONS, on_delivery=done)
-            except BufferError:
-                pass
-            p.poll(0.001)
-            i += 1
-        p.flush(10)
-
-    t = threading.Thread(target=load, daemon=True)
-    t.start()
-    wait_until(lambda: len(acked) >= 3000, 60, "3000 acknowledged records")
+    load = AckedLoad({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5, "message.timeout.ms": 5000, "retries": 0}, TOPIC, PARTITIONS, "v").start()
+    wait_until(lambda: len(load.acked) >= 3000, 60, "3000 acknowledged records")
     commit(b.bootstrap, "billing", {0: 100})
     committed_ms = time.time() * 1000
     snapdir = Path(b.data_dir, "objects", "default", "~metadata")
     wait_until(lambda: any((created_ms_of(p.name[9:-4]) or 0) > committed_ms for p in snapdir.glob("*.kms")), 30, "a snapshot after the commit")
-    wait_until(lambda: len(acked) >= 4000, 60, "more records after the commit")
+    wait_until(lambda: len(load.acked) >= 4000, 60, "more records after the commit")
     b.kill9()
-    stop.set()
-    t.join(30)
-    with lock:
-        acked = dict(acked)
+    acked = load.stop()
     lose_metadata(b.data_dir)
 
     out = kafscale("metadata", "restore", "--data-dir", b.data_dir, "--json")

@@ -24,6 +24,7 @@ from kafscale.backup.snapshot import SnapshotStore
 from kafscale.metadata import keys
 from kafscale.storage.backends import open_store
 from tests.support.broker import REPO, BrokerProcess
+from tests.support.clients import AckedLoad
 from tests.support.servers import ETCD_BIN, start_etcd
 from tests.support.wait import wait_until
 
@@ -77,6 +78,7 @@ def test_etcd_lost_three_brokers_restored(moto_server):
               "--group-initial-rebalance-delay-ms", "0", "--metadata-snapshot-interval-ms", "1000"]
     brokers = [BrokerProcess(extra_args=["--broker-id", str(i), *common], env=env) for i in range(3)]
     stop = threading.Event()
+    load = None
     try:
         for b in brokers:
             b.start()
@@ -84,26 +86,7 @@ def test_etcd_lost_three_brokers_restored(moto_server):
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(20)
 
-        acked: dict[tuple[int, int], bytes] = {}
-        lock = threading.Lock()
-
-        def idempotent_load() -> None:
-            p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
-
-            def done(err, msg):
-                if err is None:
-                    with lock:
-                        acked[(msg.partition(), msg.offset())] = msg.value()
-
-            i = 0
-            while not stop.is_set():
-                try:
-                    p.produce(TOPIC, value=f"i{i}".encode(), partition=i % PARTITIONS, on_delivery=done)
-                    i += 1
-                except BufferError:
-                    pass
-                p.poll(0.002)
-            p.flush(5)
+        load = AckedLoad({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5}, TOPIC, PARTITIONS, "i", poll_s=0.002, flush_s=5)
 
         committed_by_group: dict[int, int] = {}
 
@@ -124,9 +107,9 @@ def test_etcd_lost_three_brokers_restored(moto_server):
                     seen = 0
             c.close()
 
-        threads = [threading.Thread(target=idempotent_load, daemon=True), threading.Thread(target=committing_group, daemon=True)]
-        for t in threads:
-            t.start()
+        group = threading.Thread(target=committing_group, daemon=True)
+        load.start()
+        group.start()
 
         tx = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{tag}", "acks": "all", "linger.ms": 5})
         tx.init_transactions(30)
@@ -146,14 +129,12 @@ def test_etcd_lost_three_brokers_restored(moto_server):
         tx.flush(30)
         assert len(delivered) == len(open_values) and not any(delivered)  # durable, never committed
 
-        wait_until(lambda: len(acked) >= 2000 and len(committed_by_group) >= 2, 90, "load and group commits")
+        wait_until(lambda: len(load.acked) >= 2000 and len(committed_by_group) >= 2, 90, "load and group commits")
         # The loss: etcd goes, its data with it. Clients stop; brokers are stopped for the restore.
         etcd.stop()
         stop.set()
-        for t in threads:
-            t.join(20)
-        with lock:
-            acked = dict(acked)
+        acked = load.stop(20)
+        group.join(20)
         for b in brokers:
             b.stop(signal.SIGKILL)
         shutil.rmtree(etcd.data_dir)
@@ -205,6 +186,8 @@ def test_etcd_lost_three_brokers_restored(moto_server):
             assert restored[p] >= off, f"partition {p}: committed {restored[p]} is older than the snapshot's {off}"
     finally:
         stop.set()
+        if load is not None:
+            load.stop(5)
         for b in brokers:
             b.stop(signal.SIGKILL)
             print(f"--- broker log {b.log_path} ---\n" + "\n".join(ln for ln in b.log_text().splitlines() if "took ownership" not in ln)[-3000:])

@@ -257,6 +257,14 @@ class TopicIdResolver:
             return name
         return await self.broker.logs.topics.name_for_id(topic_id)
 
+    async def name_or_error(self, name: str | None, topic_id) -> tuple[str | None, StorageError | None]:
+        """As `name`, for requests that answer per partition: (None, the error) when the
+        metadata store cannot say which topic the id names."""
+        try:
+            return await self.name(name, topic_id), None
+        except StorageError as e:
+            return None, e
+
     async def by_name(self, name: str) -> TopicMeta | None:
         if name not in self._by_name:
             self._by_name[name] = await self.broker.metadata.get_topic(name)

@@ -205,19 +205,7 @@ class KafScaleBatchReader(DataSourceReader):
                         store, listing.segments[tp], r.start, bounds[tp].end, fail_on_corruption=cfg.fail_on_corruption
                     )
                     r.end = max(r.start, min(r.end, stable))
-            slices = await seg.plan_slices(
-                store,
-                listing,
-                ranges,
-                max_partition_bytes=cfg.max_partition_bytes,
-                fail_on_corruption=cfg.fail_on_corruption,
-                fail_on_data_loss=cfg.fail_on_data_loss,
-                skipped=skipped,
-            )
-            skipped.write(cfg.corruption_log)
-            if aborted:
-                slices = [dataclasses.replace(sl, aborted=aborted.get((sl.topic, sl.partition), ())) for sl in slices]
-            return ranges, slices
+            return ranges, await _plan_slices(store, cfg, listing, ranges, aborted, skipped)
 
         return seg.run_with_store(cfg.storage, go)
 
@@ -388,20 +376,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         store, listing.segments[tp], r.start, seg.END_OF_LOG, fail_on_corruption=cfg.fail_on_corruption
                     )
                     aborted[tp] = tuple(a for a in aborted[tp] if a[1] < r.end)
-            slices = await seg.plan_slices(
-                store,
-                listing,
-                ranges,
-                max_partition_bytes=cfg.max_partition_bytes,
-                cache=self._metas,
-                fail_on_corruption=cfg.fail_on_corruption,
-                fail_on_data_loss=cfg.fail_on_data_loss,
-                skipped=skipped,
-            )
-            skipped.write(cfg.corruption_log)
-            if aborted:
-                slices = [dataclasses.replace(sl, aborted=aborted.get((sl.topic, sl.partition), ())) for sl in slices]
-            return ranges, slices
+            return ranges, await _plan_slices(store, cfg, listing, ranges, aborted, skipped, cache=self._metas)
 
         return _input_partitions(cfg, *seg.run_with_store(cfg.storage, go))
 
@@ -410,6 +385,25 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         pass  # segments are immutable and owned by the broker: nothing to release
+
+
+async def _plan_slices(store, cfg: SourceConfig, listing, ranges: dict[TopicPartition, PartitionRange], aborted: dict[TopicPartition, tuple], skipped: seg.SkipReport, cache=None) -> list[seg.SegmentSlice]:
+    """The slices of `ranges` (batch and streaming reads alike), each with its partition's
+    aborted transactions; what was skipped goes to the corruption log."""
+    slices = await seg.plan_slices(
+        store,
+        listing,
+        ranges,
+        max_partition_bytes=cfg.max_partition_bytes,
+        cache=cache,
+        fail_on_corruption=cfg.fail_on_corruption,
+        fail_on_data_loss=cfg.fail_on_data_loss,
+        skipped=skipped,
+    )
+    skipped.write(cfg.corruption_log)
+    if aborted:
+        slices = [dataclasses.replace(sl, aborted=aborted.get((sl.topic, sl.partition), ())) for sl in slices]
+    return slices
 
 
 def _data_loss(cfg: SourceConfig, what: str) -> None:

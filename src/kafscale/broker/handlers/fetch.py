@@ -39,11 +39,7 @@ async def _resolve(ctx, req) -> list[tuple[object, list[_Part]]]:
     out = []
     for ft in req.topics:
         topic_id = getattr(ft, "topic_id", None)
-        lookup_error = None
-        try:
-            name = await names.name(getattr(ft, "topic", None), topic_id)
-        except StorageError as e:  # the metadata store cannot say which topic the id names
-            name, lookup_error = None, e
+        name, lookup_error = await names.name_or_error(getattr(ft, "topic", None), topic_id)
         parts = []
         # Fetch v0-v3 is served by down-converting (protocol/legacy.py): Kafka answers
         # UNSUPPORTED_VERSION where the topic turned that off (message.downconversion.enable)

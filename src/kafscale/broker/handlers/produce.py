@@ -99,11 +99,7 @@ async def produce(ctx, req):
     await ctx.wait_turn()
     for td in req.topic_data:
         topic_id = getattr(td, "topic_id", None)
-        lookup_error = None
-        try:
-            name = await names.name(getattr(td, "name", None), topic_id)
-        except StorageError as e:  # the metadata store cannot say which topic the id names
-            name, lookup_error = None, e
+        name, lookup_error = await names.name_or_error(getattr(td, "name", None), topic_id)
         results = []
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)
