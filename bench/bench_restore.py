@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from bench.brokers import create_bucket  # noqa: E402
 from kafscale.backup.restore import restore  # noqa: E402
 from kafscale.backup.snapshot import SnapshotStore  # noqa: E402
-from kafscale.metadata import keys  # noqa: E402
+from kafscale.metadata import codec, keys  # noqa: E402
 from kafscale.metadata.kv import Txn  # noqa: E402
 from kafscale.metadata.sqlite import SqliteKV  # noqa: E402
-from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta, _dump, _segment_json  # noqa: E402
+from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta  # noqa: E402
 from kafscale.protocol import records  # noqa: E402
 from kafscale.storage import segment, topic_marker  # noqa: E402
 from kafscale.storage.s3 import S3ObjectStore  # noqa: E402
@@ -115,17 +115,17 @@ async def build_fixture(store, kv, args) -> int:
     for t in range(args.topics):
         name = f"topic-{t:03d}"
         meta = TopicMeta(name, args.partitions, configs={"retention.ms": "604800000"})
-        puts.append((keys.topic(name), _dump(asdict(meta))))
+        puts.append((keys.topic(name), codec.encode(asdict(meta))))
         jobs.append(put(topic_marker.marker_key(NS, name), [topic_marker.TopicMarker.of(meta).encode()]))
         for p in range(args.partitions):
             base = 0
             for _ in range(args.segments):
                 enc = _segment(base, args.records)
                 jobs.append(put(segment.segment_key(NS, name, p, base), enc.parts))
-                puts.append((keys.segment(name, p, base), _segment_json(enc.info)))
+                puts.append((keys.segment(name, p, base), codec.encode_segment(enc.info)))
                 base = enc.info.last_offset + 1
                 objects += 1
-            puts.append((keys.partition(name, p), _dump(MetadataStore.state_doc(PartitionState(name, p, 0, base)))))
+            puts.append((keys.partition(name, p), codec.encode(MetadataStore.state_doc(PartitionState(name, p, 0, base)))))
             if p == 0 and t % 10 == 0:  # one partition in ten got more after the snapshot
                 for _ in range(args.late):
                     enc = _segment(base, args.records)

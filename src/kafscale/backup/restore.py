@@ -34,11 +34,11 @@ from dataclasses import asdict, dataclass, field
 from kafscale.backup.reconcile import PartitionOutcome, reconcile_partition
 from kafscale.backup.snapshot import Snapshot, SnapshotStore, is_lease_bound
 from kafscale.groups import offsets_topic
-from kafscale.metadata import keys
+from kafscale.metadata import codec, keys
 from kafscale.metadata.internal_topics import OFFSETS_TOPIC, offsets_topic_configs
 from kafscale.metadata.kv import KV, Txn
 from kafscale.metadata.segments import SegmentInfo
-from kafscale.metadata.store import CommittedOffset, MetadataStore, PartitionState, TopicMeta, _dump, _segment_json
+from kafscale.metadata.store import CommittedOffset, MetadataStore, PartitionState, TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
@@ -151,7 +151,7 @@ class _Loaded:
                 self.partitions[(t, p)] = PartitionState(t, p, **json.loads(value))
             elif key.startswith(keys.SEGMENTS):
                 t, p, _ = _split_partition_key(key, keys.SEGMENTS)
-                segs.setdefault((t, p), []).append(SegmentInfo(**json.loads(value)))
+                segs.setdefault((t, p), []).append(codec.decode_segment(value))
             elif key.startswith(keys.OFFSETS):
                 group_id = keys.unescape(key[len(keys.OFFSETS) :].split("/", 1)[0])
                 t, p = keys.offset_partition_of(key)
@@ -203,7 +203,7 @@ async def restore(
     if existing:
         for i in range(0, len(existing), PUTS_PER_TXN):
             await kv.commit(Txn(deletes=existing[i : i + PUTS_PER_TXN]))
-    if not await kv.commit(Txn(compares=[(RESTORING, 0)], puts=[(RESTORING, _dump({"started_ms": int(time.time() * 1000)}))])):
+    if not await kv.commit(Txn(compares=[(RESTORING, 0)], puts=[(RESTORING, codec.encode({"started_ms": int(time.time() * 1000)}))])):
         raise RestoreRefused("another restore started at the same moment")
     try:
         puts = await _rebuild(store, namespace, snap, report, fence_epochs)
@@ -316,13 +316,13 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
     puts: list[tuple[str, bytes]] = list(loaded.other)
     for o in outcomes:
         st = o.state
-        puts.append((keys.partition(st.topic, st.partition), _dump(MetadataStore.state_doc(st))))
-        puts += [(keys.segment(st.topic, st.partition, s.base_offset), _segment_json(s)) for s in st.segments]
-    puts += [(keys.offset(g, t, p), _dump(asdict(o))) for (g, t, p), o in offsets.items()]
-    puts += [(keys.transaction(tid), _dump(doc)) for tid, doc in loaded.transactions.items()]
+        puts.append((keys.partition(st.topic, st.partition), codec.encode(MetadataStore.state_doc(st))))
+        puts += [(keys.segment(st.topic, st.partition, s.base_offset), codec.encode_segment(s)) for s in st.segments]
+    puts += [(keys.offset(g, t, p), codec.encode(asdict(o))) for (g, t, p), o in offsets.items()]
+    puts += [(keys.transaction(tid), codec.encode(doc)) for tid, doc in loaded.transactions.items()]
     puts.append((keys.PRODUCER_IDS, str(next_pid).encode()))
     # Topics last: a store without topic keys is an empty store to a starting broker.
-    puts += [(keys.topic(m.name), _dump(asdict(m))) for m in topics.values()]
+    puts += [(keys.topic(m.name), codec.encode(asdict(m))) for m in topics.values()]
     return puts
 
 

@@ -37,7 +37,7 @@ import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from kafscale.cluster.membership import BrokerIdInUse, BrokerNode, Cluster
-from kafscale.metadata import keys
+from kafscale.metadata import codec, keys
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC
 from kafscale.metadata.kv import MetadataUnavailable, Txn
 from kafscale.metadata.store import MetadataStore
@@ -484,8 +484,8 @@ class EtcdCluster(Cluster):
             return  # another live broker holds it: it releases when it sees it should
         txn = Txn(
             compares=[(okey, held.version if held else 0), (pkey, st.version)],
-            puts=[(pkey, json.dumps(state_doc).encode())],
-            leased_puts=[(okey, json.dumps({"node": self.local.node_id, "epoch": epoch}).encode())],
+            puts=[(pkey, codec.encode(state_doc))],
+            leased_puts=[(okey, codec.encode({"node": self.local.node_id, "epoch": epoch}))],
             lease=self.lease,
         )
         if await self.kv.commit(txn):

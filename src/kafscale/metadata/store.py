@@ -49,6 +49,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from kafscale.metadata import keys
+from kafscale.metadata.codec import decode_segment, encode, encode_segment
 from kafscale.metadata.kv import KV, KeyValue, Txn
 from kafscale.metadata.segments import SegmentInfo
 
@@ -107,26 +108,6 @@ class CommittedOffset:
     commit_ms: int = 0
 
 
-def _dump(obj) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-def _segment_json(seg: SegmentInfo) -> bytes:
-    d = asdict(seg)
-    for name in ("aborted", "open_txns", "cleaned"):
-        if not d[name]:
-            del d[name]  # the common case stays as compact as before transactions and compaction
-    if d["delete_horizon_ms"] < 0:
-        del d["delete_horizon_ms"]
-    if not d["wao_key"]:
-        del d["wao_key"], d["wao_position"]  # its own spec object, as before write-ahead objects
-    return _dump(d)
-
-
-def _segment_from(kv: KeyValue) -> SegmentInfo:
-    return SegmentInfo(**json.loads(kv.value))
-
-
 def _later_commit(old_value: bytes, new_value: bytes) -> bool:
     """Whether the old-layout offset was committed after the one already migrated."""
     try:
@@ -153,7 +134,7 @@ class MetadataStore:
         # keys staged for a restore of the name that never published go with it.
         key = keys.topic(meta.name)
         txn = Txn(
-            compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))],
+            compares=[(key, 0)], puts=[(key, encode(asdict(meta)))],
             delete_prefixes=[keys.topic_partitions_prefix(meta.name), keys.topic_segments_prefix(meta.name)],
         )
         if not await self.kv.commit(txn):
@@ -168,15 +149,15 @@ class MetadataStore:
         publish then fails)."""
         await self.kv.commit(Txn(delete_prefixes=[keys.topic_partitions_prefix(topic), keys.topic_segments_prefix(topic)]))
         for st in states:
-            txn = Txn(puts=[(keys.partition(topic, st.partition), _dump(self.state_doc(st)))])
-            txn.puts += [(keys.segment(topic, st.partition, seg.base_offset), _segment_json(seg)) for seg in st.segments]
+            txn = Txn(puts=[(keys.partition(topic, st.partition), encode(self.state_doc(st)))])
+            txn.puts += [(keys.segment(topic, st.partition, seg.base_offset), encode_segment(seg)) for seg in st.segments]
             await self.kv.commit(txn)
 
     async def publish_topic(self, meta: TopicMeta) -> TopicMeta:
         """Create the topic over the partitions staged for it: one guarded key, so every
         broker sees the whole topic or none of it. TopicExistsError if the name is taken."""
         key = keys.topic(meta.name)
-        if not await self.kv.commit(Txn(compares=[(key, 0)], puts=[(key, _dump(asdict(meta)))])):
+        if not await self.kv.commit(Txn(compares=[(key, 0)], puts=[(key, encode(asdict(meta)))])):
             raise TopicExistsError(meta.name)
         return meta
 
@@ -209,7 +190,7 @@ class MetadataStore:
                 raise UnknownTopicError(name)
             meta = TopicMeta(**json.loads(kv.value))
             change(meta)
-            txn = Txn(compares=[(kv.key, kv.version)], puts=[(kv.key, _dump(asdict(meta)))])
+            txn = Txn(compares=[(kv.key, kv.version)], puts=[(kv.key, encode(asdict(meta)))])
             if await self.kv.commit(txn):
                 return meta
         raise ConflictError(f"topic {name} changed concurrently")
@@ -251,7 +232,7 @@ class MetadataStore:
         doc = json.loads(kv.value)
         st = PartitionState(topic, partition, version=kv.version, **doc)
         if with_segments:
-            st.segments = [_segment_from(s) for s in await self.kv.range(keys.segments_prefix(topic, partition))]
+            st.segments = [decode_segment(s.value) for s in await self.kv.range(keys.segments_prefix(topic, partition))]
         return st
 
     async def commit_segment(self, st: PartitionState, seg: SegmentInfo) -> PartitionState:
@@ -295,7 +276,7 @@ class MetadataStore:
                 new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
                 key = keys.partition(st.topic, st.partition)
                 txn.compares.append((key, st.version))
-                txn.puts += [(key, _dump(self.state_doc(new))), (keys.segment(st.topic, st.partition, seg.base_offset), _segment_json(seg))]
+                txn.puts += [(key, encode(self.state_doc(new))), (keys.segment(st.topic, st.partition, seg.base_offset), encode_segment(seg))]
                 live.append((i, new))
             if not live:
                 return
@@ -352,10 +333,10 @@ class MetadataStore:
             st.epoch_start_offset if leader_epoch is None or leader_epoch == st.leader_epoch else st.high_watermark,
         )
         key = keys.partition(st.topic, st.partition)
-        txn = Txn(compares=[(key, st.version)], puts=[(key, _dump(self.state_doc(new)))])
+        txn = Txn(compares=[(key, st.version)], puts=[(key, encode(self.state_doc(new)))])
         removed = set(remove_segments)
         txn.deletes = [keys.segment(st.topic, st.partition, b) for b in removed]
-        txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), _segment_json(s)) for s in add_segments]
+        txn.puts += [(keys.segment(st.topic, st.partition, s.base_offset), encode_segment(s)) for s in add_segments]
         if not await self.kv.commit(txn):
             raise ConflictError(f"partition {st.topic}-{st.partition} changed concurrently")
         new.version = st.version + 1
@@ -372,7 +353,7 @@ class MetadataStore:
         return json.loads(kv.value) if kv else None
 
     async def put_group(self, group_id: str, doc: dict) -> None:
-        await self.kv.commit(Txn(puts=[(keys.group(group_id), _dump(doc))]))
+        await self.kv.commit(Txn(puts=[(keys.group(group_id), encode(doc))]))
 
     async def list_groups(self) -> dict[str, dict]:
         return await self._documents(keys.GROUPS, keys.group_id_of)
@@ -407,7 +388,7 @@ class MetadataStore:
         """Write a share partition's state over the version read (ConflictError if another
         owner wrote since); returns the new version."""
         key = keys.share_state(group_id, topic, partition)
-        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, _dump(doc))])):
+        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, encode(doc))])):
             raise ConflictError(f"share state of {group_id} {topic}-{partition} changed concurrently")
         return version + 1
 
@@ -426,7 +407,7 @@ class MetadataStore:
             await self.kv.commit(Txn(deletes=[keys.share_state(group_id, t, p) for t, p in partitions]))
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
-        txn = Txn(puts=[(keys.offset(group_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
+        txn = Txn(puts=[(keys.offset(group_id, t, p), encode(asdict(o))) for (t, p), o in offsets.items()])
         await self.kv.commit(txn)
 
     async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
@@ -519,7 +500,7 @@ class MetadataStore:
             kv = await self.kv.get(key)
             new = change(json.loads(kv.value) if kv else {})
             version = kv.version if kv else 0
-            txn = Txn(compares=[(key, version)], puts=[(key, _dump(new))]) if new else Txn(compares=[(key, version)], deletes=[key])
+            txn = Txn(compares=[(key, version)], puts=[(key, encode(new))]) if new else Txn(compares=[(key, version)], deletes=[key])
             if await self.kv.commit(txn):
                 return new
         raise ConflictError(f"group config {key} keeps changing")
@@ -545,7 +526,7 @@ class MetadataStore:
             new = change(old)
             version = kv.version if kv else 0
             if new:
-                txn = Txn(compares=[(key, version)], puts=[(key, _dump({"entity": [list(p) for p in entity], "values": new}))])
+                txn = Txn(compares=[(key, version)], puts=[(key, encode({"entity": [list(p) for p in entity], "values": new}))])
             else:
                 txn = Txn(compares=[(key, version)], deletes=[key])
             if await self.kv.commit(txn):
@@ -566,7 +547,7 @@ class MetadataStore:
     async def change_scram_credentials(self, puts: dict[tuple[str, str], dict], deletes: list[tuple[str, str]]) -> None:
         """Upsert and delete credentials in one transaction."""
         await self.kv.commit(Txn(
-            puts=[(keys.scram_credential(u, m), _dump(doc)) for (u, m), doc in puts.items()],
+            puts=[(keys.scram_credential(u, m), encode(doc)) for (u, m), doc in puts.items()],
             deletes=[keys.scram_credential(u, m) for u, m in deletes],
         ))
 
@@ -581,7 +562,7 @@ class MetadataStore:
 
     async def change_acls(self, puts: list[dict], deletes: list[dict]) -> None:
         """Create and delete bindings in one transaction."""
-        await self.kv.commit(Txn(puts=[(self._acl_key(d), _dump(d)) for d in puts], deletes=[self._acl_key(d) for d in deletes]))
+        await self.kv.commit(Txn(puts=[(self._acl_key(d), encode(d)) for d in puts], deletes=[self._acl_key(d) for d in deletes]))
 
     async def get_transaction(self, transactional_id: str) -> tuple[dict, int] | None:
         """(state doc, version) of a transactional id, or None."""
@@ -601,7 +582,7 @@ class MetadataStore:
         """Write the state if the stored version is still `version` (0: absent); returns the
         new version. ConflictError when another coordinator wrote it meanwhile."""
         key = keys.transaction(transactional_id)
-        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, _dump(doc))])):
+        if not await self.kv.commit(Txn(compares=[(key, version)], puts=[(key, encode(doc))])):
             raise ConflictError(f"transaction {transactional_id!r} changed concurrently")
         return version + 1
 
@@ -616,7 +597,7 @@ class MetadataStore:
         """Record the end of a transaction and, in the same store transaction, move its
         pending offsets of `groups` to the committed offsets (commit) or drop them (abort)."""
         key = keys.transaction(transactional_id)
-        txn = Txn(compares=[(key, version)], puts=[(key, _dump(doc))])
+        txn = Txn(compares=[(key, version)], puts=[(key, encode(doc))])
         for group_id in sorted(groups):
             prefix = keys.producer_pending_offsets_prefix(group_id, producer_id)
             if commit:
@@ -628,14 +609,14 @@ class MetadataStore:
                         continue
                     offset = json.loads(kv.value)
                     offset["commit_ms"] = commit_ms
-                    txn.puts.append((keys.offset(group_id, topic, partition), _dump(offset)))
+                    txn.puts.append((keys.offset(group_id, topic, partition), encode(offset)))
             txn.delete_prefixes.append(prefix)
         if not await self.kv.commit(txn):
             raise ConflictError(f"transaction {transactional_id!r} changed concurrently")
         return version + 1
 
     async def put_pending_offsets(self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
-        txn = Txn(puts=[(keys.pending_offset(group_id, producer_id, t, p), _dump(asdict(o))) for (t, p), o in offsets.items()])
+        txn = Txn(puts=[(keys.pending_offset(group_id, producer_id, t, p), encode(asdict(o))) for (t, p), o in offsets.items()])
         await self.kv.commit(txn)
 
     async def pending_offsets(self, group_id: str, producer_id: int) -> dict[tuple[str, int], CommittedOffset]:

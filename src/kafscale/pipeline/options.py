@@ -9,6 +9,7 @@ from typing import Any
 
 from kafscale.pipeline import segments as seg
 from kafscale.pipeline.segments import EARLIEST, LATEST
+from kafscale.storage.url import FILE, StorageURL
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay", 15 * 60_000),
         read_committed=isolation == "read_committed",
-        metadata=_metadata_url(options.get("metadata"), storage),
+        metadata=_metadata_url(options.get("metadata"), StorageURL.parse(storage)),
         metadata_prefix=options.get("metadataPrefix") or "/kafscale",
     )
     for name, spec in (
@@ -265,7 +266,7 @@ def parse_options(options, *, streaming: bool | None) -> SourceConfig:
     return cfg
 
 
-def _metadata_url(raw, storage: str) -> str | None:
+def _metadata_url(raw, storage: StorageURL) -> str | None:
     """The metadata store to read log start offsets from: the option `metadata` (the broker's
     --metadata URL, or a path to its metadata.sqlite), `none` for the objects alone, or by
     default the embedded store of a broker whose --storage is the default <data-dir>/objects."""
@@ -280,8 +281,8 @@ def _metadata_url(raw, storage: str) -> str | None:
         if "://" in text:
             raise ValueError(f"option metadata must be etcd://host:port, sqlite:///path/metadata.sqlite or none, not {text!r}")
         return "sqlite://" + text
-    if storage.startswith("file://"):
-        candidate = os.path.join(os.path.dirname(storage[len("file://") :].rstrip("/")), "metadata.sqlite")
+    if storage.scheme == FILE:
+        candidate = os.path.join(os.path.dirname(storage.location.rstrip("/")), "metadata.sqlite")
         if os.path.isfile(candidate):
             return "sqlite://" + candidate
     return None
