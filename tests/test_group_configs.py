@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import urllib.request
 import uuid
 
 import pytest
@@ -18,7 +19,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from kafscale.errors import ErrorCode
 from kafscale.metadata import group_config, keys
 from kafscale.metadata.group_config import GroupLimits, InvalidConfigError
-from tests.support.broker import BrokerProcess
+from tests.support.broker import BrokerProcess, free_port
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 
@@ -311,10 +312,19 @@ def cg_members(bootstrap: str, group: str) -> list:
     return list(g.members) if error_code(g.error_code) == 0 else []
 
 
+def heartbeats_handled(http_port: int) -> float:
+    """ConsumerGroupHeartbeat requests the broker handled (its /metrics)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
+               if line.startswith("kafscale_requests_total{") and 'api="ConsumerGroupHeartbeat"' in line)
+
+
 def test_a_consumer_groups_session_timeout_and_heartbeat_interval_come_from_its_configs():
     # Bounds lowered so a short override is allowed; the broker's own values stay Kafka's
     # (45 s session timeout, 5 s heartbeat interval).
-    b = BrokerProcess(extra_args=["--group-consumer-min-session-timeout-ms", "1000", "--group-consumer-min-heartbeat-interval-ms", "100"]).start()
+    http = free_port()
+    b = BrokerProcess(extra_args=["--group-consumer-min-session-timeout-ms", "1000", "--group-consumer-min-heartbeat-interval-ms", "100",
+                                  "--http", f"127.0.0.1:{http}"]).start()
     proc = None
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
@@ -335,6 +345,10 @@ def test_a_consumer_groups_session_timeout_and_heartbeat_interval_come_from_its_
         # a real KIP-848 consumer, killed without leaving: removed after the group's session timeout too
         proc = subprocess.Popen([sys.executable, "-c", CONSUMER, b.bootstrap, group, topic])
         wait_until(lambda: len(cg_members(b.bootstrap, group)) == 1, 30, "the confluent-kafka consumer in the group")
+        # it heartbeats at the group's 700 ms: 8 heartbeats come within 15 s (at the broker's
+        # 5 s there would be 3)
+        before = heartbeats_handled(http)
+        wait_until(lambda: heartbeats_handled(http) - before >= 8, 15, "the consumer heartbeating at the group's interval")
         proc.kill()
         proc.wait(10)
         wait_until(lambda: not cg_members(b.bootstrap, group), 25, "the killed consumer removed after the group's session timeout")
