@@ -1,26 +1,75 @@
-"""Write-ahead objects on a real broker (issue #32), a real client over TCP: a produce to
-many partitions makes one object for all of them, and every record comes back at its
-offset through consumers and ListOffsets; kill -9 between an object's upload and its
-commit loses no acknowledged record and serves nothing twice."""
+"""Write-ahead objects on a real broker (issue #32), a real client over TCP, on the file
+store and on moto S3: a produce to many partitions makes one object for all of them, and
+every record comes back at its offset through consumers and ListOffsets; kill -9 between
+an object's upload and its commit, during the rewrite into spec segments and during the
+cleanup loses no acknowledged record and serves nothing twice, and no object is left
+behind; a consumer reading while the data moves sees every record once."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
+import uuid
 from pathlib import Path
+
+import pytest
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.storage import segment, write_ahead
+from kafscale.storage.backends import open_store
 from tests.support.wait import wait_until
 
+pytestmark = pytest.mark.timeout(300)
+
+
+class Objects:
+    """The broker's object store, read by the test through the store's own client."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def _run(self, call):
+        async def go():
+            store = open_store(self.url)
+            try:
+                return await call(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(go())
+
+    def wal(self) -> list[str]:
+        return self._run(lambda st: st.list("default/~wal/"))
+
+    def specs(self, topic: str) -> list[str]:
+        return [k for k in self._run(lambda st: st.list(f"default/{topic}/")) if k.endswith(".kfs")]
+
+    def read(self, key: str) -> bytes:
+        return self._run(lambda st: st.get(key))
+
+
+@pytest.fixture(params=["file", "s3"])
+def storage(request):
+    """(extra broker args, env, Objects of a started broker)."""
+    if request.param == "file":
+        return [], {}, lambda b: Objects(f"file://{b.data_dir}/objects")
+    moto = request.getfixturevalue("moto_server")
+    bucket = f"wal-{uuid.uuid4().hex[:12]}"
+
+    async def create():
+        store = open_store(f"s3://{bucket}")
+        await store.create_bucket()
+        await store.close()
+
+    asyncio.run(create())
+    url = f"s3://{bucket}/data"
+    # every flush at once (on S3 a busy partition waits --min-flush-interval-ms between them)
+    return ["--storage", url, "--min-flush-interval-ms", "0"], moto.env, lambda b: Objects(url)
+
 FLAG = ["--write-ahead-objects", "true", "--merge-interval-ms", "0"]
-
-
-def _wal_objects(data_dir: str) -> list[Path]:
-    d = Path(data_dir) / "objects" / "default" / "~wal"
-    return sorted(d.glob("*.wal")) if d.exists() else []
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:
@@ -43,27 +92,28 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
     return got
 
 
-def test_one_object_per_flush_for_all_partitions_and_every_record_back(broker_factory, topic_name):
-    b = broker_factory(extra_args=FLAG)
+def test_one_object_per_flush_for_all_partitions_and_every_record_back(broker_factory, storage, topic_name):
+    args, env, objects_of = storage
+    b = broker_factory(extra_args=[*FLAG, *args], env=env)
+    objects = objects_of(b)
     parts = 32
     _create(b.bootstrap, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 50, "acks": "all"})
     sent: dict[int, list[bytes]] = {i: [] for i in range(parts)}
     t0 = int(time.time() * 1000)
     for rnd in range(3):
-        before = set(_wal_objects(b.data_dir))
+        before = set(objects.wal())
         for i in range(parts):
             v = b"r%d-p%d" % (rnd, i)
             p.produce(topic_name, value=v, partition=i, timestamp=t0 + rnd * 1000)
             sent[i].append(v)
         assert p.flush(15) == 0
-        new = sorted(set(_wal_objects(b.data_dir)) - before)
-        pieces = [pc for f in new for pc in write_ahead.decode(f.read_bytes())[1]]
-        assert sorted(pc.partition for pc in pieces) == list(range(parts)), [f.name for f in new]
+        new = sorted(set(objects.wal()) - before)
+        pieces = [pc for key in new for pc in write_ahead.decode(objects.read(key))[1]]
+        assert sorted(pc.partition for pc in pieces) == list(range(parts)), new
         if rnd > 0:  # once every log is loaded, the one produce request makes one object
-            assert len(new) <= 2, [f.name for f in new]
-    # no partition wrote a segment object of its own
-    assert not list((Path(b.data_dir) / "objects" / "default" / topic_name).rglob("*.kfs"))
+            assert len(new) <= 2, new
+    assert not objects.specs(topic_name)  # no partition wrote a segment object of its own
     got = _consume_all(b.bootstrap, topic_name, parts, 3 * parts)
     assert got == {i: list(enumerate(sent[i])) for i in range(parts)}
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "wal-offsets"})
@@ -76,8 +126,10 @@ def test_one_object_per_flush_for_all_partitions_and_every_record_back(broker_fa
     assert _consume_all(b.bootstrap, topic_name, parts, 3 * parts) == got
 
 
-def test_kill9_between_upload_and_commit_keeps_every_acknowledged_record(broker_factory, topic_name):
-    b = broker_factory(extra_args=FLAG)
+def test_kill9_between_upload_and_commit_keeps_every_acknowledged_record(broker_factory, storage, topic_name):
+    args, env, objects_of = storage
+    b = broker_factory(extra_args=[*FLAG, *args], env=env)
+    objects = objects_of(b)
     parts = 8
     _create(b.bootstrap, topic_name, parts)
     acked: list[tuple[int, int, bytes]] = []
@@ -96,12 +148,12 @@ def test_kill9_between_upload_and_commit_keeps_every_acknowledged_record(broker_
     assert db_path.exists()
     db = sqlite3.connect(str(db_path), isolation_level=None, timeout=30)
     try:
-        before = set(_wal_objects(b.data_dir))
+        before = set(objects.wal())
         db.execute("BEGIN IMMEDIATE")
         for i in range(parts * 5):
             p.produce(topic_name, value=b"during-%03d" % i, partition=i % parts, on_delivery=on_delivery)
         p.poll(0)
-        wait_until(lambda: set(_wal_objects(b.data_dir)) - before, 20, "the write-ahead object of the held flush", interval=0.01)
+        wait_until(lambda: set(objects.wal()) - before, 20, "the write-ahead object of the held flush", interval=0.01)
         acked_at_kill = len(acked)
         b.kill9()
     finally:
@@ -128,16 +180,14 @@ REWRITE = ["--write-ahead-objects", "true", "--merge-interval-ms", "100", "--mer
            "--segment-max-age-ms", "0", "--write-ahead-orphan-age-ms", "4000"]
 
 
-def _spec_segments(data_dir: str, topic: str) -> list[Path]:
-    return sorted((Path(data_dir) / "objects" / "default" / topic).rglob("segment-*.kfs"))
-
-
-def test_consumer_reading_while_data_moves_into_segments_sees_every_record_once(broker_factory, topic_name):
-    b = broker_factory(extra_args=REWRITE)
+def test_consumer_reading_while_data_moves_into_segments_sees_every_record_once(broker_factory, storage, topic_name):
+    args, env, objects_of = storage
+    b = broker_factory(extra_args=[*REWRITE, *args], env=env)
+    objects = objects_of(b)
     parts = 4
     _create(b.bootstrap, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
-    total = 1200
+    total = 600
     reads: list = []
     import threading
 
@@ -153,19 +203,21 @@ def test_consumer_reading_while_data_moves_into_segments_sees_every_record_once(
     t.join(90)
     expected = {q: [(o, b"v-%05d" % (o * parts + q)) for o in range(total // parts)] for q in range(parts)}
     assert reads[0] == expected  # read while pieces moved into segments
-    wait_until(lambda: _spec_segments(b.data_dir, topic_name) and not _wal_objects(b.data_dir), 30, "every piece rewritten and its objects deleted", interval=0.2)
-    for f in _spec_segments(b.data_dir, topic_name):  # the spec's layout, keyed by base offset
-        assert f.name == f"segment-{segment.decode(f.read_bytes()).info.base_offset:020d}.kfs"
+    wait_until(lambda: objects.specs(topic_name) and not objects.wal(), 30, "every piece rewritten and its objects deleted", interval=0.2)
+    for key in objects.specs(topic_name):  # the spec's layout, keyed by base offset
+        assert key.endswith(f"/segment-{segment.decode(objects.read(key)).info.base_offset:020d}.kfs")
     assert _consume_all(b.bootstrap, topic_name, parts, total) == expected
 
 
-def test_kill9_during_rewrite_and_cleanup_loses_and_duplicates_nothing(broker_factory, topic_name):
-    b = broker_factory(extra_args=REWRITE)
+def test_kill9_during_rewrite_and_cleanup_loses_and_duplicates_nothing(broker_factory, storage, topic_name):
+    args, env, objects_of = storage
+    b = broker_factory(extra_args=[*REWRITE, *args], env=env)
+    objects = objects_of(b)
     parts = 4
     _create(b.bootstrap, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     acked = []
-    total = 800
+    total = 400
     for i in range(total):
         p.produce(topic_name, value=b"k-%04d" % i, partition=i % parts,
                   on_delivery=lambda e, m: acked.append((m.partition(), m.offset(), m.value())) if e is None else None)
@@ -174,17 +226,17 @@ def test_kill9_during_rewrite_and_cleanup_loses_and_duplicates_nothing(broker_fa
     assert p.flush(10) == 0
     # kill once the rewrite is under way (a spec segment exists), then again while the
     # cleanup deletes (fewer objects than at the first kill)
-    wait_until(lambda: _spec_segments(b.data_dir, topic_name), 30, "a first rewritten segment", interval=0.01)
+    wait_until(lambda: objects.specs(topic_name), 30, "a first rewritten segment", interval=0.01)
     b.kill9()
-    left = len(_wal_objects(b.data_dir))
+    left = len(objects.wal())
     b.start()
     _consume_all(b.bootstrap, topic_name, parts, total)  # loads the partitions: the rewrite goes on
-    wait_until(lambda: len(_wal_objects(b.data_dir)) < left, 60, "the cleanup deleting", interval=0.01)
+    wait_until(lambda: len(objects.wal()) < left, 60, "the cleanup deleting", interval=0.01)
     b.kill9()
     b.start()
     expected = {q: [(o, b"k-%04d" % (o * parts + q)) for o in range(total // parts)] for q in range(parts)}
     assert _consume_all(b.bootstrap, topic_name, parts, total) == expected
     assert sorted(acked) == sorted((q, o, v) for q, recs in expected.items() for o, v in recs)
     # and the job ends: every piece in spec segments, no write-ahead object left
-    wait_until(lambda: not _wal_objects(b.data_dir), 60, "no write-ahead object left", interval=0.2)
+    wait_until(lambda: not objects.wal(), 60, "no write-ahead object left", interval=0.2)
     assert _consume_all(b.bootstrap, topic_name, parts, total) == expected
