@@ -109,3 +109,67 @@ def test_api_versions_and_features(sbroker):
         # the share-state APIs between brokers: not needed, the metadata store holds that state
         assert not {83, 84, 85, 86, 87} & set(keys)
         assert {f.name: f.max_version_level for f in r.finalized_features}["share.version"] == 1
+
+
+FETCH, ACK = 78, 79
+
+
+def share_fetch(c: RawClient, group: str, member: str, epoch: int, topic_id, acks=(), max_records: int = 100, wait: int = 500):
+    batches = tuple(req(FETCH, 1, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,)) for a, b, t in acks)
+    topics = (req(FETCH, 1, "FetchTopic", topic_id=topic_id, partitions=(
+        req(FETCH, 1, "FetchPartition", partition_index=0, acknowledgement_batches=batches),)),)
+    return c.request(FETCH, 1, req(FETCH, 1, group_id=group, member_id=member, share_session_epoch=epoch, max_wait=wait,
+                                   min_bytes=1, max_bytes=1 << 20, max_records=max_records, batch_size=max_records,
+                                   topics=topics, forgotten_topics_data=()))
+
+
+def share_ack(c: RawClient, group: str, member: str, epoch: int, topic_id, acks):
+    batches = tuple(req(ACK, 1, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,)) for a, b, t in acks)
+    topics = (req(ACK, 1, "AcknowledgeTopic", topic_id=topic_id, partitions=(
+        req(ACK, 1, "AcknowledgePartition", partition_index=0, acknowledgement_batches=batches),)),)
+    return c.request(ACK, 1, req(ACK, 1, group_id=group, member_id=member, share_session_epoch=epoch, topics=topics))
+
+
+def test_share_fetch_sessions_and_acknowledgements_raw(sbroker):
+    from confluent_kafka import Producer
+
+    bootstrap = sbroker.bootstrap
+    topic, group = f"share-fetch-{uuid.uuid4().hex[:8]}", f"sf-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    member = str(uuid.uuid4())
+    with RawClient(bootstrap) as c:
+        r = heartbeat(c, group, member, 0, (topic,))
+        [(topic_id, _)] = assigned(r)
+        # the share partition starts at the log end: open the session first, then produce
+        r = share_fetch(c, group, member, 0, topic_id, wait=10)
+        assert error_code(r.error_code) == 0 and r.acquisition_lock_timeout.total_seconds() == 30
+        p = Producer({"bootstrap.servers": bootstrap})
+        for i in range(5):
+            p.produce(topic, value=b"v%d" % i)
+        assert p.flush(10) == 0
+        r = share_fetch(c, group, member, 1, topic_id, wait=5_000)
+        [part] = r.responses[0].partitions
+        assert [(a.first_offset, a.last_offset, a.delivery_count) for a in part.acquired_records] == [(0, 4, 1)]
+        assert len(part.records) > 0
+        # piggybacked acknowledgements without fetching: an answer with no records
+        r = share_fetch(c, group, member, 2, topic_id, acks=[(0, 1, 1), (2, 2, 2)], max_records=0)
+        [part] = r.responses[0].partitions
+        assert (error_code(part.acknowledge_error_code), part.acquired_records, bytes(part.records or b"")) == (0, (), b"")
+        # released offset 2 comes back with its second delivery
+        r = share_fetch(c, group, member, 3, topic_id)
+        [part] = r.responses[0].partitions
+        assert [(a.first_offset, a.last_offset, a.delivery_count) for a in part.acquired_records] == [(2, 2, 2)]
+        # acknowledging what the member does not hold: INVALID_RECORD_STATE, nothing changes
+        r = share_ack(c, group, member, 4, topic_id, [(0, 0, 1)])
+        assert error_code(r.responses[0].partitions[0].error_code) == ErrorCode.invalid_record_state.value
+        r = share_ack(c, group, member, 5, topic_id, [(2, 4, 1)])
+        assert error_code(r.error_code) == 0 and error_code(r.responses[0].partitions[0].error_code) == 0
+        # Kafka's session errors
+        assert error_code(share_fetch(c, group, member, 9, topic_id).error_code) == ErrorCode.invalid_share_session_epoch.value
+        assert error_code(share_fetch(c, group, "stranger", 1, topic_id).error_code) == ErrorCode.share_session_not_found.value
+        assert error_code(share_ack(c, group, member, 0, topic_id, []).error_code) == ErrorCode.invalid_share_session_epoch.value
+        assert error_code(share_ack(c, group, member, -1, topic_id, []).error_code) == 0  # closes it
+        assert error_code(share_ack(c, group, member, 7, topic_id, []).error_code) == ErrorCode.share_session_not_found.value
+        # every record is done: a new session finds nothing
+        r = share_fetch(c, group, member, 0, topic_id, wait=300)
+        assert all(not p.acquired_records for t in r.responses for p in t.partitions)

@@ -155,7 +155,7 @@ def _response(ctx, api_key: int, parts: dict, lock_ms: int, fetch: bool, **top):
         if fetch:
             entry.update(error_code=part.error, error_message=part.message, acknowledge_error_code=part.ack_error,
                          acknowledge_error_message=part.ack_message,
-                         records=b"".join(bytes(c) for c in part.chunks) if part.chunks else None,
+                         records=b"".join(bytes(c) for c in part.chunks),
                          acquired_records=[dict(first_offset=a.first_offset, last_offset=a.last_offset,
                                                 delivery_count=a.delivery_count) for a in part.acquired])
         else:
