@@ -381,3 +381,30 @@ def test_a_share_groups_heartbeat_interval_comes_from_its_configs(broker, admin)
         assert error_code(resp.error_code) == 0
         assert resp.heartbeat_interval.total_seconds() * 1000 == 7000
         assert join(group_id()).heartbeat_interval.total_seconds() * 1000 == 5000
+
+
+async def test_the_coordinators_view_reads_the_store_at_most_every_refresh(tmp_path):
+    """GroupConfigs: overrides at most refresh_s old, changes through this broker at once,
+    and a bounded cache."""
+    from kafscale.groups import group_configs
+    from kafscale.metadata.sqlite import SqliteKV
+    from kafscale.metadata.store import MetadataStore
+
+    store = MetadataStore(SqliteKV(str(tmp_path / "m.sqlite")))
+    now = [0.0]
+    view = group_configs.GroupConfigs(store, GroupLimits(), refresh_s=1.0, clock=lambda: now[0])
+    assert await view.overrides("g") == {}
+    await store.alter_group_config("g", lambda old: {"share.isolation.level": "read_committed"})  # another broker
+    assert await view.overrides("g") == {}  # not yet re-read
+    now[0] = 1.0
+    assert await view.overrides("g") == {"share.isolation.level": "read_committed"}
+    with pytest.raises(InvalidConfigError):
+        await view.alter("g", lambda old: {**old, "consumer.session.timeout.ms": "90000"}, validate_only=False)
+    await view.alter("g", lambda old: {**old, "consumer.session.timeout.ms": "50000"}, validate_only=False)
+    assert await view.overrides("g") == {"share.isolation.level": "read_committed", "consumer.session.timeout.ms": "50000"}  # at once
+    assert await view.effective_overrides("g") == {"share.isolation.level": "read_committed", "consumer.session.timeout.ms": "50000"}
+    for i in range(group_configs.CACHE_SWEEP_AT + 5):
+        await view.overrides(f"other-{i}")
+        now[0] += 0.001
+    assert len(view._cache) <= group_configs.CACHE_SWEEP_AT
+    await store.close()

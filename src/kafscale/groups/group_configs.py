@@ -19,6 +19,8 @@ from typing import Callable
 from kafscale.metadata import group_config
 from kafscale.metadata.group_config import GroupLimits
 
+CACHE_SWEEP_AT = 10_000  # cached groups; past this, entries older than refresh_s are dropped
+
 
 class GroupConfigs:
     def __init__(self, metadata, limits: GroupLimits, refresh_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
@@ -35,8 +37,13 @@ class GroupConfigs:
         if cached is not None and now - cached[0] < self.refresh_s:
             return cached[1]
         found = await self.metadata.get_group_config(group_id)
-        self._cache[group_id] = (now, found)
+        self._remember(group_id, now, found)
         return found
+
+    def _remember(self, group_id: str, now: float, found: dict[str, str]) -> None:
+        if len(self._cache) >= CACHE_SWEEP_AT:  # stale entries would be re-read anyway
+            self._cache = {g: e for g, e in self._cache.items() if now - e[0] < self.refresh_s}
+        self._cache[group_id] = (now, found)
 
     async def effective_overrides(self, group_id: str) -> dict[str, str]:
         """The group's overrides as its coordinator and share partitions apply them: numbers
@@ -47,7 +54,6 @@ class GroupConfigs:
     async def describe(self, group_id: str) -> list[group_config.Resolved]:
         """Every group config of the group, as DescribeConfigs reports them (from the store)."""
         found = await self.metadata.get_group_config(group_id)
-        self._cache[group_id] = (self.clock(), found)
         return [group_config.resolve(name, found, self.limits) for name in sorted(group_config.GROUP_CONFIGS)]
 
     async def alter(self, group_id: str, change: Callable[[dict[str, str]], dict[str, str]], validate_only: bool) -> dict[str, str]:
@@ -60,8 +66,5 @@ class GroupConfigs:
         if validate_only:
             return checked(await self.metadata.get_group_config(group_id))
         new = await self.metadata.alter_group_config(group_id, checked)
-        self._cache[group_id] = (self.clock(), new)
+        self._remember(group_id, self.clock(), new)
         return new
-
-    def forget(self, group_id: str) -> None:
-        self._cache.pop(group_id, None)
