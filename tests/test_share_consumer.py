@@ -332,3 +332,25 @@ def test_read_committed_share_group_skips_aborted_transactions(sbroker):
         c.close()
     want = [b"ok-a-%d" % i for i in range(10)] + [b"ok-b-%d" % i for i in range(10)] + [b"plain"]
     assert sorted(got) == sorted(want), got
+
+
+def test_auto_offset_reset_by_duration_starts_at_recent_records(sbroker):
+    bootstrap = sbroker.bootstrap
+    topic, group = names("bydur")
+    create_topic(bootstrap, topic)
+    now_ms = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(5):
+        p.produce(topic, value=b"old-%d" % i, timestamp=now_ms - 3_600_000)  # an hour ago
+    for i in range(5):
+        p.produce(topic, value=b"new-%d" % i, timestamp=now_ms)
+    assert p.flush(15) == 0
+    set_group_configs(bootstrap, group, share_auto_offset_reset="by_duration:PT10M")
+    c = consumer(bootstrap, group, topic)
+    got: list[bytes] = []
+    try:
+        wait_until(lambda: got.extend(m.value() for m in records(c)) or len(got) >= 5, 30, "the recent records")
+        c.commit_sync(10)
+    finally:
+        c.close()
+    assert got == [b"new-%d" % i for i in range(5)]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kafscale.errors import ErrorCode, KafkaError
+from kafscale.metadata import group_config
 from kafscale.metadata.store import ConflictError
 from kafscale.protocol import records as batches
 from kafscale.share.partition import Ack, Acquired, LogBatch, SharePartition
@@ -98,7 +99,7 @@ class SharePartitionManager:
             if entry is not None and entry.leader_epoch == lg.leader_epoch and entry.version == version:
                 return entry
             if doc is None:
-                start = lg.log_start_offset if settings.auto_offset_reset == "earliest" else lg.high_watermark
+                start = await self._start_offset(lg, settings.auto_offset_reset)
                 sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks)
                 try:
                     version = await self.metadata.put_share_state(group_id, topic, partition, sp.to_doc(), 0)
@@ -117,6 +118,18 @@ class SharePartitionManager:
             entry = _Entry(sp, version, lg.leader_epoch)
             self.partitions[key] = entry
             return entry
+
+    async def _start_offset(self, lg, reset: str) -> int:
+        """Where a new share partition starts (Kafka's share.auto.offset.reset): the log
+        start, the log end, or the first record at or after now minus a duration (the log
+        end when there is none)."""
+        if reset == "earliest":
+            return lg.log_start_offset
+        back = group_config.auto_offset_reset_by_duration_ms(reset)
+        if back is None:
+            return lg.high_watermark
+        offset, _ = await lg.offset_for_timestamp(int(self.clock() - back))
+        return offset if offset >= 0 else lg.high_watermark
 
     def forget(self, key: Key) -> None:
         self.partitions.pop(key, None)
