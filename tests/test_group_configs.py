@@ -408,3 +408,10 @@ async def test_the_coordinators_view_reads_the_store_at_most_every_refresh(tmp_p
         now[0] += 0.001
     assert len(view._cache) <= group_configs.CACHE_SWEEP_AT
     await store.close()
+
+
+def test_the_broker_refuses_group_settings_kafka_refuses(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kafscale", "broker", "--listen", f"127.0.0.1:{free_port()}", "--data-dir", str(tmp_path),
+                           "--http", "", "--group-share-heartbeat-interval-ms", "300"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "refusing to start: group.share.heartbeat.interval.ms must be greater than or equal to group.share.min.heartbeat.interval.ms" in proc.stderr + proc.stdout

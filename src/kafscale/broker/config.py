@@ -233,6 +233,11 @@ class BrokerConfig:
             raise ValueError(f"--transaction-version must be 0, 1 or 2 (the transaction.version levels), not {self.transaction_version}")
         if self.authorizer not in ("none", "acls"):
             raise ValueError(f"--authorizer must be none or acls, not {self.authorizer!r}")
+        from kafscale.groups.consumer_coordinator import consumer_group_config
+        from kafscale.metadata.group_config import GroupLimits
+
+        GroupLimits.from_config(self).check()  # the group settings' bounds, as Kafka checks them at start
+        consumer_group_config(self)  # known assignors
         if any(l.sasl for l in bound):
             from kafscale.security.sasl import load_users_file, parse_mechanisms
 
