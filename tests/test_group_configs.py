@@ -415,3 +415,15 @@ def test_the_broker_refuses_group_settings_kafka_refuses(tmp_path):
                            "--http", "", "--group-share-heartbeat-interval-ms", "300"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "refusing to start: group.share.heartbeat.interval.ms must be greater than or equal to group.share.min.heartbeat.interval.ms" in proc.stderr + proc.stdout
+
+
+def test_every_version_of_the_config_apis_serves_groups(broker):
+    group = group_id()
+    for v in (0, 1):
+        assert incremental_raw(broker.bootstrap, group, [("share.auto.offset.reset", 0, "earliest")], version=v) == (0, None)
+    for v in (0, 1, 2):
+        assert alter_raw(broker.bootstrap, group, {"share.isolation.level": "read_committed"}, version=v) == (0, None)
+    for v in range(1, 5):  # (v0 is converted from kafka-python's encoding, tests/test_old_versions.py)
+        res = describe_raw(broker.bootstrap, group, version=v)
+        got = {e.name: e.value for e in res.configs}
+        assert error_code(res.error_code) == 0 and got["share.isolation.level"] == "read_committed" and len(got) == len(KAFKA_GROUP_CONFIGS), v

@@ -394,6 +394,26 @@ def test_admin_old_versions(kb, topic_name):
         assert r.responses == [(topic_name, 0)]
 
 
+def test_describe_configs_v0_of_a_group(kb):
+    """DescribeConfigs v0 (Kafka 3.9's lowest) answers GROUP resources too: the defaults are
+    is_default, an override is not."""
+    group = f"old-cfg-{time.monotonic_ns()}"
+    admin = AdminClient({"bootstrap.servers": kb.bootstrap})
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([r]).values():
+        fut.result(15)
+    with OldClient(kb.bootstrap) as c:
+        r = c.old(old_admin.DescribeConfigsRequest_v0([(32, group, None)]), old_admin.DescribeConfigsResponse_v0)
+    [(err, _msg, kind, name, configs)] = r.results
+    by_name = {cfg[0]: cfg for cfg in configs}
+    assert (err, kind, name, len(by_name)) == (0, 32, group, 10)
+    assert by_name["share.auto.offset.reset"][1:4] == ("earliest", False, False)
+    assert by_name["share.isolation.level"][1] == "read_uncommitted" and by_name["share.isolation.level"][3] is True
+
+
 @pytest.mark.parametrize("api_version", [(0, 10, 1), (0, 10, 0), (0, 9)])
 def test_kafka_python_old_api_versions(kb, topic_name, api_version):
     """kafka-python forced to an old broker version produces (Produce v2 / v0, message
