@@ -354,3 +354,29 @@ def test_auto_offset_reset_by_duration_starts_at_recent_records(sbroker):
     finally:
         c.close()
     assert got == [b"new-%d" % i for i in range(5)]
+
+
+def test_a_topic_recreated_under_the_same_name_starts_a_new_share_partition(sbroker):
+    bootstrap = sbroker.bootstrap
+    topic, group = names("recreated")
+    create_topic(bootstrap, topic)
+    set_group_configs(bootstrap, group, share_auto_offset_reset="earliest")
+    produce(bootstrap, topic, [b"first-%d" % i for i in range(5)])
+
+    def read_all(n: int) -> list[bytes]:
+        c = consumer(bootstrap, group, topic)
+        got: list[bytes] = []
+        try:
+            wait_until(lambda: got.extend(m.value() for m in records(c)) or len(got) >= n, 30, f"{n} records")
+            c.commit_sync(10)
+        finally:
+            c.close()
+        return got
+
+    assert read_all(5) == [b"first-%d" % i for i in range(5)]  # the share partition's start is now 5
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics([topic]).values():
+        fut.result(15)
+    wait_until(lambda: create_topic(bootstrap, topic) is None, 30, "the topic created again")
+    produce(bootstrap, topic, [b"second-%d" % i for i in range(3)])
+    assert read_all(3) == [b"second-%d" % i for i in range(3)]

@@ -45,6 +45,7 @@ class _Entry:
     sp: SharePartition
     version: int  # of its document in the metadata store
     leader_epoch: int  # of the log it was loaded under: another epoch means it moved away and back
+    topic_id: str | None  # of the topic it belongs to (a same-named topic created later is another)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -89,20 +90,24 @@ class SharePartitionManager:
         `revalidate`: compare the copy with the store first (a new share session: an admin
         may have altered or deleted the state of the then empty group meanwhile)."""
         key = (group_id, topic, partition)
+        topic_id = getattr(lg, "topic_id", None)
         entry = self.partitions.get(key)
-        if entry is not None and entry.leader_epoch == lg.leader_epoch and not revalidate:
+        if entry is not None and (entry.leader_epoch, entry.topic_id) == (lg.leader_epoch, topic_id) and not revalidate:
             return entry
         lock = self._load_locks.setdefault(key, asyncio.Lock())
         async with lock:
             entry = self.partitions.get(key)
             doc, version = await self.metadata.get_share_state(group_id, topic, partition)
-            if entry is not None and entry.leader_epoch == lg.leader_epoch and entry.version == version:
+            if entry is not None and (entry.leader_epoch, entry.topic_id, entry.version) == (lg.leader_epoch, topic_id, version):
                 return entry
+            if doc is not None and doc.get("topic_id") not in (None, topic_id):
+                doc = None  # the state of a deleted topic of the same name: start over (over its version)
             if doc is None:
                 start = await self._start_offset(lg, settings.auto_offset_reset)
                 sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks)
                 try:
-                    version = await self.metadata.put_share_state(group_id, topic, partition, sp.to_doc(), 0)
+                    version = await self.metadata.put_share_state(group_id, topic, partition,
+                                                                  dict(sp.to_doc(), topic_id=topic_id), version)
                     self.writes += 1
                 except ConflictError:
                     # Another broker initialized it first (it owned the partition a moment ago): read that.
@@ -115,7 +120,7 @@ class SharePartitionManager:
                              settings.auto_offset_reset)
             else:
                 sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks)
-            entry = _Entry(sp, version, lg.leader_epoch)
+            entry = _Entry(sp, version, lg.leader_epoch, topic_id)
             self.partitions[key] = entry
             return entry
 
@@ -197,7 +202,8 @@ class SharePartitionManager:
 
     async def _persist(self, key: Key, entry: _Entry) -> None:
         try:
-            entry.version = await self.metadata.put_share_state(*key, entry.sp.to_doc(), entry.version)
+            entry.version = await self.metadata.put_share_state(*key, dict(entry.sp.to_doc(), topic_id=entry.topic_id),
+                                                                entry.version)
             self.writes += 1
         except Exception as e:
             # Not durable: forget this copy, so what is served next is what the store has
@@ -239,6 +245,9 @@ class SharePartitionManager:
         now = self.clock()
         expired = 0
         for (group_id, topic, partition), entry in list(self.partitions.items()):
+            if (topic, partition) not in self.logs.logs:
+                self.forget((group_id, topic, partition))  # the partition moved away: its new owner serves it
+                continue
             if entry.lock.locked():
                 continue  # an acquisition or acknowledgement is running: look again soon
             n = entry.sp.expire(now)
