@@ -63,7 +63,7 @@ class BrokerConfig:
     metadata: str = field(default="embedded", metadata={"help": "metadata store: embedded or etcd://host:port[,host:port]"})
     metadata_prefix: str = field(default="/kafscale", metadata={"help": "key prefix in etcd"})
     metadata_backup: str = field(default="", metadata={"help": "object store URL for metadata snapshots, e.g. a separate backup bucket s3://backups/kafscale (default: the --storage store); snapshots are under <namespace>/~metadata/ there"})
-    metadata_snapshot_interval_ms: int = field(default=60_000, metadata={"help": "how often one broker of the cluster writes a metadata snapshot (also soon after topic, ACL, user or quota changes; 0: never)"})
+    metadata_snapshot_interval_ms: int = field(default=60_000, metadata={"help": "how often one broker of the cluster writes a metadata snapshot (also soon after topic, ACL, user, quota or group config changes; 0: never)"})
     metadata_snapshots_keep: int = field(default=10, metadata={"help": "metadata snapshots kept; older ones are deleted"})
     metadata_auto_restore: bool = field(default=False, metadata={"help": "when the metadata store is empty but the namespace holds data, run `kafscale metadata restore` before starting instead of refusing to start"})
     http: str = field(default="127.0.0.1:9093", metadata={"help": "HOST:PORT for /metrics, /healthz, /readyz ('' disables)"})
