@@ -5,7 +5,7 @@ overrides allow; a principal without DESCRIBE does not see a topic in Metadata."
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
 
 from tests.support.broker import BrokerProcess, free_port
@@ -343,3 +343,42 @@ def test_group_configs_need_describe_and_alter_configs_on_the_group(secured):
     assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
     alter("admin")
     assert describe("dave")["share.auto.offset.reset"].value == "earliest"
+
+
+def _share_read(port: int, user: str, topic: str, group: str):
+    """('ok', value) or ('error', code) for the first thing a share consumer of `group` sees."""
+    from confluent_kafka import ShareConsumer
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(_conf(port, "admin"))
+    r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([r]).values():
+        fut.result(10)
+    c = ShareConsumer({**_conf(port, user), "group.id": group})
+    c.subscribe([topic])
+    seen = []
+    try:
+        def first():
+            try:
+                msgs = c.poll(0.5)
+            except KafkaException as e:  # librdkafka raises a fetch's error from poll
+                seen.append(("error", e.args[0].code()))
+                return True
+            for m in msgs:
+                seen.append(("error", m.error().code()) if m.error() else ("ok", m.value()))
+            return bool(seen)
+        wait_until(first, 30, f"{user} share-consuming {topic}")
+        if seen[0][0] == "ok":
+            c.commit_sync(10)
+    finally:
+        c.close()
+    return seen[0]
+
+
+def test_share_fetch_needs_read_on_the_topic(secured):
+    _b, sasl = secured
+    # carol: READ on logs-* and every group
+    assert _share_read(sasl, "carol", "logs-app", "share-carol") == ("ok", b"logs-app-seed")
+    # eve: READ on every group, but READ on `public` denied: the share fetch is refused per topic
+    assert _share_read(sasl, "eve", "public", "share-eve") == ("error", KafkaError.TOPIC_AUTHORIZATION_FAILED)

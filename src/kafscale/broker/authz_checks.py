@@ -239,7 +239,7 @@ RULES: dict[int, Rule] = {
     ApiKey.CONSUMER_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
     ApiKey.SHARE_GROUP_HEARTBEAT: Rule(_consumer_group_heartbeat),  # Kafka checks the same
     ApiKey.SHARE_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
-    ApiKey.SHARE_FETCH: Rule(_group(Op.READ)),  # (Kafka also checks READ on each topic: not yet)
+    ApiKey.SHARE_FETCH: Rule(_group(Op.READ)),  # READ on each topic: in the handler (handlers/share_fetch.py)
     ApiKey.SHARE_ACKNOWLEDGE: Rule(_group(Op.READ)),
     ApiKey.CREATE_TOPICS: Rule(_create_topics),
     ApiKey.DELETE_TOPICS: Rule(topics=WholeTopics(Op.DELETE, _deleted_topics)),

@@ -12,10 +12,12 @@ import asyncio
 import logging
 import time
 
+from kafscale.broker.handlers.groups import _client_host
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
+from kafscale.security.acl import Operation as Op, ResourceType as Res
 from kafscale.share.partition import Ack
 from kafscale.storage.failures import STORE_FAILURES, StorageError
 
@@ -37,20 +39,36 @@ class _Part:
 
 
 async def _parts(ctx, topics) -> dict[tuple, _Part]:
-    """(topic id, partition) -> _Part of a request's topics (a topic may come twice)."""
+    """(topic id, partition) -> _Part of a request's topics (a topic may come twice).
+    A topic the principal may not READ gets TOPIC_AUTHORIZATION_FAILED, as in Kafka."""
     names = TopicIdResolver(ctx.broker)
     out: dict[tuple, _Part] = {}
     for t in topics:
-        try:
-            name = await names.name(None, t.topic_id)
-        except StorageError:
-            name = None
+        name = await _name(ctx, names, t.topic_id)
         for p in t.partitions:
             part = out.get((t.topic_id, p.partition_index))
             if part is None:
                 part = out[(t.topic_id, p.partition_index)] = _Part(t.topic_id, p.partition_index, name)
             part.acks += [Ack(b.first_offset, b.last_offset, tuple(b.acknowledge_types)) for b in p.acknowledgement_batches]
+    for part in out.values():
+        if part.name is not None and not _may_read(ctx, part.name):
+            part.error = part.ack_error = ErrorCode.topic_authorization_failed
+            part.acks = []
     return out
+
+
+async def _name(ctx, names: TopicIdResolver, topic_id) -> str | None:
+    try:
+        return await names.name(None, topic_id)
+    except StorageError:
+        return None
+
+
+def _may_read(ctx, topic: str) -> bool:
+    authz = getattr(ctx.broker, "authorizer", None)
+    if authz is None or not authz.enabled:
+        return True
+    return authz.authorize(ctx.principal, _client_host(ctx.peer).lstrip("/"), Op.READ, Res.TOPIC, topic)
 
 
 def _refusal(e: BaseException) -> tuple[ErrorCode, str | None]:
@@ -98,12 +116,10 @@ async def _fetch(ctx, group_id: str, member_id: str, session, parts: dict, req) 
     names = TopicIdResolver(ctx.broker)
     for tid, index in sorted(session.partitions, key=str):
         if (tid, index) not in parts:
-            try:
-                name = await names.name(None, tid)
-            except StorageError:
-                name = None
-            parts[(tid, index)] = _Part(tid, index, name)
-    fetching = [parts[k] for k in sorted(parts, key=str) if k in session.partitions]
+            part = parts[(tid, index)] = _Part(tid, index, await _name(ctx, names, tid))
+            if part.name is not None and not _may_read(ctx, part.name):
+                part.error = ErrorCode.topic_authorization_failed
+    fetching = [parts[k] for k in sorted(parts, key=str) if k in session.partitions and not parts[k].error]
     deadline = time.monotonic() + req.max_wait.total_seconds()
     first_round = True
     while True:
