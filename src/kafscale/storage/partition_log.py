@@ -351,6 +351,15 @@ class PartitionLog:
         """Stored batches from `offset` up to the high watermark (or the whole batches below
         `upto`, the last stable offset for read_committed), at most max_bytes (the first
         batch whole if at_least_one). Raises StorageError(OFFSET_OUT_OF_RANGE)."""
+        st = self.state
+        try:
+            return await read_committed(self.reader, st, offset, max_bytes, at_least_one, upto)
+        except StorageError as e:
+            if e.error_code != ErrorCode.offset_out_of_range or self.state is st:
+                raise
+        # The segment list changed while this read was under way and an object it named is
+        # gone (a merge or a rewrite of write-ahead objects past its grace, retention): the
+        # current list says where those offsets are now.
         return await read_committed(self.reader, self.state, offset, max_bytes, at_least_one, upto)
 
     def start_load(self, offset: int) -> asyncio.Future | None:
@@ -466,14 +475,25 @@ class FlushedPartition:
 
     async def read(self, offset: int, max_bytes: int, at_least_one: bool = True, upto: int | None = None) -> list[memoryview]:
         if self.stale():
-            try:
-                st = await self.metadata.get_partition(self.topic, self.partition)
-            except STORE_FAILURES as e:
-                raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
-            if st is not None:
-                self.reader.segments_changed(self.topic, self.partition, self.state.segments, st.segments)
-                self.state, self.loaded = st, time.monotonic()
+            await self._refresh()
+        try:
+            return await read_committed(self.reader, self.state, offset, max_bytes, at_least_one, upto)
+        except StorageError as e:
+            if e.error_code != ErrorCode.offset_out_of_range or time.monotonic() - self.loaded < 0.05:
+                raise
+        # An object the list named is gone (the owner merged or rewrote it since, past the
+        # grace period): read the owner's current list once more.
+        await self._refresh()
         return await read_committed(self.reader, self.state, offset, max_bytes, at_least_one, upto)
+
+    async def _refresh(self) -> None:
+        try:
+            st = await self.metadata.get_partition(self.topic, self.partition)
+        except STORE_FAILURES as e:
+            raise store_failure(e, f"reading {self.topic}-{self.partition}") from e
+        if st is not None:
+            self.reader.segments_changed(self.topic, self.partition, self.state.segments, st.segments)
+            self.state, self.loaded = st, time.monotonic()
 
     def add_data_waiter(self, fut: asyncio.Future) -> None:
         # No local appends to wait for: wake the long poll when the view goes stale.
