@@ -153,26 +153,30 @@ class SharePartitionManager:
         sp.max_in_flight = settings.partition_max_record_locks
         upto = lg.last_stable_offset if settings.read_committed else None
         limit = lg.high_watermark if upto is None else min(upto, lg.high_watermark)
-        async with entry.lock:
-            sp.move_start(lg.log_start_offset)
-            if not sp.has_available(limit):
+        # The log is read outside the lock; a concurrent fetch of another member may take
+        # what was read meanwhile: then read on from where it left off (a few times).
+        for _attempt in range(3):
+            async with entry.lock:
+                sp.move_start(lg.log_start_offset)
+                if not sp.has_available(limit):
+                    return FetchResult()
+                offset = sp.next_fetch_offset()
+            if offset >= limit:
                 return FetchResult()
-            offset = sp.next_fetch_offset()
-        if offset >= limit:
-            return FetchResult()
-        chunks = await lg.read(offset, max(max_bytes, 1), at_least_one=True, upto=upto)
-        found = _batches_of(chunks)
-        if settings.read_committed and found and lg.may_have_aborted_from(offset):
-            aborted = lg.aborted_transactions(offset, found[-1][1].last_offset + 1)
-            logged = _deliverable(chunks, found, aborted)
-        else:
-            logged = [LogBatch(h.base_offset, h.last_offset, not h.is_control) for _, h, _ in found]
-        async with entry.lock:
-            acquired = sp.acquire(member_id, self.clock(), settings.record_lock_duration_ms, logged, max_records,
-                                  lg.log_start_offset)
-        if acquired:
-            self._arm(sp.next_deadline())
-        return FetchResult(_covering(chunks, found, acquired), acquired)
+            chunks = await lg.read(offset, max(max_bytes, 1), at_least_one=True, upto=upto)
+            found = _batches_of(chunks)
+            if settings.read_committed and found and lg.may_have_aborted_from(offset):
+                aborted = lg.aborted_transactions(offset, found[-1][1].last_offset + 1)
+                logged = _deliverable(chunks, found, aborted)
+            else:
+                logged = [LogBatch(h.base_offset, h.last_offset, not h.is_control) for _, h, _ in found]
+            async with entry.lock:
+                acquired = sp.acquire(member_id, self.clock(), settings.record_lock_duration_ms, logged, max_records,
+                                      lg.log_start_offset)
+            if acquired:
+                self._arm(sp.next_deadline())
+                return FetchResult(_covering(chunks, found, acquired), acquired)
+        return FetchResult()
 
     def add_release_waiter(self, fut: asyncio.Future) -> None:
         self._released.add(fut)
@@ -197,8 +201,9 @@ class SharePartitionManager:
         async with entry.lock:
             entry.sp.acknowledge(member_id, acks)
             await self._persist((group_id, topic, partition), entry)
-        if any(t == 2 for a in acks for t in a.types):  # a release: records to deliver again
-            self._wake()
+        # Released records can be delivered again, and done ones moved the start offset,
+        # making room under the in-flight limit: waiting fetches look again.
+        self._wake()
 
     async def _persist(self, key: Key, entry: _Entry) -> None:
         try:
