@@ -89,11 +89,15 @@ def test_topic_page_shows_the_partitions_and_the_latest_records(console, browser
     assert '"order": 299' in browser.find_element(By.ID, "records").text
 
 
-def _broker_gauge(http: str, name: str, topic: str) -> dict[int, float]:
+def _broker_samples(http: str, name: str) -> list:
+    """The samples of `name` in a broker's /metrics now."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {int(s.labels["partition"]): s.value for fam in text_string_to_metric_families(requests.get(http + "/metrics", timeout=10).text)
-            for s in fam.samples if s.name == name and s.labels.get("topic") == topic}
+    return [s for fam in text_string_to_metric_families(requests.get(http + "/metrics", timeout=10).text) for s in fam.samples if s.name == name]
+
+
+def _broker_gauge(http: str, name: str, topic: str) -> dict[int, float]:
+    return {int(s.labels["partition"]): s.value for s in _broker_samples(http, name) if s.labels.get("topic") == topic}
 
 
 def test_topic_page_shows_segments_per_partition(console, cluster, browser):
@@ -695,3 +699,50 @@ def test_acls_created_and_deleted_through_the_page_on_an_authorizing_broker(brow
             refused.stop()
         c.stop()
         b.stop()
+
+
+def test_overview_names_failed_object_store_calls_of_a_broker_on_s3(browser):
+    import uuid
+
+    from confluent_kafka import Producer
+    from selenium.webdriver.common.by import By
+
+    from tests.support.broker import BrokerProcess
+    from tests.support.servers import start_moto
+
+    moto = start_moto()
+    http = free_port()
+    b = BrokerProcess(extra_args=["--storage", f"s3://console-{uuid.uuid4().hex[:10]}/c", "--http", f"127.0.0.1:{http}", "--merge-interval-ms", "0"],
+                      env={**moto.env, "KAFSCALE_S3_CREATE_BUCKET": "true"})
+    c = None
+    try:
+        b.start()
+        c = ConsoleProcess(b.bootstrap, ["--metrics", f"http://127.0.0.1:{http}", "--metrics-interval", "0.5"]).start()
+        p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "message.timeout.ms": 60000, "log_level": 0})
+        p.produce("on-s3", value=b"stored")
+        assert p.flush(30) == 0
+
+        def problems() -> str:
+            _open(browser, c.url + "/")
+            return browser.find_element(By.ID, "problems").text
+
+        wait_until(lambda: problems().startswith("None"), 30, "a healthy overview")
+        moto.pause()  # S3 stops answering: each call fails after its attempt's time limit
+        p.produce("on-s3", value=b"not while S3 is away")
+        p.poll(0)
+
+        def failed_calls_shown():
+            failed = sum(s.value for s in _broker_samples(f"http://127.0.0.1:{http}", "kafscale_object_store_request_failures_total"))
+            text = problems()
+            return failed > 0 and f"broker 0: {int(failed)} object-store calls failed in the last 60 s" in text and text
+
+        shown = wait_until(failed_calls_shown, 60, "the failed object-store calls in the problems")
+        assert "flushes failed in the last 60 s" in shown
+        assert _js_errors(browser) == []
+    finally:
+        _leave(browser)
+        moto.resume()
+        if c is not None:
+            c.stop()
+        b.stop()
+        moto.cleanup()

@@ -114,6 +114,12 @@ class BrokerStats:
     def gauge(self, name: str) -> float | None:
         return total(self.last, name)
 
+    def recent_count(self, key: str, window_s: float) -> float:
+        """How many of what a rate key counts (failed flushes, ...) happened within the last
+        `window_s` seconds of history: a problem stays shown that long, not one scrape."""
+        since = self.history[-1][0] - window_s if self.history else 0.0
+        return sum(counts.get("n:" + key) or 0.0 for t, counts in self.history if t > since)
+
 
 def _derive(prev: tuple[float, dict], now: tuple[float, dict]) -> dict[str, float | None]:
     (t0, a), (t1, b) = prev, now
@@ -122,6 +128,7 @@ def _derive(prev: tuple[float, dict], now: tuple[float, dict]) -> dict[str, floa
     for key, (name, match) in RATES.items():
         x, y = total(a, name, **match), total(b, name, **match)
         out[key] = max(y - x, 0) / dt if x is not None and y is not None else None
+        out["n:" + key] = max(y - x, 0) if x is not None and y is not None else None  # the count itself, for recent_count
     # Mean flush latency and cache hit rate over the interval, from sums and counts.
     fs, fc = total(b, "kafscale_flush_duration_seconds_sum"), total(b, "kafscale_flush_duration_seconds_count")
     fs0, fc0 = total(a, "kafscale_flush_duration_seconds_sum"), total(a, "kafscale_flush_duration_seconds_count")

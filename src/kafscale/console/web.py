@@ -34,6 +34,7 @@ PER_PAGE = 50
 LAG_HISTORY = 120  # points per group
 LAG_GROUPS = 500  # groups whose lag history is kept (least recently viewed dropped)
 LAG_FOLLOWED = 20  # groups viewed last whose lag the sampler keeps adding to
+PROBLEM_WINDOW_S = 60.0  # failed flushes and store calls stay a problem this long
 
 CLUSTER, METRICS, SESSIONS, STATE, TEMPLATES = (web.AppKey(n, object) for n in ("cluster", "metrics", "sessions", "state", "templates"))
 REGISTRY = web.AppKey("registry", object)  # a RegistryClient (--schema-registry) or None
@@ -243,10 +244,10 @@ async def overview(request: web.Request):
             problems.append(f"broker {b['id']}: object store unreachable")
         if st and st.up and st.gauge("kafscale_metadata_store_up") == 0:
             problems.append(f"broker {b['id']}: metadata store unreachable")
-        if last.get("flush_failures"):
-            problems.append(f"broker {b['id']}: flushes failing ({last['flush_failures']:.2f}/s)")
-        if last.get("store_failures"):
-            problems.append(f"broker {b['id']}: object-store calls failing ({last['store_failures']:.2f}/s)")
+        for key, what in (("flush_failures", "flushes"), ("store_failures", "object-store calls")):
+            failed = int(st.recent_count(key, PROBLEM_WINDOW_S)) if st else 0
+            if failed:
+                problems.append(f"broker {b['id']}: {failed} {what} failed in the last {PROBLEM_WINDOW_S:.0f} s")
     if error:
         problems.insert(0, f"no broker answers: {error}")
     if ov["offline"]:
