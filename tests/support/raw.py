@@ -149,6 +149,17 @@ class RawClient:
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def send_raw_to_slow_reader(self, data: bytes) -> None:
+        """send_raw to a broker that may stop reading this connection for longer than the
+        socket's timeout (sendall's timeout bounds the whole send): waits on until all is
+        sent, or the connection is closed."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.sock.send(view[: 1 << 20]) :]
+            except TimeoutError:
+                continue  # not read meanwhile: what the caller is waiting for
+
     def send_frame(self, payload: bytes) -> None:
         self.sock.sendall(frame(payload))
 

@@ -138,6 +138,24 @@ def encode_raw_response(correlation_id: int, body: bytes, flexible_header: bool 
     return _I32.pack(len(header) + len(body)) + header + body
 
 
+class EncodedResponse:
+    """A response encoded once, framed again for each request it answers: for an answer
+    that stays the same while the broker runs (ApiVersions, which every client asks on
+    every connection). The request path sends `encode_frame(correlation_id)`; the bytes
+    are those `encode_response` makes of `response`."""
+
+    __slots__ = ("response", "_body", "_flexible_header")
+
+    def __init__(self, api_key: int, version: int, response: Any):
+        self.response = response
+        self._flexible_header = api_key != ApiKey.API_VERSIONS and bool(response.__flexible__)
+        frame = encode_response(api_key, version, 0, response)[0]
+        self._body = frame[8 + self._flexible_header :]  # after length, correlation id, tagged fields
+
+    def encode_frame(self, correlation_id: int) -> list[bytes]:
+        return [encode_raw_response(correlation_id, self._body, self._flexible_header)]
+
+
 def encode_request(api_key: int, version: int, correlation_id: int, client_id: str | None, body: Any) -> bytes:
     """Frame a request (header v1, or v2 for flexible versions), as a broker sends one to
     another broker (the transaction coordinator's WriteTxnMarkers)."""

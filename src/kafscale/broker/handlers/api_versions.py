@@ -26,6 +26,7 @@ import re
 from kafscale.errors import ErrorCode
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
+from kafscale.protocol.codec import EncodedResponse
 
 METADATA_VERSION = (7, 25, 25)  # (supported min, supported max, finalized level): 3.3-IV3 .. 4.0-IV3
 TRANSACTION_VERSION_MAX = 2
@@ -46,6 +47,13 @@ FINALIZED_EPOCH = 0
 SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
+# Answers by everything they are made of (version, the router's APIs, the features): the
+# same for every request to a broker, so encoded once (an ApiVersions answer of ~90 APIs
+# costs the request path more than a Metadata one). Bounded for processes of many brokers.
+_ANSWERS: dict[tuple, EncodedResponse] = {}
+_MAX_ANSWERS = 64
+
+
 async def api_versions(ctx, req):
     cls = response(ApiKey.API_VERSIONS, ctx.version)
     if ctx.version >= 3 and not (
@@ -53,18 +61,26 @@ async def api_versions(ctx, req):
     ):
         # Kafka answers INVALID_REQUEST with no API list (KafkaApis.handleApiVersionsRequest)
         return make(cls, error_code=ErrorCode.invalid_request, api_keys=(), throttle_time=0)
+    apis = tuple(sorted((a.key, a.min_version, a.max_version) for a in ctx.broker.router.apis.values()))
+    feats = tuple(features(ctx.broker).items())
+    key = (ctx.version, apis, feats)
+    answer = _ANSWERS.get(key)
+    if answer is None:
+        if len(_ANSWERS) >= _MAX_ANSWERS:
+            _ANSWERS.clear()
+        answer = _ANSWERS[key] = EncodedResponse(ApiKey.API_VERSIONS, ctx.version, _answer(cls, ctx.version, apis, dict(feats)))
+    return answer
+
+
+def _answer(cls, version: int, apis, feats: dict[str, tuple[int, int, int]]):
     entry = nested(cls, "ApiVersion")
-    keys = tuple(
-        make(entry, api_key=a.key, min_version=a.min_version, max_version=a.max_version)
-        for a in sorted(ctx.broker.router.apis.values(), key=lambda a: a.key)
-    )
+    keys = tuple(make(entry, api_key=k, min_version=lo, max_version=hi) for k, lo, hi in apis)
     extra = {}
-    if ctx.version >= 3:
+    if version >= 3:
         supported_cls, finalized_cls = nested(cls, "SupportedFeatureKey"), nested(cls, "FinalizedFeatureKey")
-        feats = features(ctx.broker)
         # Kafka leaves out features whose minimum is 0 below v4 (old clients fail on them)
         extra["supported_features"] = tuple(
-            make(supported_cls, name=n, min_version=lo, max_version=hi) for n, (lo, hi, _) in feats.items() if lo > 0 or ctx.version >= 4
+            make(supported_cls, name=n, min_version=lo, max_version=hi) for n, (lo, hi, _) in feats.items() if lo > 0 or version >= 4
         )
         extra["finalized_features_epoch"] = FINALIZED_EPOCH
         extra["finalized_features"] = tuple(
