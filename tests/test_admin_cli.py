@@ -286,6 +286,22 @@ def test_groups_list_describe_consumer_protocol(broker, topic_name):
         c.close()
 
 
+def test_groups_configs_and_alter_config(broker, topic_name):
+    """A group's configs (GROUP config resources) shown and changed, before the group exists,
+    with the broker's refusal passed on."""
+    group = topic_name + "-cfg"
+    listing = {r[0]: r[1:] for r in rows(ok(cli(broker, "groups", "configs", group)))}
+    assert listing["share.auto.offset.reset"] == ["latest", "default"] and len(listing) == 10
+    out = ok(cli(broker, "groups", "alter-config", group, "--set", "share.auto.offset.reset=earliest", "--set", "consumer.session.timeout.ms=50000"))
+    assert "Config overrides: consumer.session.timeout.ms=50000, share.auto.offset.reset=earliest" in out
+    doc = json.loads(ok(cli(broker, "groups", "alter-config", group, "--delete", "consumer.session.timeout.ms", "--json")))
+    assert doc["overrides"] == {"share.auto.offset.reset": "earliest"}
+    configs = {c["name"]: c for c in json.loads(ok(cli(broker, "groups", "configs", group, "--json")))["configs"]}
+    assert configs["share.auto.offset.reset"] == {"name": "share.auto.offset.reset", "value": "earliest", "override": True}
+    refused = cli(broker, "groups", "alter-config", group, "--set", "consumer.session.timeout.ms=1000")
+    assert refused.returncode == 1 and "group.consumer.min.session.timeout.ms" in refused.stderr and "INVALID_CONFIG" in refused.stderr
+
+
 def test_groups_reset_offsets(broker, topic_name):
     group = topic_name + "-reset"
     ok(cli(broker, "topics", "create", topic_name, "--partitions", "2"))

@@ -75,6 +75,31 @@ class Progress:
             sys.stderr.flush()
 
 
+def alter_config_overrides(args, admin, resource_type, name: str, what: str, overrides_now) -> int:
+    """`alter-config NAME --set k=v --delete k` of a config resource (IncrementalAlterConfigs),
+    then the overrides it has now (`overrides_now()`), printed or as JSON."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    sets = parse_kv(args.set, "--set")
+    deletes = list(args.delete or ())
+    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()]
+    entries += [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
+    res = ConfigResource(resource_type, name, incremental_configs=entries)
+    await_result(admin.incremental_alter_configs([res], request_timeout=args.timeout)[res], args, f"altering configs of {what} {name!r}")
+    overrides = overrides_now()
+    if args.json:
+        print_json({"name": name, "set": sets, "deleted": deletes, "overrides": overrides})
+    else:
+        print(f"altered configs of {what} {name}")
+        print(f"Config overrides: {', '.join(f'{k}={v}' for k, v in overrides.items()) if overrides else '(none)'}")
+    return EXIT_OK
+
+
+def nothing_to_change(args) -> None:
+    if not args.set and not args.delete:
+        raise CliError("nothing to change: give --set key=value and/or --delete key")
+
+
 def parse_kv(items: list[str] | None, what: str) -> dict[str, str]:
     out = {}
     for item in items or ():

@@ -1,10 +1,10 @@
-"""`kafscale groups list|describe|delete|reset-offsets`."""
+"""`kafscale groups list|describe|delete|reset-offsets|configs|alter-config`."""
 
 from __future__ import annotations
 
 import concurrent.futures
 
-from kafscale.cli.common import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError, admin_client, await_result, command_family, fetch_metadata, kafka_error, leaf, list_offsets, note, parse_time, print_json, table, topic_meta
+from kafscale.cli.common import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError, admin_client, alter_config_overrides, await_result, command_family, fetch_metadata, kafka_error, leaf, list_offsets, note, nothing_to_change, parse_time, print_json, table, topic_meta
 
 
 def _state(state) -> str:
@@ -233,8 +233,37 @@ def groups_reset_offsets(args) -> int:
     return EXIT_OK
 
 
+def _group_configs(admin, args, name: str) -> list[dict]:
+    """The group's configs (GROUP config resources) with their sources, as the broker reports them."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource, ResourceType
+
+    res = ConfigResource(ResourceType.GROUP, name)
+    entries = await_result(admin.describe_configs([res], request_timeout=args.timeout)[res], args, f"describing configs of group {name!r}")
+    group_source = ConfigSource.GROUP_CONFIG.value
+    return [{"name": k, "value": e.value, "override": int(getattr(e.source, "value", e.source)) == group_source}
+            for k, e in sorted(entries.items())]
+
+
+def groups_configs(args) -> int:
+    configs = _group_configs(admin_client(args), args, args.name)
+    if args.json:
+        print_json({"group": args.name, "configs": configs})
+    else:
+        table(["CONFIG", "VALUE", "SOURCE"], [[c["name"], c["value"], "group" if c["override"] else "default"] for c in configs])
+    return EXIT_OK
+
+
+def groups_alter_config(args) -> int:
+    from confluent_kafka.admin import ResourceType
+
+    nothing_to_change(args)
+    admin = admin_client(args)
+    return alter_config_overrides(args, admin, ResourceType.GROUP, args.name, "group",
+                                  lambda: {c["name"]: c["value"] for c in _group_configs(admin, args, args.name) if c["override"]})
+
+
 def add_commands(subparsers) -> None:
-    gs = command_family(subparsers, "groups", "list, describe, delete consumer groups; reset their offsets")
+    gs = command_family(subparsers, "groups", "list, describe, delete consumer groups; reset their offsets; their configs")
     leaf(gs, "list", groups_list, "list consumer groups with their states")
     leaf(gs, "describe", groups_describe, "members, committed offsets and lag of a group", subject="GROUP")
     leaf(gs, "delete", groups_delete, "delete an empty group and its committed offsets", subject="GROUP")
@@ -246,3 +275,7 @@ def add_commands(subparsers) -> None:
     to.add_argument("--to-offset", type=int, metavar="N", help="offset N (clamped into the available range)")
     to.add_argument("--to-datetime", metavar="ISO", help="first offset at or after this time (ISO 8601; no zone means UTC)")
     p.add_argument("--execute", action="store_true", help="apply the plan (default: only print it)")
+    leaf(gs, "configs", groups_configs, "a group's configs (consumer.*, share.*: Kafka's group configs) and where each comes from", subject="GROUP")
+    p = leaf(gs, "alter-config", groups_alter_config, "set or remove a group's config overrides (the group need not exist yet)", subject="GROUP")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an override, e.g. share.auto.offset.reset=earliest; repeatable")
+    p.add_argument("--delete", action="append", metavar="KEY", help="remove an override (back to the broker's value), repeatable")

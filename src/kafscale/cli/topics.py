@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kafscale.cli.common import EXIT_OK, EXIT_UNREACHABLE, CliError, Progress, admin_client, await_result, command_family, fetch_metadata, leaf, list_offsets, parse_kv, parse_time, print_json, run_command, table, topic_meta
+from kafscale.cli.common import EXIT_OK, EXIT_UNREACHABLE, CliError, Progress, admin_client, alter_config_overrides, await_result, command_family, fetch_metadata, leaf, list_offsets, nothing_to_change, parse_kv, parse_time, print_json, run_command, table, topic_meta
 
 
 def topics_list(args) -> int:
@@ -81,25 +81,13 @@ def topics_delete(args) -> int:
 
 
 def topics_alter_config(args) -> int:
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    from confluent_kafka.admin import ResourceType
 
-    sets = parse_kv(args.set, "--set")
-    deletes = list(args.delete or ())
-    if not sets and not deletes:
-        raise CliError("nothing to change: give --set key=value and/or --delete key")
+    nothing_to_change(args)
     admin = admin_client(args)
     topic_meta(fetch_metadata(admin, args), args.name)
-    entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in sets.items()]
-    entries += [ConfigEntry(k, None, incremental_operation=AlterConfigOpType.DELETE) for k in deletes]
-    res = ConfigResource(ResourceType.TOPIC, args.name, incremental_configs=entries)
-    await_result(admin.incremental_alter_configs([res], request_timeout=args.timeout)[res], args, f"altering configs of {args.name!r}")
-    overrides = {k: c["value"] for k, c in _topic_configs(admin, args, args.name).items() if c["override"]}
-    if args.json:
-        print_json({"name": args.name, "set": sets, "deleted": deletes, "overrides": overrides})
-    else:
-        print(f"altered configs of topic {args.name}")
-        print(f"Config overrides: {', '.join(f'{k}={v}' for k, v in overrides.items()) if overrides else '(none)'}")
-    return EXIT_OK
+    return alter_config_overrides(args, admin, ResourceType.TOPIC, args.name, "topic",
+                                  lambda: {k: c["value"] for k, c in _topic_configs(admin, args, args.name).items() if c["override"]})
 
 
 def topics_restore(args) -> int:
