@@ -320,3 +320,21 @@ async def test_commit_segments_of_many_partitions_fails_only_the_moved_ones(meta
             assert stored.high_watermark == 5 == res.high_watermark and res.version == stored.version
             assert stored.segments == [infos[p]]  # the location round-trips
     assert await metadata.write_ahead_keys_in_use() == {"default/~wal/x.wal"}
+
+
+async def test_cycles_are_spaced_by_the_min_flush_interval_however_many_partitions(tmp_path):
+    """Records reaching 64 idle partitions one at a time (each partition alone would upload
+    at once): the broker still uploads at most about once per min flush interval."""
+    mgr = _manager(tmp_path, flush_interval_ms=400, min_flush_interval_ms=400)
+    await mgr.metadata.create_topic(TopicMeta("spaced", 64))
+    logs = [await mgr.get_log("spaced", p) for p in range(64)]
+    start = time.monotonic()
+    waiters = []
+    for i in range(256):
+        waiters.append(_append(logs[i % 64], [b"r%d" % i])[2])
+        await asyncio.sleep(0.01)  # the load: one record every 10 ms, each to the next partition
+    await asyncio.gather(*waiters)
+    elapsed = time.monotonic() - start
+    assert mgr.write_ahead.objects_written <= elapsed / 0.4 + 2, (mgr.write_ahead.objects_written, elapsed)
+    assert all(lg.high_watermark == 4 for lg in logs)
+    await mgr.stop()

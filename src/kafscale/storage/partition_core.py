@@ -242,6 +242,13 @@ class PartitionCore:
             due = min(due, self.last_flush + self.min_flush_interval_s)
         return due - now
 
+    def flush_urgent(self) -> bool:
+        """Whether the buffer must go now whenever the last upload was: it holds a whole
+        segment, or a transaction marker (see flush_due_in). A flusher shared by many logs
+        (storage/write_ahead_flusher.py) spaces its uploads by the min flush interval
+        otherwise."""
+        return bool(self.buffer) and (self.buffered_bytes >= self.settings.segment_bytes or self.buffered_markers > 0)
+
     def begin_flush(self, now: float, owned: bool) -> Outcome | None:
         """Take the next segment to upload (None: nothing buffered). Without ownership (lease
         lost or moved: another broker may write this partition now) the log halts instead."""

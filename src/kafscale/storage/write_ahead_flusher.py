@@ -48,7 +48,8 @@ MAX_OBJECT_BYTES = 64 * 1024 * 1024
 
 class WriteAheadFlusher:
     def __init__(self, store: ObjectStore, metadata: MetadataStore, logs: Callable[[], Iterable[PartitionLog]], namespace: str,
-                 broker_id: int, metrics: StorageMetrics, max_object_bytes: int = MAX_OBJECT_BYTES, commit_deadline_s: float = 75.0):
+                 broker_id: int, metrics: StorageMetrics, max_object_bytes: int = MAX_OBJECT_BYTES, commit_deadline_s: float = 75.0,
+                 min_interval_s: float = 0.0):
         self.store = store
         self.metadata = metadata
         self.logs = logs
@@ -59,6 +60,12 @@ class WriteAheadFlusher:
         # No commit starts into an object older than this: the cleanup deletes unreferenced
         # objects from four times that age on (write_ahead_cleanup.py).
         self.commit_deadline_s = commit_deadline_s
+        # Cycles start at most this often (--min-flush-interval-ms), but for a log holding a
+        # whole segment or a transaction marker: each cycle takes every partition's data,
+        # so each partition still uploads at most once per interval, and a broker whose
+        # partitions get records at staggered times does not upload for each of them.
+        self.min_interval_s = min_interval_s
+        self._last_cycle = float("-inf")
         self.writer = uuid.uuid4().hex[:8]  # this process's objects, apart from an earlier run's of the broker id
         self.sequence = 0
         self.objects_written = 0
@@ -73,10 +80,20 @@ class WriteAheadFlusher:
     def buffered(self, lg: PartitionLog) -> None:
         """`lg` buffered something: wake the loop if that makes a flush due sooner."""
         self._ensure_running()
-        delay = lg.core.flush_due_in(time.monotonic())
-        if delay is not None and time.monotonic() + delay < self._next_due:
-            self._next_due = time.monotonic() + delay
+        now = time.monotonic()
+        due = self._due_at(lg, now)
+        if due is not None and due < self._next_due:
+            self._next_due = due
             self._wake.set()
+
+    def _due_at(self, lg: PartitionLog, now: float) -> float | None:
+        """When `lg` wants a cycle (monotonic), None when it has nothing buffered."""
+        delay = lg.core.flush_due_in(now)
+        if delay is None:
+            return None
+        if lg.core.flush_urgent():
+            return now + delay
+        return max(now + delay, self._last_cycle + self.min_interval_s)
 
     async def flush(self, lg: PartitionLog) -> None:
         """Run a cycle that takes `lg`'s buffered data now (shutdown, hand-over), after any
@@ -112,11 +129,12 @@ class WriteAheadFlusher:
             for lg in self.logs():
                 if lg.core.uploading:
                     continue
-                delay = lg.core.flush_due_in(now)
-                if delay is not None and now + delay < next_due:
-                    next_due = now + delay
+                due = self._due_at(lg, now)
+                if due is not None and due < next_due:
+                    next_due = due
             if (self._requests or next_due <= now) and len(self._cycles) < MAX_CYCLES:
                 requests, self._requests = self._requests, []
+                self._last_cycle = now
                 task = asyncio.get_running_loop().create_task(self._cycle(requests))
                 self._cycles.add(task)
                 task.add_done_callback(self._cycle_done)
