@@ -333,15 +333,20 @@ def test_client_that_does_not_read_stops_being_read(broker_factory):
         sender.start()
 
         def broker_idle() -> bool:
-            used = cpu_seconds(b.proc.pid)
-            time.sleep(0.5)
-            return cpu_seconds(b.proc.pid) - used < 0.05
+            # Idle for two seconds running: on a busy machine a broker still working gets
+            # little CPU, so one short window can look idle.
+            for _ in range(2):
+                used = cpu_seconds(b.proc.pid)
+                time.sleep(1.0)
+                if cpu_seconds(b.proc.pid) - used >= 0.02:
+                    return False
+            return True
 
         wait_until(broker_idle, 90, "the broker to stop working on the unread connection")
         growth = rss_bytes(b.proc.pid) - before
         assert growth < 25 * MiB, f"RSS grew by {growth / MiB:.0f} MiB holding responses nobody reads"
         print(f"RSS grew by {growth / MiB:.1f} MiB while the client read nothing")
-        metadata_answered_within(b.bootstrap, 2)  # others are served meanwhile
+        metadata_answered_within(b.bootstrap, 5)  # others are served meanwhile
         first = c.recv_frame()
         got, resp = decode_response(API_VERSIONS, 3, first)
         assert got == 0 and error_code(resp.error_code) == 0 and resp.api_keys
