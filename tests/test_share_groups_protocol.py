@@ -11,6 +11,7 @@ from kio.schema.errors import ErrorCode
 
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
+from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -173,3 +174,30 @@ def test_share_fetch_sessions_and_acknowledgements_raw(sbroker):
         # every record is done: a new session finds nothing
         r = share_fetch(c, group, member, 0, topic_id, wait=300)
         assert all(not p.acquired_records for t in r.responses for p in t.partitions)
+
+
+def test_a_closed_connection_ends_its_share_session_and_releases_its_records(sbroker):
+    from confluent_kafka import Producer
+
+    bootstrap = sbroker.bootstrap
+    topic, group = f"share-conn-{uuid.uuid4().hex[:8]}", f"sc-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    with RawClient(bootstrap) as c:
+        [(topic_id, _)] = assigned(heartbeat(c, group, a, 0, (topic,)))
+        share_fetch(c, group, a, 0, topic_id, wait=10)
+        p = Producer({"bootstrap.servers": bootstrap})
+        for i in range(3):
+            p.produce(topic, value=b"v%d" % i)
+        assert p.flush(10) == 0
+        [part] = share_fetch(c, group, a, 1, topic_id, wait=5_000).responses[0].partitions
+        assert [(x.first_offset, x.last_offset, x.delivery_count) for x in part.acquired_records] == [(0, 2, 1)]
+    # a's connection is gone (a crashed consumer): its records come back long before their 30 s locks
+    with RawClient(bootstrap) as c:
+        heartbeat(c, group, b, 0, (topic,))
+        got = []
+        wait_until(lambda: got.extend(x for t in share_fetch(c, group, b, 0, topic_id,
+                                                                wait=1_000).responses
+                                      for part in t.partitions for x in part.acquired_records) or got, 10,
+                   "the records of the closed connection")
+        assert [(x.first_offset, x.last_offset, x.delivery_count) for x in got] == [(0, 2, 2)]

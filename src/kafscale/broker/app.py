@@ -88,6 +88,7 @@ class Broker:
             window_ms=max(1, config.quota_window_size_seconds) * 1000, samples=max(2, config.quota_window_num),
         )
         self.server = KafkaServer(self, config)
+        self.server.close_hooks.append(self.shares.connection_closed)
         self.backup_store = open_store(config.metadata_backup_url) if config.metadata_backup_url else self.store
         self.snapshots = SnapshotWriter(
             self.metadata.kv, SnapshotStore(self.backup_store, config.namespace), self.cluster, config.broker_id,

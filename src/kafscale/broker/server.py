@@ -140,6 +140,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc) -> None:
         self.closing = True
         self.server.forget(self)
+        for hook in self.server.close_hooks:
+            hook(self.peer)
         if self._head_reserved > 0:
             self.server.release_request_memory(self, self._head_reserved)
         self._head_reserved = -1
@@ -438,6 +440,8 @@ class KafkaServer:
         # (response None: Produce with acks=0); ops/metrics counts bytes in and out with them.
         self.response_hooks: dict[int, list] = {}
         self.tls_handshake_failures = 0
+        # hook(peer) for each connection closing: state tied to a connection (share sessions) goes with it
+        self.close_hooks: list = []
         self.tls_contexts: dict[str, ReloadingContext] = {}  # TLS listener name -> its context (listeners with equal settings share one)
         self.principal_rules = parse_rules(config.ssl_principal_mapping_rules)
         self.listener_principal_rules = {name: parse_rules(rules) for name, rules in config.listener_principal_rules().items()}

@@ -234,6 +234,14 @@ class SharePartitionManager:
             log.info("share group %s: member %s closed its session, %d records released", group_id, member_id, released)
             self._wake()
 
+    def connection_closed(self, connection: str) -> None:
+        """A client connection closed: the share sessions opened on it end, and their
+        members' records go back at once instead of when their locks time out."""
+        for session in self.sessions.on_connection(connection):
+            task = asyncio.ensure_future(self.close_session(session))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
     # -- acquisition locks ------------------------------------------------------------------------
 
     def _arm(self, deadline: float | None) -> None:

@@ -4,7 +4,7 @@ A share consumer keeps one session per broker (its group and member id): a Share
 epoch 0 opens it with the partitions it names, later requests carry the next epoch and
 add partitions (the ones they name) or drop them (ForgottenTopicsData), and epoch -1
 closes it, after which the member's acquired records in those partitions are released
-(the driver does that). Kafka's errors: a request at any other epoch than the session's is
+(the driver does that); so does the close of the connection it was opened on (Kafka 4.1). Kafka's errors: a request at any other epoch than the session's is
 INVALID_SHARE_SESSION_EPOCH, one for a member without a session SHARE_SESSION_NOT_FOUND;
 a ShareAcknowledge cannot open a session (epoch 0: INVALID_SHARE_SESSION_EPOCH); and when
 the cache is full, SHARE_SESSION_LIMIT_REACHED. Sessions idle longer than `idle_ms` are
@@ -33,6 +33,7 @@ class ShareSession:
     epoch: int  # the epoch the next request must carry
     partitions: set[Partition] = field(default_factory=set)
     last_used: float = 0.0
+    connection: str = ""  # the client connection it was opened on (it ends with it, as in Kafka 4.1)
 
 
 class ShareSessionCache:
@@ -42,7 +43,7 @@ class ShareSessionCache:
         self.sessions: dict[SessionKey, ShareSession] = {}
 
     def fetch(self, key: SessionKey, epoch: int, now: float, add: set[Partition], forget: set[Partition],
-              fetching: bool) -> tuple[ShareSession, bool]:
+              fetching: bool, connection: str = "") -> tuple[ShareSession, bool]:
         """A ShareFetch's session: (session, closing). `fetching`: it asks for records
         (a closing request may only acknowledge)."""
         if epoch == INITIAL_EPOCH:
@@ -50,7 +51,7 @@ class ShareSessionCache:
             if key not in self.sessions and len(self.sessions) >= self.max_sessions:
                 raise KafkaError(ErrorCode.share_session_limit_reached,
                                  f"The share session cache is full ({self.max_sessions} sessions).")
-            session = ShareSession(key, next_epoch(INITIAL_EPOCH), set(add) - forget, now)
+            session = ShareSession(key, next_epoch(INITIAL_EPOCH), set(add) - forget, now, connection)
             self.sessions[key] = session  # (a member opening again starts a new session)
             return session, False
         if epoch == FINAL_EPOCH:
@@ -89,6 +90,13 @@ class ShareSessionCache:
             raise KafkaError(ErrorCode.invalid_share_session_epoch,
                              f"Share session epoch {epoch} is not the expected {session.epoch}.")
         return session
+
+    def on_connection(self, connection: str) -> list[ShareSession]:
+        """The sessions opened on a connection that closed: removed."""
+        gone = [s for s in self.sessions.values() if s.connection and s.connection == connection]
+        for s in gone:
+            del self.sessions[s.key]
+        return gone
 
     def evict_idle(self, now: float) -> list[ShareSession]:
         gone = [s for s in self.sessions.values() if now - s.last_used >= self.idle_ms]

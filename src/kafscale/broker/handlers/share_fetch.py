@@ -197,7 +197,7 @@ async def share_fetch(ctx, req):
     key = (req.group_id, req.member_id)
     try:
         session, closing = shares.sessions.fetch(key, req.share_session_epoch, shares.clock(), set(parts), forget,
-                                                 fetching=req.max_records > 0 and bool(parts))
+                                                 fetching=req.max_records > 0 and bool(parts), connection=ctx.peer)
     except KafkaError as e:
         log.info("ShareFetch of group %s member %s at session epoch %d refused with %s: %s", req.group_id,
                  req.member_id, req.share_session_epoch, e.code.name.upper(), e.message)
