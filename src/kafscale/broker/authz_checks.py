@@ -241,6 +241,10 @@ RULES: dict[int, Rule] = {
     ApiKey.SHARE_GROUP_DESCRIBE: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, x) for x in req.group_ids]),
     ApiKey.SHARE_FETCH: Rule(_group(Op.READ)),  # READ on each topic: in the handler (handlers/share_fetch.py)
     ApiKey.SHARE_ACKNOWLEDGE: Rule(_group(Op.READ)),
+    # TOPIC DESCRIBE (90) / READ (91, 92) on each topic: in the handler (handlers/share_offsets.py)
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: Rule(lambda req: [Need(Op.DESCRIBE, Res.GROUP, g.group_id) for g in req.groups]),
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: Rule(_group(Op.READ)),
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: Rule(_group(Op.DELETE)),
     ApiKey.CREATE_TOPICS: Rule(_create_topics),
     ApiKey.DELETE_TOPICS: Rule(topics=WholeTopics(Op.DELETE, _deleted_topics)),
     ApiKey.DELETE_RECORDS: Rule(topics=PerTopic("topics", "topics", Op.DELETE)),

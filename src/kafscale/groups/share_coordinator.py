@@ -74,6 +74,19 @@ class ShareGroupCoordinator(GroupDriver):
         await self.metadata.delete_share_states(group.group_id)
         return ErrorCode.none
 
+    async def while_empty(self, group_id: str, change) -> ErrorCode:
+        """AlterShareGroupOffsets / DeleteShareGroupOffsets: run `change()` on the group's
+        share-partition state with the group's lock held (a member joining meanwhile waits),
+        only if it is an empty share group, as Kafka (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP)."""
+        async with self.parent._locks[group_id]:
+            group = await self.loaded(group_id)
+            if group is None:
+                return ErrorCode.group_id_not_found
+            if group.members:
+                return ErrorCode.non_empty_group
+            await change()
+            return ErrorCode.none
+
     # -- loading and persistence ---------------------------------------------------------------
 
     async def loaded(self, group_id: str) -> ShareGroup | None:

@@ -1,0 +1,127 @@
+"""A share group's offsets (KIP-932) over TCP: DescribeShareGroupOffsets (90),
+AlterShareGroupOffsets (91) and DeleteShareGroupOffsets (92) as raw frames against a real
+broker read by confluent-kafka's ShareConsumer (librdkafka 2.16 has no admin calls for
+them): describe shows where the group is, alter (empty group only) moves it and a new
+consumer reads from there, delete makes the group start afresh; Kafka's error codes."""
+
+from __future__ import annotations
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from tests.support.raw import RawClient, error_code, req
+from tests.support.wait import wait_until
+from tests.test_share_consumer import accept_polled, consumer, create_topic, names, produce, sbroker, set_group_configs  # noqa: F401
+
+pytest.importorskip("confluent_kafka")
+
+DESCRIBE, ALTER, DELETE = 90, 91, 92
+
+
+def describe(c: RawClient, group: str, topics: dict[str, list[int]] | None):
+    wanted = None if topics is None else tuple(
+        req(DESCRIBE, 1, "DescribeShareGroupOffsetsRequestTopic", topic_name=t, partitions=tuple(ps)) for t, ps in topics.items())
+    [g] = c.request(DESCRIBE, 1, req(DESCRIBE, 1, groups=(
+        req(DESCRIBE, 1, "DescribeShareGroupOffsetsRequestGroup", group_id=group, topics=wanted),))).groups
+    return g
+
+
+def starts(g) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (start offset, error code)"""
+    return {(t.topic_name, p.partition_index): (p.start_offset, error_code(p.error_code)) for t in g.topics for p in t.partitions}
+
+
+def alter(c: RawClient, group: str, topic: str, offsets: dict[int, int]):
+    parts = tuple(req(ALTER, 0, "AlterShareGroupOffsetsRequestPartition", partition_index=p, start_offset=o) for p, o in offsets.items())
+    return c.request(ALTER, 0, req(ALTER, 0, group_id=group, topics=(
+        req(ALTER, 0, "AlterShareGroupOffsetsRequestTopic", topic_name=topic, partitions=parts),)))
+
+
+def delete(c: RawClient, group: str, *topics: str):
+    return c.request(DELETE, 0, req(DELETE, 0, group_id=group, topics=tuple(
+        req(DELETE, 0, "DeleteShareGroupOffsetsRequestTopic", topic_name=t) for t in topics)))
+
+
+def read_values(bootstrap: str, group: str, topic: str, n: int) -> list[bytes]:
+    """A share consumer reading and accepting until it has `n` records; closed after."""
+    got: list[bytes] = []
+    c = consumer(bootstrap, group, topic, explicit=True)
+    try:
+        def more() -> bool:
+            for m in c.poll(0.3):
+                assert m.error() is None, m.error()
+                got.append(m.value())
+                c.acknowledge(m)
+            c.commit_sync(10)
+            return len(got) >= n
+        wait_until(more, 60, f"{n} records read")
+    finally:
+        c.close()
+    return got
+
+
+def test_describe_alter_and_delete_share_group_offsets(sbroker):
+    bootstrap = sbroker.bootstrap
+    topic, group = names("shareoff")
+    create_topic(bootstrap, topic, 2)
+    set_group_configs(bootstrap, group, share_auto_offset_reset="earliest")
+    produce(bootstrap, topic, [f"v-{i}".encode() for i in range(100)])  # all to one partition or spread: count both
+    with RawClient(bootstrap) as c:
+        # a group that does not exist (yet)
+        assert error_code(describe(c, group, None).error_code) == ErrorCode.group_id_not_found.value
+        assert error_code(alter(c, group, topic, {0: 0}).error_code) == ErrorCode.group_id_not_found.value
+        assert error_code(delete(c, group, topic).error_code) == ErrorCode.group_id_not_found.value
+
+        # a consumer accepts everything: each partition's start offset is its log end
+        live = consumer(bootstrap, group, topic, explicit=True)
+        try:
+            seen = []
+
+            def all_accepted() -> bool:
+                ms = live.poll(0.3)
+                for m in ms:
+                    seen.append((m.partition(), m.offset()))
+                    live.acknowledge(m)
+                if ms:
+                    live.commit_sync(10)
+                return len(seen) >= 100
+            wait_until(all_accepted, 60, "100 records accepted")
+            ends = {p: 1 + max(o for q, o in seen if q == p) for p, _ in seen}
+            g = describe(c, group, {topic: [0, 1, 2]})
+            assert error_code(g.error_code) == 0
+            got = starts(g)
+            assert got[(topic, 2)] == (-1, ErrorCode.unknown_topic_or_partition.value)
+            assert {p: got[(topic, p)] for p in ends} == {p: (end, 0) for p, end in ends.items()}
+            assert {(t, p): s for (t, p), s in starts(describe(c, group, None)).items()} == {
+                (topic, p): (end, 0) for p, end in ends.items()}
+            # a member is in: neither alter nor delete
+            assert error_code(alter(c, group, topic, {0: 0}).error_code) == ErrorCode.non_empty_group.value
+            assert error_code(delete(c, group, topic).error_code) == ErrorCode.non_empty_group.value
+        finally:
+            live.close()
+
+        # empty now: move one partition back to offset 10 of its 'ends' records
+        p, end = max(ends.items(), key=lambda kv: kv[1])
+        wait_until(lambda: error_code(alter(c, group, topic, {p: 10}).error_code) == 0, 30, "the group empty, offsets altered")
+        r = alter(c, group, topic, {p: 10, 7: 0})
+        [t] = r.responses
+        assert {x.partition_index: error_code(x.error_code) for x in t.partitions} == {p: 0, 7: ErrorCode.unknown_topic_or_partition.value}
+        assert starts(describe(c, group, {topic: [p]}))[(topic, p)] == (10, 0)
+        assert len(read_values(bootstrap, group, topic, end - 10)) == end - 10
+        assert starts(describe(c, group, {topic: [p]}))[(topic, p)] == (end, 0)
+
+        # delete: no state left; a new consumer starts afresh (earliest: all 100 again)
+        r = delete(c, group, topic, f"none-{topic}")
+        assert error_code(r.error_code) == 0
+        assert {x.topic_name: error_code(x.error_code) for x in r.responses} == {
+            topic: 0, f"none-{topic}": ErrorCode.unknown_topic_or_partition.value}
+        assert starts(describe(c, group, None)) == {}
+        assert starts(describe(c, group, {topic: [0, 1]})) == {(topic, 0): (-1, 0), (topic, 1): (-1, 0)}
+        assert len(read_values(bootstrap, group, topic, 100)) == 100
+
+
+def test_share_offsets_apis_advertised(sbroker):
+    with RawClient(sbroker.bootstrap) as c:
+        r = c.request(18, 4, req(18, 4, client_software_name="t", client_software_version="1"))
+        keys = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
+        assert (keys[DESCRIBE], keys[ALTER], keys[DELETE]) == ((0, 1), (0, 0), (0, 0))
