@@ -75,11 +75,8 @@ class BrokerOpsView:
         return self._broker.logs.topics.cached_name_for_id(topic_id)
 
     async def coordinated_group_states(self) -> dict[str, str]:
-        groups = self._broker.groups
-        states = {gid: state for gid, _protocol_type, state in await groups.list_groups()}
-        # KIP-848 consumer groups too (their states: Empty, Assigning, Reconciling, Stable)
-        states.update(await groups.consumer.list_groups(groups.owns))
-        return states
+        # every protocol's groups (KIP-848 consumer groups: Empty, Assigning, Reconciling, Stable)
+        return {gid: state for gid, _protocol_type, state, _type in await self._broker.groups.list_every_group()}
 
     def coordinates_group(self, group: str) -> bool:
         return self._broker.cluster.is_group_coordinator(group)

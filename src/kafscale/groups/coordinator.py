@@ -32,9 +32,9 @@ from typing import Awaitable, Callable, Iterable
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.consumer_coordinator import ConsumerGroupCoordinator
-from kafscale.groups.consumer_group import is_consumer_group_doc
+from kafscale.groups.consumer_group import CONSUMER_GROUP_TYPE, is_consumer_group_doc
 from kafscale.groups.share_coordinator import ShareGroupCoordinator
-from kafscale.groups.share_group import is_share_group_doc
+from kafscale.groups.share_group import SHARE_GROUP_TYPE, is_share_group_doc
 from kafscale.groups.state import (
     CONSUMER_PROTOCOL_TYPE,
     PERSIST,
@@ -52,6 +52,8 @@ from kafscale.groups.group_configs import GroupConfigs
 from kafscale.metadata.group_config import GroupLimits
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
 from kafscale.metadata.store import CommittedOffset, MetadataStore
+
+CLASSIC_GROUP_TYPE = "classic"  # ListGroups' group type of the classic protocol's groups
 
 log = logging.getLogger("kafscale.groups")
 
@@ -392,10 +394,23 @@ class GroupCoordinator:
             group = await self._load(group_id)
             return None if group is None else describe_group(group)
 
-    async def list_groups(self, owned: Callable[[str], bool] | None = None) -> list[tuple[str, str, str]]:
-        """(group id, protocol type, state) of every group this broker coordinates."""
+    async def list_every_group(self, owned: Callable[[str], bool] | None = None) -> list[tuple[str, str, str, str]]:
+        """(group id, protocol type, state, group type) of every group of every protocol this
+        broker coordinates, sorted; the stored documents are read once for all three."""
         owned = owned or self.owns
-        for group_id, doc in (await self.metadata.list_groups()).items():
+        docs = await self.metadata.list_groups()
+        listed = [(gid, ptype, state, CLASSIC_GROUP_TYPE) for gid, ptype, state in await self.list_groups(owned, docs)]
+        listed += [(gid, CONSUMER_GROUP_TYPE, state, CONSUMER_GROUP_TYPE) for gid, state in await self.consumer.list_groups(owned, docs)]
+        listed += [(gid, SHARE_GROUP_TYPE, state, SHARE_GROUP_TYPE) for gid, state in await self.share.list_groups(owned, docs)]
+        return sorted(listed)
+
+    async def list_groups(self, owned: Callable[[str], bool] | None = None, docs: dict[str, dict] | None = None) -> list[tuple[str, str, str]]:
+        """(group id, protocol type, state) of every classic group this broker coordinates
+        (`docs`: the stored group documents, when the caller has read them already)."""
+        owned = owned or self.owns
+        if docs is None:
+            docs = await self.metadata.list_groups()
+        for group_id, doc in docs.items():
             if group_id not in self.groups and owned(group_id) and not _is_modern(doc):
                 async with self._locks[group_id]:
                     if group_id not in self.groups:

@@ -44,10 +44,13 @@ class GroupDriver:
     async def loaded(self, group_id: str):
         raise NotImplementedError
 
-    async def list_groups(self, owned) -> list[tuple[str, str]]:
-        """(group id, state) of this driver's groups this broker coordinates."""
+    async def list_groups(self, owned, docs: dict[str, dict] | None = None) -> list[tuple[str, str]]:
+        """(group id, state) of this driver's groups this broker coordinates (`docs`: the
+        stored group documents, when the caller has read them already)."""
         out = []
-        for group_id, doc in (await self.metadata.list_groups()).items():
+        if docs is None:
+            docs = await self.metadata.list_groups()
+        for group_id, doc in docs.items():
             if self.is_doc(doc) and owned(group_id):
                 group = self.groups.get(group_id)
                 out.append((group_id, group.state.value if group is not None else self.state_of_doc(group_id, doc)))

@@ -12,9 +12,7 @@ import datetime
 
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.groups.consumer_group import CONSUMER_GROUP_TYPE
 from kafscale.groups.coordinator import log_commit_refused
-from kafscale.groups.share_group import SHARE_GROUP_TYPE
 from kafscale.groups.state import JoinResult
 from kafscale.metadata.store import CommittedOffset
 from kafscale.protocol.api_keys import ApiKey
@@ -29,7 +27,6 @@ STORE_DOWN = (*STORE_FAILURES, StorageError)
 COORDINATOR_KEY_GROUP = 0
 COORDINATOR_KEY_TRANSACTION = 1
 OFFSET_METADATA_MAX_BYTES = 4096  # Kafka's offset.metadata.max.bytes default
-CLASSIC_GROUP_TYPE = "classic"
 # Every operation on a group (READ, DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS: 3400), what
 # Kafka (3.8+, where groups have configs) reports without an authorizer.
 GROUP_OPERATIONS = sum(1 << int(op) for op in OPERATIONS_OF[Res.GROUP])
@@ -490,17 +487,12 @@ async def list_groups(ctx, req):
     states = {s.lower() for s in getattr(req, "states_filter", ()) or ()}
     types = {t.lower() for t in getattr(req, "types_filter", ()) or ()}
     try:
-        listed = [(gid, ptype, state, CLASSIC_GROUP_TYPE)
-                  for gid, ptype, state in await groups.list_groups(ctx.broker.cluster.is_group_coordinator)]
-        listed += [(gid, CONSUMER_GROUP_TYPE, state, CONSUMER_GROUP_TYPE)
-                   for gid, state in await groups.consumer.list_groups(ctx.broker.cluster.is_group_coordinator)]
-        listed += [(gid, SHARE_GROUP_TYPE, state, SHARE_GROUP_TYPE)
-                   for gid, state in await groups.share.list_groups(ctx.broker.cluster.is_group_coordinator)]
+        listed = await groups.list_every_group(ctx.broker.cluster.is_group_coordinator)
     except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
     entries = [
         dict(group_id=gid, protocol_type=ptype, group_state=state, group_type=gtype)
-        for gid, ptype, state, gtype in sorted(listed)
+        for gid, ptype, state, gtype in listed
         if (not states or state.lower() in states) and (not types or gtype in types)
     ]
     authz = getattr(ctx.broker, "authorizer", None)
