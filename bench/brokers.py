@@ -305,7 +305,12 @@ class KafscaleBroker(BenchBroker):
         extra += ["--http", f"127.0.0.1:{self.http_port}"]  # for kafscale_decompressions_total
         extra += self.extra_args
         self.bp = BrokerProcess(data_dir=str(self.workdir), extra_args=extra, env=env)
-        self.bp.start()
+        try:
+            self.bp.start()
+        except TimeoutError:
+            # BrokerProcess waits 20 s for the port; on a loaded shared machine start-up
+            # (imports, etcd, the bucket) has taken longer: give it more before failing.
+            wait_port(self.bp.port, timeout=120, proc=self.bp.proc)
 
     @property
     def bootstrap(self) -> str:

@@ -298,3 +298,28 @@ def test_auto_restore_flag_restores_before_starting(broker_factory):
     b.start()
     assert "restore: restored from snapshot" in b.log_text()
     assert read_all(b.bootstrap, {p: 50 for p in range(PARTITIONS)}) == acked
+
+
+def test_bucket_alone_finds_records_only_in_write_ahead_objects(broker_factory):
+    """#32: records flushed with --write-ahead-objects and not yet rewritten are in no
+    segment object; a restore from the bucket alone finds them (and the committed offsets
+    in __consumer_offsets, written the same way) through the write-ahead objects' indexes."""
+    flags = ["--metadata-snapshot-interval-ms", "0", "--write-ahead-objects", "true", "--merge-interval-ms", "0"]
+    b = broker_factory(extra_args=flags)
+    create_orders(b.bootstrap)
+    acked = produce(b.bootstrap, 100)
+    commit(b.bootstrap, "billing", {0: 10, 1: 20, 2: 30})
+    assert b.stop() == 0
+    objects = Path(b.data_dir, "objects", "default")
+    assert list((objects / "~wal").glob("*.wal")) and not list((objects / TOPIC).rglob("segment-*.kfs"))
+    lose_metadata(b.data_dir)
+
+    out = kafscale("metadata", "restore", "--data-dir", b.data_dir)
+    assert out.returncode == 0, out.stderr
+    assert "no snapshot: the bucket alone" in out.stdout
+    b.start()
+    assert read_all(b.bootstrap, {p: 100 for p in range(PARTITIONS)}) == acked
+    assert committed(b.bootstrap, "billing") == {0: 10, 1: 20, 2: 30}
+    more = produce(b.bootstrap, 5, start=100)  # the log goes on after the restored end
+    assert set(more) == {(p, o) for p in range(PARTITIONS) for o in range(100, 105)}
+    assert read_all(b.bootstrap, {p: 105 for p in range(PARTITIONS)}) == {**acked, **more}

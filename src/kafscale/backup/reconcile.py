@@ -11,11 +11,21 @@ and the base offsets of its `segment-*.kfs` objects. In key order:
    more batches, a compacted one fewer records): the object is read whole, checked, and
    describes the segment; listed segments it covers (a merge's leftovers not yet swept)
    are dropped.
+   A listed segment held in a write-ahead object (`wao_key`, storage/write_ahead.py) is
+   kept while that object is listed; once the object is gone the broker had rewritten the
+   segment into its own object, taken as above.
 3. After the last segment, objects are adopted as a chain from the high watermark, as a
    crash between upload and commit is recovered (storage/recovery.py, same checks: header,
-   footer, CRC32C of all and of each batch). The chain stops at a gap or an object that
-   fails a check; that object and every later one are moved to `{namespace}/~quarantine/`
-   (reported), where no flush at those offsets can run into them.
+   footer, CRC32C of all and of each batch). A link is a segment object starting there, or
+   else a piece of a write-ahead object starting there (from the objects' indexes; of two
+   at one offset the newer object's, the retry of a flush whose commit failed): records
+   flushed with `--write-ahead-objects` and not yet rewritten are found this way. From the
+   bucket alone a piece whose commit never happened is adopted like a segment object
+   uploaded but never committed: it holds offsets nobody else holds, records its producer
+   was told failed (and retried: Kafka's duplicate of an unacknowledged retry). The chain
+   stops at a gap or an object that fails a check; that segment object and every later one
+   are moved to `{namespace}/~quarantine/` (reported), where no flush at those offsets can
+   run into them; write-ahead objects, shared by partitions, stay.
 4. Transactions still open at the end are closed with markers (ABORT, or COMMIT where the
    snapshot's transaction state is PrepareCommit: the coordinator had decided) in one new
    segment, so no read_committed consumer waits for a last stable offset that never moves.
@@ -44,6 +54,29 @@ from kafscale.storage.recovery import UNUSABLE_SEGMENT, read_checked, replay
 log = logging.getLogger("kafscale.backup")
 
 QUARANTINE_DIR = "~quarantine"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPiece:
+    """A partition's segment inside a write-ahead object, from the object's index."""
+
+    key: str  # the write-ahead object
+    position: int
+    length: int
+    base_offset: int
+    last_offset: int
+
+
+class _PieceBytes:
+    """The store as recovery's read_checked sees it for one piece: any key reads the
+    piece's byte range of its write-ahead object (a whole spec segment)."""
+
+    def __init__(self, store: ObjectStore, piece: HeldPiece):
+        self.store, self.piece = store, piece
+
+    async def get(self, _key: str) -> bytes:
+        p = self.piece
+        return await self.store.get(p.key, p.position, p.position + p.length)
 
 
 @dataclass(slots=True)
@@ -96,13 +129,16 @@ async def reconcile_partition(
     objects: dict[int, int],
     commit_decided: Callable[[int, int], bool],
     fence_epochs: bool = True,
+    pieces: list[HeldPiece] = (),
+    write_ahead_objects: set[str] = frozenset(),
 ) -> PartitionOutcome:
     """The partition's restored state (version 0, owner -1) and what was done to get it.
     `objects`: {base offset: size} of the partition's segment objects, from the listing.
     `commit_decided(producer id, epoch)`: whether the transaction coordinator had decided
     to commit that producer's open transaction (else it is aborted). `fence_epochs`: the
     leader epoch restarts above every one seen (etcd clusters, where a broker may survive
-    the loss); the embedded store's single broker keeps epoch 0, as its cluster reports."""
+    the loss); the embedded store's single broker keeps epoch 0, as its cluster reports.
+    `pieces`: the partition's pieces in the listed write-ahead objects `write_ahead_objects`."""
     out = PartitionOutcome(PartitionState(topic, partition))
     key = lambda base: segment.segment_key(namespace, topic, partition, base)  # noqa: E731
     bases = sorted(objects)
@@ -113,9 +149,15 @@ async def reconcile_partition(
     # a compacted one fewer records).
     checked: list[tuple[int, segment.SegmentInfo | None]] = []
     for seg in listed:
+        if seg.wao_key and seg.wao_key in write_ahead_objects:
+            checked.append((seg.base_offset, seg))  # still in its write-ahead object
+            continue
         size = objects.get(seg.base_offset)
         if size is None:
             out.dropped += 1
+        elif seg.wao_key:
+            # rewritten into its own object since: the same bytes when the run was this piece alone
+            checked.append((seg.base_offset, dataclasses.replace(seg, wao_key="", wao_position=0) if size == seg.size else None))
         else:
             checked.append((seg.base_offset, seg if size == seg.size else None))
 
@@ -148,7 +190,10 @@ async def reconcile_partition(
     end = final[-1].last_offset + 1 if final else 0
     if snap is not None:
         end = max(end, snap.high_watermark)  # offsets are never handed out twice
-    after = sorted(b for b in bases if b >= end)
+    held: dict[int, HeldPiece] = {}
+    for piece in sorted(pieces, key=lambda pc: pc.key):  # keys sort by creation: the newer wins
+        held[piece.base_offset] = piece
+    after = sorted(b for b in set(bases) | set(held) if b >= end)
     if not final and after and after[0] > end:
         end = after[0]  # everything before was deleted since (retention): the log starts later
     if stop_at is None:
@@ -160,13 +205,19 @@ async def reconcile_partition(
                 stop_at = base
                 break
             out.requests += 1
+            piece = held.get(base) if base not in objects else None
             try:
-                decoded, positions = await read_checked(store, key(base))
+                if piece is None:
+                    decoded, positions = await read_checked(store, key(base))
+                else:
+                    decoded, positions = await read_checked(_PieceBytes(store, piece), f"{piece.key} at byte {piece.position}")
             except UNUSABLE_SEGMENT as e:
                 out.problems.append(f"{topic}-{partition}: the chain stops at offset {base}: {e}")
                 stop_at = base
                 break
             info = replayer.describe(decoded, positions, final[-1] if final else None, replayed_last)
+            if piece is not None:
+                info = dataclasses.replace(info, wao_key=piece.key, wao_position=piece.position)
             replayed_last = True
             final.append(info)
             out.adopted += 1

@@ -8,7 +8,8 @@
 2. loads the newest snapshot that passes its checks (or the one asked for; a damaged one
    is reported and the previous one used), or none: restore from the bucket alone;
 3. lists the namespace once and reconciles every partition of every topic with its
-   objects (reconcile.py); topics the snapshot does not know are discovered from the key
+   objects and its pieces in write-ahead objects (reconcile.py, the objects' indexes read
+   once); topics the snapshot does not know are discovered from the key
    layout (partition count from the keys, configs at their defaults: reported);
 4. brings committed offsets up to date from the `__consumer_offsets` records in the bucket
    that are newer than the snapshot (latest per group/topic/partition; tombstones delete;
@@ -31,7 +32,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from kafscale.backup.reconcile import PartitionOutcome, reconcile_partition
+from kafscale.backup.reconcile import HeldPiece, PartitionOutcome, reconcile_partition
 from kafscale.backup.snapshot import Snapshot, SnapshotStore, is_lease_bound
 from kafscale.groups import offsets_topic
 from kafscale.metadata import codec, keys
@@ -40,7 +41,7 @@ from kafscale.metadata.kv import KV, Txn
 from kafscale.metadata.segments import SegmentInfo
 from kafscale.metadata.store import CommittedOffset, MetadataStore, PartitionState, TopicMeta
 from kafscale.protocol import records
-from kafscale.storage import segment
+from kafscale.storage import segment, write_ahead
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 from kafscale.storage.topic_marker import MARKER_NAME, MarkerFormatError, TopicMarker, is_marker_key, marker_key
 
@@ -243,8 +244,17 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
         if m:
             bases.setdefault((m.group(1), int(m.group(2))), {})[int(m.group(3))] = sizes[k]
 
+    write_ahead_objects, held = await _write_ahead_pieces(store, namespace, listing, report)
     markers = await _read_markers(store, namespace, listing, report)
-    topics = _topics(loaded, bases, markers, report)
+    topics = _topics(loaded, {**{tp: {} for tp in held}, **bases}, markers, report)
+    pieces: dict[tuple[str, int], list[HeldPiece]] = {}
+    for (t, p), found in held.items():
+        meta = topics.get(t)
+        if meta is None:
+            continue
+        if t in report.topics_discovered:
+            meta.topic_id = found[-1][0]  # known from the objects alone: the newest piece's id
+        pieces[(t, p)] = [piece for topic_id, piece in found if topic_id == meta.topic_id]  # not an older topic of that name
 
     txn_docs = {doc["producer_id"]: doc for doc in loaded.transactions.values()}
 
@@ -260,7 +270,10 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
 
     async def one(t: str, p: int) -> PartitionOutcome:
         async with sem:
-            return await reconcile_partition(store, namespace, t, p, loaded.partitions.get((t, p)), bases.get((t, p), {}), commit_decided, fence_epochs)
+            return await reconcile_partition(
+                store, namespace, t, p, loaded.partitions.get((t, p)), bases.get((t, p), {}), commit_decided, fence_epochs,
+                pieces.get((t, p), []), write_ahead_objects,
+            )
 
     # A topic deleted and created again since the snapshot: the snapshot's partitions
     # describe the old topic, whose objects are gone.
@@ -324,6 +337,28 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
     # Topics last: a store without topic keys is an empty store to a starting broker.
     puts += [(keys.topic(m.name), codec.encode(asdict(m))) for m in topics.values()]
     return puts
+
+
+async def _write_ahead_pieces(store: ObjectStore, namespace: str, listing: list[str], report: RestoreReport):
+    """(the write-ahead objects listed, {(topic, partition): [(topic id, piece)] in object
+    order}) from each object's index (storage/write_ahead.py; unreadable ones reported)."""
+    keys = [k for k in listing if k.startswith(write_ahead.wal_prefix(namespace)) and write_ahead.created_ms_of_key(k) is not None]
+    sem = asyncio.Semaphore(PARTITIONS_AT_ONCE)
+
+    async def index(key: str):
+        async with sem:
+            try:
+                return await write_ahead.read_index(store, key)
+            except (ObjectNotFound, write_ahead.WriteAheadFormatError) as e:
+                report.problems.append(f"write-ahead object {key}: unreadable index ({e}); its pieces are not restored")
+                return []
+
+    held: dict[tuple[str, int], list[tuple[str, HeldPiece]]] = {}
+    for key, found in zip(keys, await asyncio.gather(*(index(k) for k in keys))):
+        report.object_requests += 1
+        for pc in found:
+            held.setdefault((pc.topic, pc.partition), []).append((pc.topic_id, HeldPiece(key, pc.position, pc.length, pc.base_offset, pc.last_offset)))
+    return set(keys), held
 
 
 async def _read_markers(store: ObjectStore, namespace: str, listing: list[str], report: RestoreReport) -> dict[str, TopicMarker]:
@@ -392,9 +427,9 @@ async def _latest_offset_records(store: ObjectStore, namespace: str, parts: list
         for seg in st.segments:
             if since_ms is not None and seg.max_timestamp < since_ms:
                 continue
-            key = segment.segment_key(namespace, st.topic, st.partition, seg.base_offset)
+            key, start, end = segment.stored_at(namespace, st.topic, st.partition, seg)  # its own object or a write-ahead object's range
             try:
-                decoded = segment.decode(await store.get(key), name=key)
+                decoded = segment.decode(await store.get(key, start, end), name=key)
             except (ObjectNotFound, segment.SegmentFormatError) as e:
                 log.warning("restore: cannot read %s for committed offsets: %s", key, e)
                 continue

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from dataclasses import dataclass
 
 from kafscale.pipeline import segments as seg
 from kafscale.pipeline.options import SourceConfig
@@ -120,7 +122,7 @@ async def resolve(store, cfg: SourceConfig, listing: seg.TopicListing, bounds: d
     return out
 
 
-async def _list(store, cfg: SourceConfig, *, require_all: bool = True) -> seg.TopicListing:
+async def _list(store, cfg: SourceConfig, *, require_all: bool = True, pieces=None) -> seg.TopicListing:
     return await seg.list_topics(
         store,
         cfg.namespace,
@@ -128,33 +130,54 @@ async def _list(store, cfg: SourceConfig, *, require_all: bool = True) -> seg.To
         pattern=cfg.pattern,
         assigned=cfg.assigned,
         require_all=require_all,
+        pieces=pieces,
     )
 
 
-async def _metadata_view(cfg: SourceConfig, tps: list[TopicPartition]) -> tuple[dict[TopicPartition, int], set[str]] | None:
-    """(log start offset per partition, topics that no longer exist) from the metadata store,
-    or None without one. DeleteRecords moves a partition's log start offset in the metadata
-    store at once, possibly to the middle of a segment that stays in the object store until
-    it is wholly below the start: the objects alone would show the deleted records."""
-    if cfg.metadata is None or not tps:
+@dataclass(slots=True)
+class _MetadataView:
+    """What the metadata store says of the subscribed topics."""
+
+    starts: dict[TopicPartition, int]  # log start offset per partition
+    topics: set[str]  # the topic names it knows (among those looked at)
+    pieces: dict[TopicPartition, list[tuple[int, str]]]  # committed segments in write-ahead objects
+
+
+async def _metadata_view(cfg: SourceConfig, known: list[TopicPartition]) -> _MetadataView | None:
+    """The subscribed topics' partitions in the metadata store, or None without one: their
+    log start offsets (DeleteRecords moves one in the metadata store at once, possibly to the
+    middle of a segment that stays in the object store until it is wholly below the start:
+    the objects alone would show the deleted records), which topics exist, and the committed
+    segments held in write-ahead objects (segments/pieces.py). Read before the listing, so a
+    segment that leaves a write-ahead object for its own object meanwhile is in one or both."""
+    if cfg.metadata is None:
         return None
     from kafscale.metadata.backends import open_kv
+    from kafscale.metadata.internal_topics import is_internal
     from kafscale.metadata.store import MetadataStore
 
     store = MetadataStore(open_kv(cfg.metadata, ".", cfg.metadata_prefix))
     try:
-        starts: dict[TopicPartition, int] = {}
-        gone: set[str] = set()
-        for topic in sorted({t for t, _ in tps}):
-            if await store.get_topic(topic) is None:
-                gone.add(topic)
-        for tp in tps:
-            if tp[0] in gone:
-                continue
-            st = await store.get_partition(tp[0], tp[1], with_segments=False)
-            if st is not None:
-                starts[tp] = st.log_start_offset
-        return starts, gone
+        if cfg.pattern is not None:
+            every = await store.list_topics()
+            names = {m.name for m in every}
+            regex = re.compile(cfg.pattern)
+            metas = [m for m in every if not is_internal(m.name) and regex.fullmatch(m.name)]
+        else:
+            wanted = sorted(set(cfg.assigned or cfg.topics or ()) | {t for t, _ in known})
+            metas = [m for m in await asyncio.gather(*(store.get_topic(t) for t in wanted)) if m is not None]
+            names = {m.name for m in metas}
+        view = _MetadataView({}, names, {})
+        for meta in metas:
+            parts = cfg.assigned.get(meta.name, ()) if cfg.assigned is not None else range(meta.partitions)
+            for p, st in zip(parts, await asyncio.gather(*(store.get_partition(meta.name, p) for p in parts))):
+                if st is None:
+                    continue
+                view.starts[(meta.name, p)] = st.log_start_offset
+                held = [(s.base_offset, seg.piece_key(s)) for s in st.segments if s.wao_key]
+                if held:
+                    view.pieces[(meta.name, p)] = held
+        return view
     finally:
         await store.close()
 
@@ -163,16 +186,16 @@ async def listing_and_bounds(store, cfg: SourceConfig, skipped=None, *, require_
     """Segments and [earliest, latest) per partition, earliest raised to the metadata store's
     log start offset; also the partitions in `known` that are gone (their topic deleted, or,
     without a metadata store, no object left). `cache`: a stream's segment metadata."""
-    listing = await _list(store, cfg, require_all=require_all)
+    view = await _metadata_view(cfg, list(known))
+    listing = await _list(store, cfg, require_all=require_all, pieces=view.pieces if view is not None else None)
     if cache is not None:
         cache.keep_only({k for segs in listing.segments.values() for _, k in segs})
     bounds = await seg.partition_bounds(store, listing, fail_on_corruption=cfg.fail_on_corruption, skipped=skipped, cache=cache)
-    view = await _metadata_view(cfg, sorted(set(listing.partitions()) | set(known)))
     if view is None:
         gone = {tp for tp in known if tp not in listing.segments}
     else:
-        starts, gone_topics = view
-        gone = {tp for tp in set(known) | set(bounds) if tp[0] in gone_topics}
+        starts = view.starts
+        gone = {tp for tp in set(known) | set(bounds) if tp[0] not in view.topics}
         for tp, b in bounds.items():
             if starts.get(tp, 0) > b.start:
                 b.start = min(starts[tp], b.end)

@@ -9,6 +9,8 @@ per job, this package re-exporting what the source, the jobs and the tests use:
 
 * `runner`: running the async object store from Spark's synchronous threads;
 * `listing`: `{namespace}/{topic}/{partition}/segment-{base:020d}.kfs` keys per partition;
+* `pieces`: committed segments held in write-ahead objects (the metadata store names them),
+  listed as piece keys and read through `PieceStore` like segment objects;
 * `segment_meta`: per segment, its exact extent from the `.index` and the object's footer;
 * `planning`: a non-overlapping cover of an offset range by segments, byte ranges of large
   ones, Spark tasks;
@@ -35,6 +37,7 @@ from kafscale.pipeline.segments.errors import (
     read_skip_log,
 )
 from kafscale.pipeline.segments.listing import PartitionRange, TopicListing, TopicPartition, list_topics
+from kafscale.pipeline.segments.pieces import PieceStore, parse_piece_key, piece_key
 from kafscale.pipeline.segments.planning import (
     DEFAULT_MAX_PARTITION_BYTES,
     EARLIEST,
@@ -55,6 +58,9 @@ from kafscale.pipeline.segments.timestamps import offset_for_timestamp
 from kafscale.pipeline.segments.transactions import END_OF_LOG, aborted_batch, transaction_outcomes
 
 __all__ = [
+    "PieceStore",
+    "parse_piece_key",
+    "piece_key",
     "Chunk",
     "Columns",
     "CorruptSegmentError",

@@ -42,6 +42,7 @@ async def list_topics(
     *,
     assigned: dict[str, list[int]] | None = None,
     require_all: bool = True,
+    pieces: dict[TopicPartition, list[tuple[int, str]]] | None = None,
 ) -> TopicListing:
     """Find partitions and segments of the subscribed topics.
 
@@ -49,7 +50,9 @@ async def list_topics(
     unknown topic from one that has not flushed yet, and silently reading nothing would hide
     a typo in `subscribe`. `assigned` ({topic: [partitions]}, Spark's `assign`) reads only
     those partitions. With require_all False (a stream waiting for its topics) missing
-    topics are simply absent from the listing.
+    topics are simply absent from the listing. `pieces`: (base offset, piece key) of
+    committed segments held in write-ahead objects, per partition (pieces.py), listed with
+    the segment objects under the same subscription.
     """
     if assigned is not None:
         topics = sorted(assigned)
@@ -64,18 +67,27 @@ async def list_topics(
     found: dict[TopicPartition, list[tuple[int, str]]] = {}
     indexed = {segment.segment_key_of_index(key) for key in keys if key.endswith(".index")}
     segment_key = segment.segment_key_pattern(namespace)
+
+    def subscribed(topic: str, part: int) -> bool:
+        if topics is not None and topic not in topics:
+            return False
+        if regex is not None and (is_internal(topic) or not regex.fullmatch(topic)):
+            return False  # a pattern leaves internal topics out, as a Kafka consumer's subscribe(Pattern)
+        return assigned is None or part in assigned[topic]
+
     for key in keys:
         m = segment_key.fullmatch(key)
         if m is None:
             continue
         topic, part, base = m.group(1), int(m.group(2)), int(m.group(3))
-        if topics is not None and topic not in topics:
-            continue
-        if regex is not None and (is_internal(topic) or not regex.fullmatch(topic)):
-            continue  # a pattern leaves internal topics out, as a Kafka consumer's subscribe(Pattern)
-        if assigned is not None and part not in assigned[topic]:
-            continue
-        found.setdefault((topic, part), []).append((base, key))
+        if subscribed(topic, part):
+            found.setdefault((topic, part), []).append((base, key))
+    for tp, entries in (pieces or {}).items():
+        if subscribed(*tp):
+            # A segment object at a piece's base offset is the rewrite of that piece (and
+            # maybe more after it): the segment object is read, the piece left out.
+            bases = {b for b, _ in found.get(tp, ())}
+            found.setdefault(tp, []).extend(e for e in entries if e[0] not in bases)
     for segs in found.values():
         segs.sort()
     listing = TopicListing(found, indexed)

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from typing import Awaitable, Callable, TypeVar
 
+from kafscale.pipeline.segments.pieces import PieceStore
 from kafscale.storage.backends import open_store
 from kafscale.storage.objectstore import ObjectStore
 
@@ -15,7 +16,8 @@ METADATA_CONCURRENCY = 32  # parallel small GETs while planning
 
 
 def run_with_store(storage_url: str, fn: Callable[[ObjectStore], Awaitable[T]]) -> T:
-    """Open the store, run `fn(store)` to completion on a private event loop, close the store.
+    """Open the store (as a PieceStore), run `fn(store)` to completion on a private event
+    loop, close the store.
 
     Spark calls the reader from plain threads (driver planner, executor workers); the store's
     clients (e.g. an S3 session) are bound to the loop they were created on, so store and loop
@@ -30,7 +32,7 @@ def run_with_store(storage_url: str, fn: Callable[[ObjectStore], Awaitable[T]]) 
         # (Python 3.11) formats repr(main task) -- result included -- when it restores the
         # SIGINT handler, which for a segment GET is the repr of megabytes of bytes (~30 ms
         # per 4 MiB object, as much as decoding it).
-        store = open_store(storage_url)
+        store = PieceStore(open_store(storage_url))  # piece keys read write-ahead objects (pieces.py)
         try:
             out.append(await fn(store))
         finally:
