@@ -11,9 +11,10 @@ from kio.schema.errors import ErrorCode
 
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
-from tests.test_share_consumer import accept_polled, consumer, create_topic, names, produce, sbroker, set_group_configs  # noqa: F401
+from tests.test_share_consumer import consumer, create_topic, names, sbroker, set_group_configs  # noqa: F401
 
 pytest.importorskip("confluent_kafka")
+from confluent_kafka import Producer  # noqa: E402
 
 DESCRIBE, ALTER, DELETE = 90, 91, 92
 
@@ -29,6 +30,10 @@ def describe(c: RawClient, group: str, topics: dict[str, list[int]] | None):
 def starts(g) -> dict[tuple[str, int], tuple[int, int]]:
     """(topic, partition) -> (start offset, error code)"""
     return {(t.topic_name, p.partition_index): (p.start_offset, error_code(p.error_code)) for t in g.topics for p in t.partitions}
+
+
+def lags(g) -> dict[tuple[str, int], int]:
+    return {(t.topic_name, p.partition_index): p.lag for t in g.topics for p in t.partitions}
 
 
 def alter(c: RawClient, group: str, topic: str, offsets: dict[int, int]):
@@ -65,7 +70,10 @@ def test_describe_alter_and_delete_share_group_offsets(sbroker):
     topic, group = names("shareoff")
     create_topic(bootstrap, topic, 2)
     set_group_configs(bootstrap, group, share_auto_offset_reset="earliest")
-    produce(bootstrap, topic, [f"v-{i}".encode() for i in range(100)])  # all to one partition or spread: count both
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(100):
+        p.produce(topic, value=f"v-{i}".encode(), partition=i % 2)
+    assert p.flush(20) == 0
     with RawClient(bootstrap) as c:
         # a group that does not exist (yet)
         assert error_code(describe(c, group, None).error_code) == ErrorCode.group_id_not_found.value
@@ -87,11 +95,13 @@ def test_describe_alter_and_delete_share_group_offsets(sbroker):
                 return len(seen) >= 100
             wait_until(all_accepted, 60, "100 records accepted")
             ends = {p: 1 + max(o for q, o in seen if q == p) for p, _ in seen}
+            assert ends == {0: 50, 1: 50}
             g = describe(c, group, {topic: [0, 1, 2]})
             assert error_code(g.error_code) == 0
             got = starts(g)
             assert got[(topic, 2)] == (-1, ErrorCode.unknown_topic_or_partition.value)
             assert {p: got[(topic, p)] for p in ends} == {p: (end, 0) for p, end in ends.items()}
+            assert {p: lags(g)[(topic, p)] for p in ends} == {p: 0 for p in ends}
             assert {(t, p): s for (t, p), s in starts(describe(c, group, None)).items()} == {
                 (topic, p): (end, 0) for p, end in ends.items()}
             # a member is in: neither alter nor delete
@@ -107,6 +117,7 @@ def test_describe_alter_and_delete_share_group_offsets(sbroker):
         [t] = r.responses
         assert {x.partition_index: error_code(x.error_code) for x in t.partitions} == {p: 0, 7: ErrorCode.unknown_topic_or_partition.value}
         assert starts(describe(c, group, {topic: [p]}))[(topic, p)] == (10, 0)
+        assert lags(describe(c, group, {topic: [p]}))[(topic, p)] == end - 10
         assert len(read_values(bootstrap, group, topic, end - 10)) == end - 10
         assert starts(describe(c, group, {topic: [p]}))[(topic, p)] == (end, 0)
 
@@ -125,3 +136,55 @@ def test_share_offsets_apis_advertised(sbroker):
         r = c.request(18, 4, req(18, 4, client_software_name="t", client_software_version="1"))
         keys = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
         assert (keys[DESCRIBE], keys[ALTER], keys[DELETE]) == ((0, 1), (0, 0), (0, 0))
+
+
+@pytest.fixture(scope="module")
+def acl_broker(tmp_path_factory):
+    """ACLs on, the PLAINTEXT listener's User:ANONYMOUS (the raw client) granted GROUP READ
+    and DESCRIBE on sg-acl and TOPIC DESCRIBE on seen-acl; admin (SASL) a super user."""
+    from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic, ResourcePatternType, ResourceType
+
+    from tests.support.broker import BrokerProcess, free_port
+
+    users = tmp_path_factory.mktemp("share-authz") / "users.txt"
+    users.write_text("admin:admin-secret\n")
+    plain, sasl = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
+        "--authorizer", "acls", "--super-users", "User:admin"]).start()
+    try:
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT",
+                             "sasl.mechanism": "PLAIN", "sasl.username": "admin", "sasl.password": "admin-secret"})
+        allow, lit = AclPermissionType.ALLOW, ResourcePatternType.LITERAL
+        for fut in admin.create_acls([
+            AclBinding(ResourceType.GROUP, "sg-acl", lit, "User:ANONYMOUS", "*", AclOperation.READ, allow),
+            AclBinding(ResourceType.GROUP, "sg-acl", lit, "User:ANONYMOUS", "*", AclOperation.DESCRIBE, allow),
+            AclBinding(ResourceType.TOPIC, "seen-acl", lit, "User:ANONYMOUS", "*", AclOperation.DESCRIBE, allow),
+        ]).values():
+            fut.result(10)
+        for fut in admin.create_topics([NewTopic(t, 1, 1) for t in ("seen-acl", "hidden-acl")]).values():
+            fut.result(15)
+        yield b
+    finally:
+        b.stop()
+
+
+def test_share_offsets_authorization(acl_broker):
+    with RawClient(acl_broker.bootstrap) as c:
+        # the group exists, empty: a member joins and leaves
+        r = c.request(76, 1, req(76, 1, group_id="sg-acl", member_id="m-acl-0000000000001", member_epoch=0,
+                                 subscribed_topic_names=("seen-acl",)))
+        assert error_code(r.error_code) == 0
+        c.request(76, 1, req(76, 1, group_id="sg-acl", member_id="m-acl-0000000000001", member_epoch=-1))
+        # DESCRIBE on the group and each topic
+        g = describe(c, "sg-acl", {"seen-acl": [0], "hidden-acl": [0]})
+        assert error_code(g.error_code) == 0
+        assert starts(g) == {("seen-acl", 0): (-1, 0), ("hidden-acl", 0): (-1, ErrorCode.topic_authorization_failed.value)}
+        assert error_code(describe(c, "other-acl", None).error_code) == ErrorCode.group_authorization_failed.value
+        # alter: READ on the group (held) and on each topic (only DESCRIBE on seen-acl)
+        r = alter(c, "sg-acl", "seen-acl", {0: 0})
+        assert error_code(r.error_code) == 0
+        assert [error_code(p.error_code) for t in r.responses for p in t.partitions] == [ErrorCode.topic_authorization_failed.value]
+        assert error_code(alter(c, "other-acl", "seen-acl", {0: 0}).error_code) == ErrorCode.group_authorization_failed.value
+        # delete: DELETE on the group (not held)
+        assert error_code(delete(c, "sg-acl", "seen-acl").error_code) == ErrorCode.group_authorization_failed.value

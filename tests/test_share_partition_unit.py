@@ -125,3 +125,13 @@ def test_share_sessions_epochs_and_errors():
     refused(ErrorCode.share_session_not_found, cache.acknowledge, key, -1, 0)
     cache.fetch(key, 0, 0, set(), set(), fetching=False)
     assert [x.key for x in cache.evict_idle(10_000)] == [key]
+
+
+def test_share_lag_counts_waiting_records_of_the_window_and_past_it():
+    from kafscale.broker.handlers.share_offsets import share_lag
+
+    # window 10..19: 10-12 acknowledged, 13-14 available (or acquired), 15 archived, 16-19 no run (archived)
+    doc = {"start_offset": 10, "end_offset": 20, "records": [[10, 12, 2, 1], [13, 14, 0, 1], [15, 15, 4, 5]]}
+    assert share_lag(doc, 25) == 2 + 5
+    assert share_lag(doc, 14) == 1  # only 13 is below the high watermark
+    assert share_lag({"start_offset": 7, "end_offset": 7, "records": []}, 7) == 0

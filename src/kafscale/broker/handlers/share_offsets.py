@@ -16,7 +16,7 @@ from kafscale.metadata.store import ConflictError
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import response
 from kafscale.security.acl import Operation as Op, ResourceType as Res
-from kafscale.share.partition import SharePartition
+from kafscale.share.partition import RecordState, SharePartition
 
 NO_TOPIC_ID = uuid.UUID(int=0)
 UNINITIALIZED = -1  # Kafka's start offset (and lag) of a partition the group never read
@@ -29,6 +29,16 @@ def start_offset(doc: dict | None, topic_id: str) -> int:
     if doc is None or doc.get("topic_id") not in (None, topic_id):
         return UNINITIALIZED
     return doc["start_offset"]
+
+
+def share_lag(doc: dict, high_watermark: int) -> int:
+    """Kafka's share-partition lag: records below the high watermark not yet done with, the
+    available (or acquired: written as available) ones of the window and all past its end."""
+    start = doc["start_offset"]
+    end = min(doc.get("end_offset", start), high_watermark)
+    waiting = sum(max(min(last + 1, end) - max(first, start), 0)
+                  for first, last, state, _count in doc.get("records", ()) if state == RecordState.AVAILABLE)
+    return waiting + max(high_watermark - max(end, start), 0)
 
 
 def reset_doc(topic_id: str, offset: int) -> dict:
@@ -91,6 +101,10 @@ async def _describe_group(ctx, resolver: TopicIdResolver, group) -> dict:
                     row["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
                     row["start_offset"] = start_offset(states.get((name, p)), meta.topic_id)
+                    # lag and epoch from the log where this broker holds it (-1 elsewhere, as Kafka when unknown)
+                    lg = ctx.broker.logs.logs.get((name, p))
+                    if lg is not None and row["start_offset"] != UNINITIALIZED:
+                        row.update(lag=share_lag(states[(name, p)], lg.high_watermark), leader_epoch=lg.leader_epoch)
             rows.append(row)
         entry["topics"].append(dict(topic_name=name, topic_id=meta.uuid if meta is not None else NO_TOPIC_ID,
                                     partitions=rows))
