@@ -6,10 +6,13 @@ consumer reads from there, delete makes the group start afresh; Kafka's error co
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kio.schema.errors import ErrorCode
 
 from tests.support.raw import RawClient, error_code, req
+from tests.test_admin_cli import cli, ok
 from tests.support.wait import wait_until
 from tests.test_share_consumer import consumer, create_topic, names, sbroker, set_group_configs  # noqa: F401
 
@@ -104,6 +107,16 @@ def test_describe_alter_and_delete_share_group_offsets(sbroker):
             assert {p: lags(g)[(topic, p)] for p in ends} == {p: 0 for p in ends}
             assert {(t, p): s for (t, p), s in starts(describe(c, group, None)).items()} == {
                 (topic, p): (end, 0) for p, end in ends.items()}
+            # `kafscale groups list|describe` show the share group (librdkafka's admin API does not)
+            listed = json.loads(ok(cli(sbroker, "groups", "list", "--json")))
+            assert {"group": group, "state": "Stable", "type": "share", "protocol": "share"} in listed
+            d = json.loads(ok(cli(sbroker, "groups", "describe", group, "--json")))
+            assert (d["protocol"], d["state"], d["assignor"], len(d["members"])) == ("share", "Stable", "simple", 1)
+            assert sorted(d["members"][0]["assignment"]) == [f"{topic}-0", f"{topic}-1"]
+            assert {(r["topic"], r["partition"], r["start_offset"], r["lag"]) for r in d["partitions"]} == {
+                (topic, p, end, 0) for p, end in ends.items()}
+            text = ok(cli(sbroker, "groups", "describe", group))
+            assert "START-OFFSET" in text and f"Group: {group}" in text and "Protocol: share" in text
             # a member is in: neither alter nor delete
             assert error_code(alter(c, group, topic, {0: 0}).error_code) == ErrorCode.non_empty_group.value
             assert error_code(delete(c, group, topic).error_code) == ErrorCode.non_empty_group.value

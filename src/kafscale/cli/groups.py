@@ -19,18 +19,56 @@ def _protocol(group) -> str:
     return "-" if kind == "UNKNOWN" else kind.lower()
 
 
+def _request(args, host: str, port: int, api_key, version: int, **fields):
+    """One request the CLI sends itself (kafscale.client.kafka_request), for what
+    librdkafka's admin API lacks."""
+    from kafscale.client import kafka_request
+    from kafscale.protocol.codec import schema
+
+    return kafka_request(args, host, port, api_key, version, schema(api_key, version, "request")(**fields))
+
+
+def _share_groups(admin, args) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(group, state)], failures) of the share groups (KIP-932) every broker coordinates,
+    from ListGroups v5 filtered on the share type: librdkafka's listing leaves them out."""
+    from kafscale.client import UnsupportedSecurity
+    from kafscale.errors import ErrorCode
+    from kafscale.protocol.api_keys import ApiKey
+
+    found: dict[str, str] = {}
+    failures = []
+    for b in fetch_metadata(admin, args).brokers.values():
+        try:
+            r = _request(args, b.host, b.port, ApiKey.LIST_GROUPS, 5, states_filter=(), types_filter=("share",))
+        except UnsupportedSecurity as e:
+            return [], [f"share groups not listed: the CLI cannot ask with {e}"]
+        except Exception as e:  # noqa: BLE001 - the other brokers' groups still stand
+            failures.append(f"broker {b.id} did not list its share groups: {e or type(e).__name__}")
+            continue
+        if r.error_code != ErrorCode.none:
+            failures.append(f"broker {b.id} did not list its share groups: {ErrorCode(r.error_code).name.upper()}")
+            continue
+        found.update((g.group_id, g.group_state) for g in r.groups)
+    return sorted(found.items()), failures
+
+
 def groups_list(args) -> int:
     admin = admin_client(args)
     res = await_result(admin.list_consumer_groups(request_timeout=args.timeout), args, "listing groups")
-    rows = sorted(((g.group_id, _state(g.state), "simple" if g.is_simple_consumer_group else "consumer", _protocol(g))
-                   for g in res.valid), key=lambda r: r[0])
+    shares, share_failures = _share_groups(admin, args)
+    listed = {g.group_id for g in res.valid}
+    rows = sorted([(g.group_id, _state(g.state), "simple" if g.is_simple_consumer_group else "consumer", _protocol(g))
+                   for g in res.valid] + [(g, state, "share", "share") for g, state in shares if g not in listed],
+                  key=lambda r: r[0])
     for err in res.errors:
         note(f"warning: a broker did not list its groups: {err}")
+    for failure in share_failures:
+        note(f"warning: {failure}")
     if args.json:
         print_json([{"group": g, "state": s, "type": t, "protocol": p} for g, s, t, p in rows])
     else:
         table(["GROUP", "STATE", "TYPE", "PROTOCOL"], [list(r) for r in rows])
-    return EXIT_OK if not res.errors else EXIT_FAILED
+    return EXIT_OK if not (res.errors or share_failures) else EXIT_FAILED
 
 
 def _describe_group(admin, args, group: str):
@@ -86,7 +124,14 @@ def _epochs(args, desc, group: str):
 
 def groups_describe(args) -> int:
     admin = admin_client(args)
-    desc = _describe_group(admin, args, args.name)
+    try:
+        desc = _describe_group(admin, args, args.name)
+    except CliError:
+        # librdkafka's describe knows no share groups (GROUP_ID_NOT_FOUND): is it one?
+        share = _share_group_if_any(admin, args, args.name)
+        if share is None:
+            raise
+        return _print_share_group(args, *share)
     state = _state(desc.state)
     committed = _committed(admin, args, args.name)
     if state in ("Dead", "Unknown") and not desc.members and not committed:
@@ -279,3 +324,67 @@ def add_commands(subparsers) -> None:
     p = leaf(gs, "alter-config", groups_alter_config, "set or remove a group's config overrides (the group need not exist yet)", subject="GROUP")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="set an override, e.g. share.auto.offset.reset=earliest; repeatable")
     p.add_argument("--delete", action="append", metavar="KEY", help="remove an override (back to the broker's value), repeatable")
+
+
+def _share_group(admin, args, group: str):
+    """(coordinator id, ShareGroupDescribe's group, DescribeShareGroupOffsets v1's group) of a
+    share group from its coordinator; None when no share group has that name."""
+    from kafscale.errors import ErrorCode
+    from kafscale.protocol.api_keys import ApiKey
+
+    brokers = list(fetch_metadata(admin, args).brokers.values())
+    if not brokers:
+        return None
+    r = _request(args, brokers[0].host, brokers[0].port, ApiKey.FIND_COORDINATOR, 6, key_type=0, coordinator_keys=(group,))
+    [c] = r.coordinators
+    if c.error_code != ErrorCode.none:
+        raise CliError(f"no coordinator for group {group!r}: {ErrorCode(c.error_code).name.upper()}")
+    [g] = _request(args, c.host, c.port, ApiKey.SHARE_GROUP_DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False).groups
+    if g.error_code == ErrorCode.group_id_not_found:
+        return None
+    if g.error_code != ErrorCode.none:
+        raise CliError(f"describing share group {group!r}: {ErrorCode(g.error_code).name.upper()} {g.error_message or ''}".rstrip())
+    from kafscale.protocol.build import nested
+    from kafscale.protocol.codec import schema
+
+    group_req = nested(schema(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1, "request"), "DescribeShareGroupOffsetsRequestGroup")
+    [offsets] = _request(args, c.host, c.port, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 1,
+                         groups=(group_req(group_id=group, topics=None),)).groups
+    if offsets.error_code != ErrorCode.none:
+        raise CliError(f"share group offsets of {group!r}: {ErrorCode(offsets.error_code).name.upper()} {offsets.error_message or ''}".rstrip())
+    return c.node_id, g, offsets
+
+
+def _share_group_if_any(admin, args, group: str):
+    """_share_group, or None also when asking fails (the caller's own error then stands)."""
+    try:
+        return _share_group(admin, args, group)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _print_share_group(args, coordinator: int, g, offsets) -> int:
+    """A share group as Kafka's kafka-share-groups.sh --describe shows it: members with their
+    assignments, and per partition the share-partition start offset and lag (-1: unknown)."""
+    members = [{"member": m.member_id, "epoch": m.member_epoch, "client": m.client_id, "host": m.client_host, "rack": m.rack_id,
+                "subscribed": list(m.subscribed_topic_names),
+                "assignment": [f"{t.topic_name}-{p}" for t in m.assignment.topic_partitions for p in t.partitions]}
+               for m in g.members]
+    rows = sorted(({"topic": t.topic_name, "partition": p.partition_index, "leader_epoch": p.leader_epoch,
+                    "start_offset": p.start_offset, "lag": p.lag} for t in offsets.topics for p in t.partitions),
+                  key=lambda r: (r["topic"], r["partition"]))
+    if args.json:
+        print_json({"group": g.group_id, "state": g.group_state, "protocol": "share", "group_epoch": g.group_epoch,
+                    "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name, "coordinator": coordinator,
+                    "members": members, "partitions": rows})
+        return EXIT_OK
+    print(f"Group: {g.group_id}   State: {g.group_state}   Protocol: share   Members: {len(members)}   Assignor: {g.assignor_name or '-'}   Coordinator: {coordinator}")
+    print(f"Group epoch: {g.group_epoch}   Target assignment epoch: {g.assignment_epoch}")
+    if members:
+        print()
+        table(["MEMBER", "EPOCH", "CLIENT", "HOST", "ASSIGNED"],
+              [[m["member"], m["epoch"], m["client"], m["host"], ",".join(m["assignment"]) or "-"] for m in members])
+    print()
+    table(["TOPIC", "PARTITION", "LEADER-EPOCH", "START-OFFSET", "LAG"],
+          [[r["topic"], r["partition"], r["leader_epoch"], r["start_offset"], "-" if r["lag"] < 0 else r["lag"]] for r in rows])
+    return EXIT_OK
