@@ -143,6 +143,16 @@ def test_describe_alter_and_delete_share_group_offsets(sbroker):
         assert starts(describe(c, group, {topic: [0, 1]})) == {(topic, 0): (-1, 0), (topic, 1): (-1, 0)}
         assert len(read_values(bootstrap, group, topic, 100)) == 100
 
+        # `kafscale groups reset-offsets` moves an empty share group's start: a dry run first
+        dry = ["groups", "reset-offsets", group, "--topic", f"{topic}:0", "--to-offset", "20", "--json"]
+        plan = json.loads(ok(wait_until(lambda: (lambda r: r if r.returncode == 0 else None)(cli(sbroker, *dry)), 30, "the group empty again")))
+        assert (plan["executed"], [(r["partition"], r["current"], r["new"]) for r in plan["partitions"]]) == (False, [(0, 50, 20)])
+        assert starts(describe(c, group, {topic: [0]}))[(topic, 0)] == (50, 0)
+        ok(cli(sbroker, *dry, "--execute"))
+        assert starts(describe(c, group, {topic: [0]}))[(topic, 0)] == (20, 0)
+        # partition 0 holds the even records: offsets 20-49 are v-40, v-42, ... v-98
+        assert sorted(read_values(bootstrap, group, topic, 30)) == sorted(f"v-{i}".encode() for i in range(40, 100, 2))
+
 
 def test_share_offsets_apis_advertised(sbroker):
     with RawClient(sbroker.bootstrap) as c:

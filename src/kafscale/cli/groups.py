@@ -236,16 +236,27 @@ def groups_reset_offsets(args) -> int:
         partitions = wanted
 
     # Kafka only lets offsets be reset while nobody consumes: members would overwrite them.
-    desc = _describe_group(admin, args, args.name)
-    state = _state(desc.state)
-    if desc.members or state not in ("Empty", "Dead", "Unknown"):
-        raise CliError(f"group {args.name!r} is not empty (state {state}, {len(desc.members)} members): stop its consumers before resetting offsets")
+    try:
+        desc = _describe_group(admin, args, args.name)
+        share = None
+    except CliError:
+        # a share group's start offsets (librdkafka's describe knows no share groups)
+        share = _share_group_if_any(admin, args, args.name)
+        if share is None:
+            raise
+        desc = None
+    members, state = (share[1].members, share[1].group_state) if share else (desc.members, _state(desc.state))
+    if members or state not in ("Empty", "Dead", "Unknown"):
+        raise CliError(f"group {args.name!r} is not empty (state {state}, {len(members)} members): stop its consumers before resetting offsets")
 
     earliest = list_offsets(admin, args, topic, partitions, OffsetSpec.earliest())
     latest = list_offsets(admin, args, topic, partitions, OffsetSpec.latest())
     if args.to_datetime is not None:
         at = list_offsets(admin, args, topic, partitions, OffsetSpec.for_timestamp(parse_time(args.to_datetime)))
-    current = _committed(admin, args, args.name, [TopicPartition(topic, p) for p in partitions])
+    if share:
+        current = {(t.topic_name, p.partition_index): p.start_offset for t in share[2].topics for p in t.partitions if p.start_offset >= 0}
+    else:
+        current = _committed(admin, args, args.name, [TopicPartition(topic, p) for p in partitions])
     plan = []
     for p in partitions:
         lo, hi = earliest[p][0], latest[p][0]
@@ -261,7 +272,9 @@ def groups_reset_offsets(args) -> int:
                 new = hi
         plan.append({"topic": topic, "partition": p, "current": current.get((topic, p)), "new": new})
 
-    if args.execute:
+    if args.execute and share:
+        _alter_share_offsets(args, share[0], args.name, topic, {r["partition"]: r["new"] for r in plan})
+    elif args.execute:
         req = ConsumerGroupTopicPartitions(args.name, [TopicPartition(topic, r["partition"], r["new"]) for r in plan])
         res = await_result(admin.alter_consumer_group_offsets([req], request_timeout=args.timeout)[args.name], args, f"resetting offsets of group {args.name!r}")
         failed = [tp for tp in res.topic_partitions if tp.error is not None]
@@ -327,7 +340,7 @@ def add_commands(subparsers) -> None:
 
 
 def _share_group(admin, args, group: str):
-    """(coordinator id, ShareGroupDescribe's group, DescribeShareGroupOffsets v1's group) of a
+    """(coordinator, ShareGroupDescribe's group, DescribeShareGroupOffsets v1's group) of a
     share group from its coordinator; None when no share group has that name."""
     from kafscale.errors import ErrorCode
     from kafscale.protocol.api_keys import ApiKey
@@ -352,7 +365,26 @@ def _share_group(admin, args, group: str):
                          groups=(group_req(group_id=group, topics=None),)).groups
     if offsets.error_code != ErrorCode.none:
         raise CliError(f"share group offsets of {group!r}: {ErrorCode(offsets.error_code).name.upper()} {offsets.error_message or ''}".rstrip())
-    return c.node_id, g, offsets
+    return c, g, offsets
+
+
+def _alter_share_offsets(args, coordinator, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """AlterShareGroupOffsets (91) at the group's coordinator: the share partitions start there."""
+    from kafscale.errors import ErrorCode
+    from kafscale.protocol.api_keys import ApiKey
+    from kafscale.protocol.build import nested
+    from kafscale.protocol.codec import schema
+
+    cls = schema(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, "request")
+    parts = tuple(nested(cls, "AlterShareGroupOffsetsRequestPartition")(partition_index=p, start_offset=o) for p, o in offsets.items())
+    r = _request(args, coordinator.host, coordinator.port, ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, group_id=group,
+                 topics=(nested(cls, "AlterShareGroupOffsetsRequestTopic")(topic_name=topic, partitions=parts),))
+    if r.error_code != ErrorCode.none:
+        raise CliError(f"resetting offsets of share group {group!r}: {ErrorCode(r.error_code).name.upper()} {r.error_message or ''}".rstrip())
+    for t in r.responses:
+        for p in t.partitions:
+            if p.error_code != ErrorCode.none:
+                raise CliError(f"resetting {t.topic_name}-{p.partition_index}: {ErrorCode(p.error_code).name.upper()} {p.error_message or ''}".rstrip())
 
 
 def _share_group_if_any(admin, args, group: str):
@@ -363,9 +395,10 @@ def _share_group_if_any(admin, args, group: str):
         return None
 
 
-def _print_share_group(args, coordinator: int, g, offsets) -> int:
+def _print_share_group(args, c, g, offsets) -> int:
     """A share group as Kafka's kafka-share-groups.sh --describe shows it: members with their
     assignments, and per partition the share-partition start offset and lag (-1: unknown)."""
+    coordinator = c.node_id
     members = [{"member": m.member_id, "epoch": m.member_epoch, "client": m.client_id, "host": m.client_host, "rack": m.rack_id,
                 "subscribed": list(m.subscribed_topic_names),
                 "assignment": [f"{t.topic_name}-{p}" for t in m.assignment.topic_partitions for p in t.partitions]}
