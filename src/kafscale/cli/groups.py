@@ -75,6 +75,18 @@ def _describe_group(admin, args, group: str):
     return await_result(admin.describe_consumer_groups([group], request_timeout=args.timeout)[group], args, f"describing group {group!r}")
 
 
+def _describe_group_or_share(admin, args, group: str):
+    """(librdkafka's description, None), or (None, _share_group(...)) for a share group, which
+    librdkafka's describe does not know (GROUP_ID_NOT_FOUND); its error stands otherwise."""
+    try:
+        return _describe_group(admin, args, group), None
+    except CliError:
+        share = _share_group_if_any(admin, args, group)
+        if share is None:
+            raise
+        return None, share
+
+
 def _committed(admin, args, group: str, partitions=None) -> dict[tuple[str, int], int]:
     """(topic, partition) -> committed offset (only partitions with a commit)."""
     from confluent_kafka import ConsumerGroupTopicPartitions
@@ -101,15 +113,14 @@ def _epochs(args, desc, group: str):
     """(group epoch, target assignment epoch, {member id: member epoch}) of a consumer-protocol
     group from its coordinator's ConsumerGroupDescribe (librdkafka's describe does not give
     epochs); None, with a note why, when it cannot be asked."""
-    from kafscale.client import UnsupportedSecurity, kafka_request
+    from kafscale.client import UnsupportedSecurity
     from kafscale.errors import ErrorCode
     from kafscale.protocol.api_keys import ApiKey
-    from kafscale.protocol.codec import schema
 
     node = desc.coordinator
-    body = schema(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, "request")(group_ids=(group,), include_authorized_operations=False)
     try:
-        [g] = kafka_request(args, node.host, node.port, ApiKey.CONSUMER_GROUP_DESCRIBE, 0, body).groups
+        [g] = _request(args, node.host, node.port, ApiKey.CONSUMER_GROUP_DESCRIBE, 0, group_ids=(group,),
+                       include_authorized_operations=False).groups
     except UnsupportedSecurity as e:
         note(f"member epochs not shown: the CLI cannot ask with {e}")
         return None
@@ -124,13 +135,8 @@ def _epochs(args, desc, group: str):
 
 def groups_describe(args) -> int:
     admin = admin_client(args)
-    try:
-        desc = _describe_group(admin, args, args.name)
-    except CliError:
-        # librdkafka's describe knows no share groups (GROUP_ID_NOT_FOUND): is it one?
-        share = _share_group_if_any(admin, args, args.name)
-        if share is None:
-            raise
+    desc, share = _describe_group_or_share(admin, args, args.name)
+    if share is not None:
         return _print_share_group(args, *share)
     state = _state(desc.state)
     committed = _committed(admin, args, args.name)
@@ -236,15 +242,7 @@ def groups_reset_offsets(args) -> int:
         partitions = wanted
 
     # Kafka only lets offsets be reset while nobody consumes: members would overwrite them.
-    try:
-        desc = _describe_group(admin, args, args.name)
-        share = None
-    except CliError:
-        # a share group's start offsets (librdkafka's describe knows no share groups)
-        share = _share_group_if_any(admin, args, args.name)
-        if share is None:
-            raise
-        desc = None
+    desc, share = _describe_group_or_share(admin, args, args.name)
     members, state = (share[1].members, share[1].group_state) if share else (desc.members, _state(desc.state))
     if members or state not in ("Empty", "Dead", "Unknown"):
         raise CliError(f"group {args.name!r} is not empty (state {state}, {len(members)} members): stop its consumers before resetting offsets")
