@@ -8,6 +8,7 @@ compressed batches, with Kafka's record_errors)."""
 
 from __future__ import annotations
 
+import time
 import kafka.errors
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -286,11 +287,14 @@ def test_null_key_refused_by_compacted_topic_confluent_kafka(broker, admin, topi
     create(admin, topic_name + "-del")
     assert deliveries(broker.bootstrap, topic_name, [(b"k1", b"v1"), (b"k2", None)]) == [0, 0]  # keyed records and a tombstone
     assert deliveries(broker.bootstrap, topic_name, [(None, b"no key")]) == [INVALID_RECORD]
-    # one batch with a keyless record: the whole batch is refused, nothing appended
-    assert deliveries(broker.bootstrap, topic_name, [(b"k3", b"v3"), (None, b"x"), (b"k4", b"v4")], **{"linger.ms": 500}) == [INVALID_RECORD] * 3
+    # one batch with a keyless record: the whole batch is refused, nothing appended. The
+    # producer sends when it holds batch.num.messages records; the long linger keeps a test
+    # process paused between produce() calls (a busy machine) from splitting the batch.
+    one_batch = {"linger.ms": 10_000, "batch.num.messages": 3}
+    assert deliveries(broker.bootstrap, topic_name, [(b"k3", b"v3"), (None, b"x"), (b"k4", b"v4")], **one_batch) == [INVALID_RECORD] * 3
     assert end_offsets(broker.bootstrap, topic_name) == (0, 2)
     # compressed batches are checked too
-    assert deliveries(broker.bootstrap, topic_name, [(b"k5", b"v5"), (None, b"x")], **{"linger.ms": 500, "compression.type": "zstd"}) == [INVALID_RECORD] * 2
+    assert deliveries(broker.bootstrap, topic_name, [(b"k5", b"v5"), (None, b"x")], **{**one_batch, "batch.num.messages": 2, "compression.type": "zstd"}) == [INVALID_RECORD] * 2
     assert deliveries(broker.bootstrap, topic_name, [(b"k6", b"v6")] * 3, **{"compression.type": "lz4"}) == [0, 0, 0]
     assert end_offsets(broker.bootstrap, topic_name) == (0, 5)
     # a delete-policy topic still takes records without a key
@@ -307,8 +311,10 @@ def test_null_key_refused_raw_produce(broker, admin, topic_name, codec):
         assert [(e.batch_index, e.batch_index_error_message) for e in r.record_errors] == [
             (1, f"{NO_KEY} {topic_name}-0"), (3, f"{NO_KEY} {topic_name}-0")]
         assert r.error_message.startswith("One or more records have been rejected due to 2 record errors in total")
-        # the connection is kept: a keyed batch on it is appended
-        ok = c.produce(topic_name, 0, records.build_batch([(b"a", b"1"), (b"b", None)], codec=CODECS[codec]), timeout_ms=30000)
+        # the connection is kept: a keyed batch on it is appended (timestamped now: a batch
+        # from 1970 would be retention's to delete under compact,delete before the fetch)
+        now_ms = int(time.time() * 1000)
+        ok = c.produce(topic_name, 0, records.build_batch([(b"a", b"1"), (b"b", None)], codec=CODECS[codec], timestamp=now_ms), timeout_ms=30000)
         assert (error_code(ok.error_code), ok.base_offset, ok.record_errors) == (0, 0, ()), ok
         fetched = c.fetch(topic_name, 0, 0, max_wait_ms=1000)
     assert error_code(fetched.error_code) == 0, fetched
