@@ -114,7 +114,9 @@ class Outcome:
 
 
 @dataclass
-class Member:
+class _Joining:
+    """What a JoinGroup says of its member: the fields a join request and a member share."""
+
     member_id: str
     group_instance_id: str | None
     client_id: str
@@ -123,6 +125,10 @@ class Member:
     rebalance_timeout_ms: int
     protocol_type: str
     protocols: list[tuple[str, bytes]]
+
+
+@dataclass
+class Member(_Joining):
     assignment: bytes = b""
     join_waiter: int | None = None
     sync_waiter: int | None = None
@@ -850,15 +856,7 @@ class Group:
 
 
 @dataclass
-class _JoinRequest:
-    member_id: str
-    group_instance_id: str | None
-    client_id: str
-    client_host: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    protocol_type: str
-    protocols: list[tuple[str, bytes]]
+class _JoinRequest(_Joining):
     require_known_member_id: bool
     supports_skip_assignment: bool
 

@@ -75,13 +75,19 @@ async def _owned(ctx, group_id: str) -> bool:
     return False
 
 
-async def _group_check(ctx, group_id: str):
+async def group_refusal(ctx, group_id: str) -> ErrorCode | None:
     """INVALID_GROUP_ID or NOT_COORDINATOR when this broker cannot serve the group, else None."""
     if not group_id:
         return ErrorCode.invalid_group_id
     if _coordinator(ctx) is None or not await _owned(ctx, group_id):
         return ErrorCode.not_coordinator
     return None
+
+
+async def _serving(ctx, api_key: ApiKey, group_id: str):
+    """The preamble of a request on one group: (response class, the coordinator, the
+    refusal answering the request when this broker cannot serve the group, else None)."""
+    return _response(api_key, ctx), _coordinator(ctx), await group_refusal(ctx, group_id)
 
 
 # -- FindCoordinator -------------------------------------------------------------------------
@@ -143,10 +149,9 @@ def _join_response(cls, version: int, result: JoinResult):
 
 
 async def join_group(ctx, req):
-    cls = _response(ApiKey.JOIN_GROUP, ctx)
-    groups = _coordinator(ctx)
     group_id = req.group_id
-    if (error := await _group_check(ctx, group_id)) is not None:
+    cls, groups, error = await _serving(ctx, ApiKey.JOIN_GROUP, group_id)
+    if error is not None:
         return _join_response(cls, ctx.version, JoinResult(error, req.member_id))
     instance_id = getattr(req, "group_instance_id", None)
     session_ms = _ms(req.session_timeout)
@@ -172,10 +177,9 @@ async def join_group(ctx, req):
 
 
 async def sync_group(ctx, req):
-    cls = _response(ApiKey.SYNC_GROUP, ctx)
-    groups = _coordinator(ctx)
     group_id = req.group_id
-    if (error := await _group_check(ctx, group_id)) is not None:
+    cls, groups, error = await _serving(ctx, ApiKey.SYNC_GROUP, group_id)
+    if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     try:
         result = await groups.sync(
@@ -200,10 +204,9 @@ async def sync_group(ctx, req):
 
 
 async def heartbeat(ctx, req):
-    cls = _response(ApiKey.HEARTBEAT, ctx)
-    groups = _coordinator(ctx)
     group_id = req.group_id
-    if (error := await _group_check(ctx, group_id)) is not None:
+    cls, groups, error = await _serving(ctx, ApiKey.HEARTBEAT, group_id)
+    if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     try:
         error = await groups.heartbeat(
@@ -218,12 +221,11 @@ async def heartbeat(ctx, req):
 
 
 async def leave_group(ctx, req):
-    cls = _response(ApiKey.LEAVE_GROUP, ctx)
-    groups = _coordinator(ctx)
     batched = _has(req, "members")  # v3+: several members, per-member results
     identities = [(m.member_id, m.group_instance_id) for m in req.members] if batched else [(req.member_id, None)]
     group_id = req.group_id
-    if (error := await _group_check(ctx, group_id)) is not None:
+    cls, groups, error = await _serving(ctx, ApiKey.LEAVE_GROUP, group_id)
+    if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     try:
         error, member_errors = await groups.leave(group_id, identities)
@@ -404,10 +406,9 @@ async def offset_fetch(ctx, req):
 
 
 async def offset_delete(ctx, req):
-    cls = _response(ApiKey.OFFSET_DELETE, ctx)
-    groups = _coordinator(ctx)
     group_id = req.group_id
-    if (error := await _group_check(ctx, group_id)) is not None:
+    cls, groups, error = await _serving(ctx, ApiKey.OFFSET_DELETE, group_id)
+    if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     resolver = TopicIdResolver(ctx.broker)
     try:

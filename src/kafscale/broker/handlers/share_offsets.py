@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 
-from kafscale.broker.handlers.groups import STORE_DOWN, _client_host, _coordinator, _owned, build
+from kafscale.broker.handlers.groups import STORE_DOWN, _client_host, _coordinator, build, group_refusal
 from kafscale.broker.topics import TopicIdResolver
 from kafscale.errors import ErrorCode
 from kafscale.metadata.store import ConflictError
@@ -59,21 +59,12 @@ async def _topic(ctx, resolver: TopicIdResolver, op: Op, name: str):
     return meta, (ErrorCode.none if meta is not None else ErrorCode.unknown_topic_or_partition)
 
 
-async def _group_refusal(ctx, group_id: str) -> ErrorCode | None:
-    if not group_id:
-        return ErrorCode.invalid_group_id
-    groups = _coordinator(ctx)
-    if groups is None or not await _owned(ctx, group_id):
-        return ErrorCode.not_coordinator
-    return None
-
-
 # -- DescribeShareGroupOffsets ------------------------------------------------------------------
 
 
 async def _describe_group(ctx, resolver: TopicIdResolver, group) -> dict:
     entry = dict(group_id=group.group_id, topics=[], error_code=ErrorCode.none, error_message=None)
-    refusal = await _group_refusal(ctx, group.group_id)
+    refusal = await group_refusal(ctx, group.group_id)
     if refusal is not None:
         return dict(entry, error_code=refusal)
     groups = _coordinator(ctx)
@@ -159,7 +150,7 @@ async def alter_share_group_offsets(ctx, req):
                     await _put_start(ctx.broker.metadata, req.group_id, meta.name, row["partition_index"],
                                      meta.topic_id, offset)
 
-    code = await _group_refusal(ctx, req.group_id)
+    code = await group_refusal(ctx, req.group_id)
     try:
         code = code or await _coordinator(ctx).share.while_empty(req.group_id, change)
     except STORE_DOWN:
@@ -192,7 +183,7 @@ async def delete_share_group_offsets(ctx, req):
         if doomed:
             await ctx.broker.metadata.delete_share_states(req.group_id, doomed)
 
-    code = await _group_refusal(ctx, req.group_id)
+    code = await group_refusal(ctx, req.group_id)
     try:
         code = code or await _coordinator(ctx).share.while_empty(req.group_id, change)
     except STORE_DOWN:
