@@ -19,7 +19,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.broker import BrokerProcess  # noqa: E402
-from tests.support.console import ConsoleProcess  # noqa: E402
+from tests.support.console import console_on  # noqa: E402
 
 
 def seed(bootstrap: str, topics: int, groups: int) -> None:
@@ -53,13 +53,13 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=10)
     args = ap.parse_args()
-    broker = BrokerProcess(extra_args=["--group-initial-rebalance-delay-ms", "0"]).start()
-    console = None
-    try:
+    def seeded(bootstrap: str) -> None:
         t0 = time.monotonic()
-        seed(broker.bootstrap, args.topics, args.groups)
+        seed(bootstrap, args.topics, args.groups)
         print(f"seeded {args.topics} topics x 3 partitions and {args.groups} groups in {time.monotonic() - t0:.0f}s", flush=True)
-        console = ConsoleProcess(broker.bootstrap, ["--metrics-port-offset", "-1"]).start()
+
+    broker = BrokerProcess(extra_args=["--group-initial-rebalance-delay-ms", "0"]).start()
+    with console_on(broker, ["--metrics-port-offset", "-1"], seeded) as (_, console):
         pages = ["/", "/topics", "/topics?page=10", "/topics?q=0999", "/topics/bench-topic-0500", "/groups", "/groups?page=5",
                  "/groups/bench-group-250", "/groups/bench-group-250/lag.json"]
         s = requests.Session()
@@ -74,10 +74,6 @@ def main() -> int:
                 times.append((time.perf_counter() - start) * 1000)
                 assert r.status_code == 200
             print(f"{page:40} {statistics.median(times):10.1f} {max(times):8.1f}", flush=True)
-    finally:
-        if console is not None:
-            console.stop()
-        broker.stop()
     return 0
 
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.broker import BrokerProcess, free_port  # noqa: E402
-from tests.support.console import ConsoleProcess, chromium  # noqa: E402
+from tests.support.console import chromium, console_on  # noqa: E402
 
 TRAFFIC_S = 70  # the overview's charts show the last minutes, a point every second here
 WIDTH = 1280
@@ -128,44 +128,39 @@ def main() -> int:
     http = free_port()
     broker = BrokerProcess(extra_args=["--http", f"127.0.0.1:{http}", "--group-initial-rebalance-delay-ms", "0",
                                        "--authorizer", "acls", "--super-users", "User:ANONYMOUS"]).start()
-    console = None
     stop = threading.Event()
-    try:
-        txn = seed(broker.bootstrap)
-        console = ConsoleProcess(broker.bootstrap, ["--metrics", f"http://127.0.0.1:{http}", "--metrics-interval", "1"]).start()
-        mover = threading.Thread(target=traffic, args=(broker.bootstrap, stop), daemon=True)
-        mover.start()
-        with tempfile.TemporaryDirectory(prefix="kafscale-shots-") as profile:
-            driver = chromium(profile)
-            try:
-                driver.set_window_size(WIDTH, 900)
-                driver.get(console.url + "/groups/billing")  # its lag chart starts with this view
-                time.sleep(TRAFFIC_S)  # a script, not a test: the charts need this much history
-                from selenium.webdriver.common.by import By
-                from selenium.webdriver.support.ui import WebDriverWait
+    with console_on(broker, ["--metrics", f"http://127.0.0.1:{http}", "--metrics-interval", "1"], seed) as (txn, console):
+        try:
+            mover = threading.Thread(target=traffic, args=(broker.bootstrap, stop), daemon=True)
+            mover.start()
+            with tempfile.TemporaryDirectory(prefix="kafscale-shots-") as profile:
+                driver = chromium(profile)
+                try:
+                    driver.set_window_size(WIDTH, 900)
+                    driver.get(console.url + "/groups/billing")  # its lag chart starts with this view
+                    time.sleep(TRAFFIC_S)  # a script, not a test: the charts need this much history
+                    from selenium.webdriver.common.by import By
+                    from selenium.webdriver.support.ui import WebDriverWait
 
-                for name, path, ready, most in PAGES:
-                    # The page laid out at its final width (the charts take theirs when
-                    # drawn), then cut to its own height up to `most` pixels.
-                    metrics = {"width": WIDTH, "height": most, "deviceScaleFactor": 1, "mobile": False}
-                    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
-                    driver.get(console.url + path)
-                    WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
-                    if ready == ".uplot":
-                        time.sleep(2)  # the charts' data arrives after the page
-                    height = min(int(driver.execute_script("return document.querySelector('main').getBoundingClientRect().bottom")) + 24, most)
-                    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": height})
-                    target = out / name
-                    driver.save_screenshot(str(target))
-                    print(f"{target}: {target.stat().st_size / 1024:.0f} KiB")
-            finally:
-                driver.quit()
-        txn.abort_transaction(30)
-    finally:
-        stop.set()
-        if console is not None:
-            console.stop()
-        broker.stop()
+                    for name, path, ready, most in PAGES:
+                        # The page laid out at its final width (the charts take theirs when
+                        # drawn), then cut to its own height up to `most` pixels.
+                        metrics = {"width": WIDTH, "height": most, "deviceScaleFactor": 1, "mobile": False}
+                        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+                        driver.get(console.url + path)
+                        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
+                        if ready == ".uplot":
+                            time.sleep(2)  # the charts' data arrives after the page
+                        height = min(int(driver.execute_script("return document.querySelector('main').getBoundingClientRect().bottom")) + 24, most)
+                        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": height})
+                        target = out / name
+                        driver.save_screenshot(str(target))
+                        print(f"{target}: {target.stat().st_size / 1024:.0f} KiB")
+                finally:
+                    driver.quit()
+            txn.abort_transaction(30)
+        finally:
+            stop.set()
     return 0
 
 

@@ -100,6 +100,20 @@ def prime(bootstrap: str, topic: str, seen) -> None:
     wait_until(probed, 60, "a consumer reading a probe record")
 
 
+def primed(bootstrap: str, prefix: str) -> tuple[str, str, ShareConsumer]:
+    """(topic, group, an explicit-mode consumer of them) on a new topic, once the consumer
+    read a probe: from then on every record produced is for the group."""
+    topic, group = names(prefix)
+    create_topic(bootstrap, topic)
+    c = consumer(bootstrap, group, topic, explicit=True)
+    try:
+        prime(bootstrap, topic, lambda: accept_polled(c))
+    except BaseException:
+        c.close()
+        raise
+    return topic, group, c
+
+
 class Readers:
     """Share consumers polling in threads (implicit acknowledgement), recording what each read."""
 
@@ -168,11 +182,8 @@ def test_three_consumers_share_a_partition_exactly_once(sbroker):
 
 def test_released_records_go_to_another_consumer(sbroker):
     bootstrap = sbroker.bootstrap
-    topic, group = names("release")
-    create_topic(bootstrap, topic)
-    a = consumer(bootstrap, group, topic, explicit=True)
+    topic, group, a = primed(bootstrap, "release")
     try:
-        prime(bootstrap, topic, lambda: accept_polled(a))
         produce(bootstrap, topic, [f"x-{i}".encode() for i in range(20)])
         held: list = []
         wait_until(lambda: held.extend(m for m in records(a) if m.value().startswith(b"x-")) or len(held) >= 20, 30,
@@ -196,12 +207,9 @@ def test_released_records_go_to_another_consumer(sbroker):
 
 def test_locks_of_a_consumer_that_stops_polling_time_out(sbroker):
     bootstrap = sbroker.bootstrap
-    topic, group = names("locks")
-    create_topic(bootstrap, topic)
-    a = consumer(bootstrap, group, topic, explicit=True)
+    topic, group, a = primed(bootstrap, "locks")
     b = None
     try:
-        prime(bootstrap, topic, lambda: accept_polled(a))
         produce(bootstrap, topic, [f"y-{i}".encode() for i in range(10)])
         held: list = []
         wait_until(lambda: held.extend(records(a)) or len(held) >= 10, 30, "the records at the first consumer")
@@ -221,11 +229,8 @@ def test_locks_of_a_consumer_that_stops_polling_time_out(sbroker):
 
 def test_delivery_count_limit_and_reject_archive_records(sbroker):
     bootstrap = sbroker.bootstrap
-    topic, group = names("limit")
-    create_topic(bootstrap, topic)
-    c = consumer(bootstrap, group, topic, explicit=True)
+    topic, group, c = primed(bootstrap, "limit")
     try:
-        prime(bootstrap, topic, lambda: accept_polled(c))
         produce(bootstrap, topic, [b"poison", b"bad"])
         deliveries: list[tuple[bytes, int]] = []
 
@@ -265,11 +270,7 @@ def test_acknowledged_records_survive_kill9(tmp_path):
     c = None
     try:
         bootstrap = b.bootstrap
-        topic, group = names("durable")
-        create_topic(bootstrap, topic)
-        c = consumer(bootstrap, group, topic, explicit=True)
-
-        prime(bootstrap, topic, lambda: accept_polled(c))
+        topic, group, c = primed(bootstrap, "durable")
         produce(bootstrap, topic, [f"z-{i}".encode() for i in range(100)])
         held: list = []
         wait_until(lambda: held.extend(records(c)) or len(held) >= 100, 30, "the records")

@@ -73,9 +73,13 @@ def storage(request):
 FLAG = ["--write-ahead-objects", "true", "--merge-interval-ms", "0"]
 
 
-def _create(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def _started(broker_factory, storage, flags: list[str], topic: str, partitions: int):
+    """(a broker on `storage` with `flags`, its Objects) and `topic` created on it."""
+    args, env, objects_of = storage
+    b = broker_factory(extra_args=[*flags, *args], env=env)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})  # held until the result: its end fails the future
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(15)
+    return b, objects_of(b)
 
 
 def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout: float = 30.0) -> dict[int, list[tuple[int, bytes]]]:
@@ -94,11 +98,8 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
 
 
 def test_one_object_per_flush_for_all_partitions_and_every_record_back(broker_factory, storage, topic_name):
-    args, env, objects_of = storage
-    b = broker_factory(extra_args=[*FLAG, *args], env=env)
-    objects = objects_of(b)
     parts = 32
-    _create(b.bootstrap, topic_name, parts)
+    b, objects = _started(broker_factory, storage, FLAG, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 50, "acks": "all"})
     sent: dict[int, list[bytes]] = {i: [] for i in range(parts)}
     t0 = int(time.time() * 1000)
@@ -128,11 +129,8 @@ def test_one_object_per_flush_for_all_partitions_and_every_record_back(broker_fa
 
 
 def test_kill9_between_upload_and_commit_keeps_every_acknowledged_record(broker_factory, storage, topic_name):
-    args, env, objects_of = storage
-    b = broker_factory(extra_args=[*FLAG, *args], env=env)
-    objects = objects_of(b)
     parts = 8
-    _create(b.bootstrap, topic_name, parts)
+    b, objects = _started(broker_factory, storage, FLAG, topic_name, parts)
     acked: list[tuple[int, int, bytes]] = []
 
     def on_delivery(err, m):
@@ -182,11 +180,8 @@ REWRITE = ["--write-ahead-objects", "true", "--merge-interval-ms", "100", "--mer
 
 
 def test_consumer_reading_while_data_moves_into_segments_sees_every_record_once(broker_factory, storage, topic_name):
-    args, env, objects_of = storage
-    b = broker_factory(extra_args=[*REWRITE, *args], env=env)
-    objects = objects_of(b)
     parts = 4
-    _create(b.bootstrap, topic_name, parts)
+    b, objects = _started(broker_factory, storage, REWRITE, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     total = 600
     reads: list = []
@@ -212,11 +207,8 @@ def test_consumer_reading_while_data_moves_into_segments_sees_every_record_once(
 
 
 def test_kill9_during_rewrite_and_cleanup_loses_and_duplicates_nothing(broker_factory, storage, topic_name):
-    args, env, objects_of = storage
-    b = broker_factory(extra_args=[*REWRITE, *args], env=env)
-    objects = objects_of(b)
     parts = 4
-    _create(b.bootstrap, topic_name, parts)
+    b, objects = _started(broker_factory, storage, REWRITE, topic_name, parts)
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     acked = []
     total = 400

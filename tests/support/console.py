@@ -4,6 +4,7 @@ named explicitly and Selenium Manager is told to stay offline)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -52,6 +53,21 @@ class ConsoleProcess:
 
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def console_on(broker: BrokerProcess, console_args: list[str], seed=None):
+    """(what `seed(bootstrap)` returned, a `kafscale console` with `console_args` started after
+    it) on the started `broker`; stops the console and then the broker however the block ends."""
+    console = None
+    try:
+        seeded = seed(broker.bootstrap) if seed is not None else None
+        console = ConsoleProcess(broker.bootstrap, console_args).start()
+        yield seeded, console
+    finally:
+        if console is not None:
+            console.stop()
+        broker.stop()
 
 
 def add_console_user(users_file: str, name: str, password: str) -> None:
