@@ -260,9 +260,8 @@ def test_api_versions_from_kafka_39s_lowest(kb):
     # Kafka 3.9 accepted every API it had from v0, and the APIs newer than 3.9 start at 0 too,
     # but the share group APIs (76-79): Kafka 4.1 removed their early-access v0 (KIP-932)
     assert r.error_code == 0 and {k: lo for k, (lo, _hi) in got.items() if lo != 0} == {76: 1, 77: 1, 78: 1, 79: 1}
-    # kio's newest versions, but InitProducerId v6 (KIP-939 two-phase commit), which Kafka 4.0
-    # lacks, and ShareFetch/ShareAcknowledge v2 (Kafka 4.2's lock renewal, not built yet)
-    older = {22: 5, 78: 1, 79: 1}
+    # kio's newest versions, but InitProducerId v6 (KIP-939 two-phase commit), which Kafka 4.0 lacks
+    older = {22: 5}
     assert {k: hi for k, (_lo, hi) in got.items() if hi != kio_versions(k)[1]} == older
     for key in (0, 1, 2, 8, 9, 19, 20, 23, 27, 29, 30, 31, 32, 34, 35):
         assert kio_versions(key)[0] > 0, key  # the ones below kio's start

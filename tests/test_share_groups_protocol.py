@@ -4,6 +4,7 @@ API versions a share consumer looks for."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -22,8 +23,9 @@ HEARTBEAT, DESCRIBE, LIST_GROUPS = 76, 77, 16
 @pytest.fixture(scope="module")
 def sbroker():
     # (a heartbeat interval below Kafka's least, 5 s, needs the least lowered too, as in Kafka)
+    # (and a least record lock duration of 1 s, for a group of the renewal test to lock for 4 s)
     b = BrokerProcess(extra_args=["--group-share-heartbeat-interval-ms", "300", "--group-share-min-heartbeat-interval-ms", "300",
-                                  "--group-share-max-size", "3"]).start()
+                                  "--group-share-max-size", "3", "--group-share-min-record-lock-duration-ms", "1000"]).start()
     yield b
     b.stop()
 
@@ -106,7 +108,7 @@ def test_api_versions_and_features(sbroker):
         r = c.request(18, 4, req(18, 4, client_software_name="t", client_software_version="1"))
         keys = {k.api_key: (k.min_version, k.max_version) for k in r.api_keys}
         assert keys[HEARTBEAT] == (1, 1) and keys[DESCRIBE] == (1, 1)
-        assert keys[78] == (1, 1) and keys[79] == (1, 1)  # ShareFetch, ShareAcknowledge
+        assert keys[78] == (1, 2) and keys[79] == (1, 2)  # ShareFetch, ShareAcknowledge (v2: Kafka 4.2)
         # the share-state APIs between brokers: not needed, the metadata store holds that state
         assert not {83, 84, 85, 86, 87} & set(keys)
         assert {f.name: f.max_version_level for f in r.finalized_features}["share.version"] == 1
@@ -115,20 +117,30 @@ def test_api_versions_and_features(sbroker):
 FETCH, ACK = 78, 79
 
 
-def share_fetch(c: RawClient, group: str, member: str, epoch: int, topic_id, acks=(), max_records: int = 100, wait: int = 500):
-    batches = tuple(req(FETCH, 1, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,)) for a, b, t in acks)
-    topics = (req(FETCH, 1, "FetchTopic", topic_id=topic_id, partitions=(
-        req(FETCH, 1, "FetchPartition", partition_index=0, acknowledgement_batches=batches),)),)
-    return c.request(FETCH, 1, req(FETCH, 1, group_id=group, member_id=member, share_session_epoch=epoch, max_wait=wait,
-                                   min_bytes=1, max_bytes=1 << 20, max_records=max_records, batch_size=max_records,
-                                   topics=topics, forgotten_topics_data=()))
+def share_fetch(c: RawClient, group: str, member: str, epoch: int, topic_id, acks=(), max_records: int = 100, wait: int = 500,
+                version: int = 1, **v2):
+    """A ShareFetch of partition 0; `v2`: ShareFetch v2's fields (share_acquire_mode, is_renew_ack, ...)."""
+    batches = tuple(req(FETCH, version, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,))
+                    for a, b, t in acks)
+    topics = (req(FETCH, version, "FetchTopic", topic_id=topic_id, partitions=(
+        req(FETCH, version, "FetchPartition", partition_index=0, acknowledgement_batches=batches),)),)
+    fields = dict(max_wait=wait, min_bytes=1, max_bytes=1 << 20, max_records=max_records, batch_size=max_records) | v2
+    return c.request(FETCH, version, req(FETCH, version, group_id=group, member_id=member, share_session_epoch=epoch,
+                                         topics=topics, forgotten_topics_data=(), **fields))
 
 
-def share_ack(c: RawClient, group: str, member: str, epoch: int, topic_id, acks):
-    batches = tuple(req(ACK, 1, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,)) for a, b, t in acks)
-    topics = (req(ACK, 1, "AcknowledgeTopic", topic_id=topic_id, partitions=(
-        req(ACK, 1, "AcknowledgePartition", partition_index=0, acknowledgement_batches=batches),)),)
-    return c.request(ACK, 1, req(ACK, 1, group_id=group, member_id=member, share_session_epoch=epoch, topics=topics))
+def share_ack(c: RawClient, group: str, member: str, epoch: int, topic_id, acks, version: int = 1, **v2):
+    batches = tuple(req(ACK, version, "AcknowledgementBatch", first_offset=a, last_offset=b, acknowledge_types=(t,))
+                    for a, b, t in acks)
+    topics = (req(ACK, version, "AcknowledgeTopic", topic_id=topic_id, partitions=(
+        req(ACK, version, "AcknowledgePartition", partition_index=0, acknowledgement_batches=batches),)),)
+    return c.request(ACK, version, req(ACK, version, group_id=group, member_id=member, share_session_epoch=epoch,
+                                       topics=topics, **v2))
+
+
+def acquired(resp) -> list[tuple[int, int, int]]:
+    return [(a.first_offset, a.last_offset, a.delivery_count) for t in resp.responses for p in t.partitions
+            for a in p.acquired_records]
 
 
 def test_share_fetch_sessions_and_acknowledgements_raw(sbroker):
@@ -201,3 +213,70 @@ def test_a_closed_connection_ends_its_share_session_and_releases_its_records(sbr
                                       for part in t.partitions for x in part.acquired_records) or got, 10,
                    "the records of the closed connection")
         assert [(x.first_offset, x.last_offset, x.delivery_count) for x in got] == [(0, 2, 2)]
+
+
+RENEW = 4
+
+
+def test_share_fetch_v2_renews_locks_and_limits_records(sbroker):
+    """Kafka 4.2: RENEW keeps records locked past their lock duration (KIP-1222), with
+    Kafka's checks, and the record-limit acquire mode splits a stored batch (KIP-1206)."""
+    from kafscale.protocol import records as batches
+
+    bootstrap = sbroker.bootstrap
+    topic, group = f"share-v2-{uuid.uuid4().hex[:8]}", f"s2-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1)
+    lock_s = 4
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.incremental_alter_configs([ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+            ConfigEntry("share.record.lock.duration.ms", str(lock_s * 1000), incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])]).values():
+        fut.result(15)
+    a, b = str(uuid.uuid4()), str(uuid.uuid4())
+    with RawClient(bootstrap) as c, RawClient(bootstrap) as other:
+        # one stored batch of 10 records (offsets 0-9)
+        now_ms = int(time.time() * 1000)
+        r = c.produce(topic, 0, batches.build_batch([(None, b"v%d" % i) for i in range(10)], timestamp=now_ms))
+        assert error_code(r.error_code) == 0
+        [(topic_id, _)] = assigned(heartbeat(c, group, a, 0, (topic,)))
+        heartbeat(other, group, b, 0, (topic,))
+        # record-limit mode: 3 of the batch's 10, the other member the next 3; the whole batch is sent
+        r = share_fetch(c, group, a, 0, topic_id, max_records=3, wait=5_000, version=2, share_acquire_mode=1)
+        assert acquired(r) == [(0, 2, 1)] and r.acquisition_lock_timeout.total_seconds() == lock_s
+        acquired_at = time.monotonic()
+        r = share_fetch(other, group, b, 0, topic_id, max_records=3, wait=5_000, version=2, share_acquire_mode=1)
+        assert acquired(r) == [(3, 5, 1)]
+        # batch-optimized (v1's only mode): the rest of the batch, past MaxRecords
+        assert acquired(share_fetch(other, group, b, 1, topic_id, max_records=1, version=2)) == [(6, 9, 1)]
+
+        # RENEW needs IsRenewAck and v2; a renewing ShareFetch must not fetch
+        r = share_ack(c, group, a, 1, topic_id, [(0, 2, RENEW)], version=2)
+        assert error_code(r.responses[0].partitions[0].error_code) == ErrorCode.invalid_request.value
+        r = share_ack(c, group, a, 2, topic_id, [(0, 2, RENEW)], version=1)
+        assert error_code(r.responses[0].partitions[0].error_code) == ErrorCode.invalid_request.value
+        r = share_fetch(c, group, a, 3, topic_id, acks=[(0, 2, RENEW)], version=2, is_renew_ack=True)
+        assert error_code(r.error_code) == ErrorCode.invalid_request.value
+        # renewals more often than the lock duration keep a's records past it
+        epoch = 3
+        while time.monotonic() - acquired_at < lock_s * 1.5:
+            if epoch % 2:
+                r = share_ack(c, group, a, epoch, topic_id, [(0, 2, RENEW)], version=2, is_renew_ack=True)
+                [part] = r.responses[0].partitions
+                assert (error_code(r.error_code), error_code(part.error_code)) == (0, 0)
+                assert r.acquisition_lock_timeout.total_seconds() == lock_s
+            else:
+                r = share_fetch(c, group, a, epoch, topic_id, acks=[(0, 2, RENEW)], max_records=0, wait=0, version=2,
+                                is_renew_ack=True, min_bytes=0, max_bytes=0)
+                [part] = r.responses[0].partitions
+                assert (error_code(r.error_code), error_code(part.acknowledge_error_code), part.acquired_records) == (0, 0, ())
+            epoch += 1
+            time.sleep(0.5)
+        # b's records, not renewed, timed out and come back to b; a's are still a's to accept
+        got: list = []
+        wait_until(lambda: got.extend(acquired(share_fetch(other, group, b, 0, topic_id, wait=1_000, version=2))) or got,
+                   10, "b's timed-out records")
+        assert got == [(3, 9, 2)]
+        r = share_ack(c, group, a, epoch, topic_id, [(0, 2, 1)], version=2)
+        assert error_code(r.responses[0].partitions[0].error_code) == 0

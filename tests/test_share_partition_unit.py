@@ -11,7 +11,7 @@ from kafscale.errors import ErrorCode, KafkaError
 from kafscale.share.partition import Ack, Acquired, LogBatch, RecordState, SharePartition
 from kafscale.share.sessions import ShareSessionCache
 
-ACCEPT, RELEASE, REJECT, GAP = 1, 2, 3, 0
+ACCEPT, RELEASE, REJECT, GAP, RENEW = 1, 2, 3, 0, 4
 LOCK = 1_000
 
 
@@ -69,6 +69,41 @@ def test_release_member_and_max_records_in_whole_batches():
     assert got == [Acquired(0, 5, 1)]  # whole batches: stops after reaching 4
     assert sp.release_member("a") == 6 and sp.next_fetch_offset() == 0
     assert sp.acquire("b", 0, LOCK, batches((0, 2)), max_records=1) == [Acquired(0, 2, 2)]
+
+
+def test_record_limit_mode_acquires_no_more_than_max_records():
+    sp = SharePartition(0)
+    got = sp.acquire("a", 0, LOCK, batches((0, 9), (10, 19)), max_records=3, record_limit=True)
+    # KIP-1206: exactly 3, the rest of the stored batch in flight and available
+    assert got == [Acquired(0, 2, 1)] and sp.end == 10 and sp.counts()["available"] == 7
+    assert sp.next_fetch_offset() == 3
+    assert sp.acquire("b", 0, LOCK, batches((0, 9), (10, 19)), max_records=4, record_limit=True) == [Acquired(3, 6, 1)]
+    # redelivery is limited too, and new records after the available ones
+    sp.acknowledge("a", [Ack(0, 2, (RELEASE,))])
+    got = sp.acquire("c", 0, LOCK, batches((0, 9), (10, 19)), max_records=8, record_limit=True)
+    assert got == [Acquired(0, 2, 2), Acquired(7, 11, 1)] and sp.end == 20
+
+
+def test_batch_size_cuts_acquired_ranges_at_stored_batches():
+    sp = SharePartition(0)
+    got = sp.acquire("a", 0, LOCK, batches((0, 2), (3, 5), (6, 8), (9, 11)), max_records=100, batch_size=5)
+    # a range of 5 or more ends at the next stored batch: 0-5 (6 records), 6-11
+    assert got == [Acquired(0, 5, 1), Acquired(6, 11, 1)]
+    got = SharePartition(0).acquire("a", 0, LOCK, batches((0, 2), (3, 5)), max_records=100, batch_size=100)
+    assert got == [Acquired(0, 5, 1)]
+
+
+def test_renew_restarts_the_lock_and_changes_nothing_else():
+    sp = SharePartition(0)
+    sp.acquire("a", 0, LOCK, batches((0, 4)), max_records=10)
+    assert sp.acknowledge("a", [Ack(0, 4, (RENEW,))], now=800, lock_ms=LOCK) is False  # nothing to persist
+    assert sp.next_deadline() == 800 + LOCK and sp.expire(LOCK) == 0
+    assert {r.delivery_count for r in sp.records.values()} == {1} and sp.counts()["acquired"] == 5
+    # another member's records cannot be renewed; a mix renews some and accepts others
+    refused(ErrorCode.invalid_record_state, sp.acknowledge, "b", [Ack(0, 0, (RENEW,))], 900, LOCK)
+    assert sp.acknowledge("a", [Ack(0, 4, (ACCEPT, RENEW, ACCEPT, ACCEPT, ACCEPT))], 1_500, LOCK) is True
+    assert sp.spso == 1 and sp.next_deadline() == 1_500 + LOCK
+    assert sp.expire(1_500 + LOCK) == 1 and sp.counts()["available"] == 1
 
 
 def test_in_flight_limit_gaps_and_undeliverable_batches():

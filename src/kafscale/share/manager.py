@@ -142,9 +142,11 @@ class SharePartitionManager:
     # -- fetching -----------------------------------------------------------------------------
 
     async def acquire(self, group_id: str, member_id: str, topic: str, partition: int, max_records: int,
-                      max_bytes: int, new_session: bool = False) -> FetchResult:
+                      max_bytes: int, new_session: bool = False, record_limit: bool = False,
+                      batch_size: int = 0) -> FetchResult:
         """Records of one partition acquired for `member_id` (raises StorageError when this
-        broker does not own the partition)."""
+        broker does not own the partition). `record_limit`: at most `max_records` (KIP-1206's
+        record-limit acquire mode), else whole stored batches until `max_records` are reached."""
         settings = await self.settings.for_group(group_id)
         lg = await self.logs.get_log(topic, partition)
         entry = await self._entry(group_id, topic, partition, lg, settings, revalidate=new_session)
@@ -172,7 +174,7 @@ class SharePartitionManager:
                 logged = [LogBatch(h.base_offset, h.last_offset, not h.is_control) for _, h, _ in found]
             async with entry.lock:
                 acquired = sp.acquire(member_id, self.clock(), settings.record_lock_duration_ms, logged, max_records,
-                                      lg.log_start_offset)
+                                      lg.log_start_offset, record_limit, batch_size)
             if acquired:
                 self._arm(sp.next_deadline())
                 return FetchResult(_covering(chunks, found, acquired), acquired)
@@ -194,12 +196,14 @@ class SharePartitionManager:
 
     async def acknowledge(self, group_id: str, member_id: str, topic: str, partition: int, acks: list[Ack]) -> None:
         """Apply and persist one partition's acknowledgements; raises KafkaError (nothing
-        changed, or the change is not durable and the copy was dropped)."""
+        changed, or the change is not durable and the copy was dropped). Lock renewals
+        (RENEW) alone write nothing: a lock is not durable state."""
         settings = await self.settings.for_group(group_id)
         lg = await self.logs.get_log(topic, partition)
         entry = await self._entry(group_id, topic, partition, lg, settings)
         async with entry.lock:
-            entry.sp.acknowledge(member_id, acks)
+            if not entry.sp.acknowledge(member_id, acks, self.clock(), settings.record_lock_duration_ms):
+                return
             await self._persist((group_id, topic, partition), entry)
         # Released records can be delivered again, and done ones moved the start offset,
         # making room under the in-flight limit: waiting fetches look again.

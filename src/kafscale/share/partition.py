@@ -16,7 +16,12 @@ Apache Kafka's SharePartition is the reference:
   REJECT archives at once, ACCEPT acknowledges, GAP archives an offset with no record.
 - An acknowledgement names records the member holds: anything else (another member's, not
   acquired, already done) is INVALID_RECORD_STATE for the whole partition's acknowledgement,
-  which then changes nothing.
+  which then changes nothing. RENEW (Kafka 4.2, KIP-1222) restarts a held record's
+  acquisition lock and changes nothing else: no state, no delivery count, nothing to persist.
+- Acquisition takes whole stored batches until `max_records` are reached (Kafka's
+  batch-optimized mode), or exactly `max_records` at most (record-limit mode, KIP-1206:
+  the rest of a batch stays AVAILABLE in flight). In batch-optimized mode the acquired
+  ranges are cut at stored batch boundaries every `batch_size` records, as Kafka answers.
 - The number of records in flight is bounded (`max_in_flight`, Kafka's
   group.share.partition.max.record.locks): new records are acquired only below it.
 - The log start moving past the SPSO (retention, DeleteRecords) moves the SPSO with it.
@@ -47,6 +52,7 @@ class AckType(IntEnum):
     ACCEPT = 1
     RELEASE = 2
     REJECT = 3
+    RENEW = 4  # Kafka 4.2 (KIP-1222): ShareFetch and ShareAcknowledge v2 only
 
 
 DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
@@ -123,10 +129,13 @@ class SharePartition:
     # -- acquisition --------------------------------------------------------------------------
 
     def acquire(self, member_id: str, now: float, lock_ms: int, batches: list[LogBatch], max_records: int,
-                log_start: int | None = None) -> list[Acquired]:
+                log_start: int | None = None, record_limit: bool = False, batch_size: int = 0) -> list[Acquired]:
         """Acquire for `member_id` what `batches` (read from `next_fetch_offset()`, in
         offset order) offer: AVAILABLE records again, new records past `end`. Whole batches
-        at a time, stopping once `max_records` are acquired (Kafka's batch-optimized mode)."""
+        at a time, stopping once `max_records` are acquired (Kafka's batch-optimized mode),
+        or `record_limit`: never more than `max_records` (the rest of a batch stays in flight,
+        AVAILABLE). `batch_size` (> 0, batch-optimized only): the acquired ranges are cut at
+        stored batch boundaries every that many records."""
         if log_start is not None:
             self.move_start(log_start)
         got: list[int] = []
@@ -139,6 +148,8 @@ class SharePartition:
             for offset in range(max(batch.base_offset, self.spso), min(batch.last_offset + 1, self.end)):
                 r = self.records.get(offset)
                 if r is not None and r.state is RecordState.AVAILABLE:
+                    if record_limit and len(got) >= max_records:
+                        break
                     self._acquire_one(r, member_id, deadline)
                     got.append(offset)
             if batch.last_offset < self.end:
@@ -150,23 +161,28 @@ class SharePartition:
             if batch.deliverable:
                 for offset in range(start, batch.last_offset + 1):
                     r = InFlight(RecordState.AVAILABLE)
-                    self._acquire_one(r, member_id, deadline)
+                    if not (record_limit and len(got) >= max_records):
+                        self._acquire_one(r, member_id, deadline)
+                        got.append(offset)
                     self.records[offset] = r
-                    got.append(offset)
             # (gaps before the batch and an undeliverable batch stay out of `records`: archived)
             self.end = batch.last_offset + 1
         self._advance()
-        return self._ranges(got)
+        cuts = {b.base_offset for b in batches} if batch_size > 0 and not record_limit else set()
+        return self._ranges(got, cuts, batch_size)
 
     def _acquire_one(self, r: InFlight, member_id: str, deadline: float) -> None:
         r.state, r.member_id, r.deadline = RecordState.ACQUIRED, member_id, deadline
         r.delivery_count += 1
 
-    def _ranges(self, offsets: list[int]) -> list[Acquired]:
+    def _ranges(self, offsets: list[int], cuts: set[int] = frozenset(), batch_size: int = 0) -> list[Acquired]:
+        """Contiguous offsets of one delivery count as ranges; a range of `batch_size` or more
+        ends before the next offset in `cuts` (a stored batch's first offset)."""
         out: list[Acquired] = []
         for o in sorted(offsets):
             count = self.records[o].delivery_count if o in self.records else 1
-            if out and out[-1].last_offset == o - 1 and out[-1].delivery_count == count:
+            if (out and out[-1].last_offset == o - 1 and out[-1].delivery_count == count
+                    and not (o in cuts and o - out[-1].first_offset >= batch_size)):
                 out[-1] = Acquired(out[-1].first_offset, o, count)
             else:
                 out.append(Acquired(o, o, count))
@@ -174,9 +190,10 @@ class SharePartition:
 
     # -- acknowledgement ------------------------------------------------------------------------
 
-    def acknowledge(self, member_id: str, acks: list[Ack]) -> None:
+    def acknowledge(self, member_id: str, acks: list[Ack], now: float = 0.0, lock_ms: int = 0) -> bool:
         """Apply one partition's acknowledgements, all or nothing; INVALID_RECORD_STATE (or
-        INVALID_REQUEST for a malformed batch) changes nothing."""
+        INVALID_REQUEST for a malformed batch) changes nothing. RENEW moves a held record's
+        lock deadline to `now + lock_ms`. Whether anything to persist changed (RENEW alone: no)."""
         planned: list[tuple[int, int]] = []
         for ack in acks:
             n = ack.last_offset - ack.first_offset + 1
@@ -193,8 +210,13 @@ class SharePartition:
                     raise KafkaError(ErrorCode.invalid_record_state,
                                      f"offset {offset} is not acquired by member {member_id}")
                 planned.append((offset, kind))
+        changed = False
         for offset, kind in planned:
             r = self.records[offset]
+            if kind == AckType.RENEW:
+                r.deadline = now + lock_ms
+                continue
+            changed = True
             if kind == AckType.ACCEPT:
                 self._finish(r, RecordState.ACKNOWLEDGED)
             elif kind == AckType.RELEASE:
@@ -202,6 +224,7 @@ class SharePartition:
             else:  # REJECT, GAP
                 self._finish(r, RecordState.ARCHIVED)
         self._advance()
+        return changed
 
     def _finish(self, r: InFlight, state: RecordState) -> None:
         r.state, r.member_id, r.deadline = state, None, 0.0

@@ -4,7 +4,12 @@ The rules live in `kafscale.share` (`partition.py`: record states; `sessions.py`
 sessions; `manager.py`: the driver and durability); this module translates requests and
 responses: topic ids, acknowledgements piggybacked on ShareFetch, the long poll
 (MaxWaitMs: until a session partition has records to acquire, new or released), and
-NOT_LEADER_OR_FOLLOWER with the current leader for partitions owned elsewhere."""
+NOT_LEADER_OR_FOLLOWER with the current leader for partitions owned elsewhere.
+
+Version 2 (Kafka 4.2) adds the RENEW acknowledge type (KIP-1222: restart the locks of
+held records; allowed only with IsRenewAck, and a ShareFetch carrying renewals fetches
+nothing, its fetch limits all 0, as in Kafka) and ShareAcquireMode (KIP-1206: 1,
+record-limit, acquires no more than MaxRecords)."""
 
 from __future__ import annotations
 
@@ -38,9 +43,30 @@ class _Part:
         self.acquired: list = []
 
 
-async def _parts(ctx, topics) -> dict[tuple, _Part]:
+RENEW = 4  # the acknowledge type of ShareFetch and ShareAcknowledge v2
+
+
+def _malformed(acks: list[Ack], max_type: int, renewing: bool) -> str | None:
+    """Why a partition's acknowledgement batches are INVALID_REQUEST (Kafka's checks: ranges
+    in order, one type or one per offset, known types, RENEW only with IsRenewAck), or None."""
+    prev_last = -1
+    for a in acks:
+        if a.first_offset > a.last_offset or a.first_offset < prev_last:
+            return f"acknowledgement batch {a.first_offset}-{a.last_offset} is out of order"
+        if not a.types or (len(a.types) > 1 and len(a.types) != a.last_offset - a.first_offset + 1):
+            return f"acknowledgement batch {a.first_offset}-{a.last_offset} has {len(a.types)} types"
+        if any(t < 0 or t > max_type for t in a.types):
+            return f"acknowledgement batch {a.first_offset}-{a.last_offset} has an unknown type"
+        if RENEW in a.types and not renewing:
+            return "RENEW acknowledgements need IsRenewAck set"
+        prev_last = a.last_offset
+    return None
+
+
+async def _parts(ctx, topics, renewing: bool = False) -> dict[tuple, _Part]:
     """(topic id, partition) -> _Part of a request's topics (a topic may come twice).
-    A topic the principal may not READ gets TOPIC_AUTHORIZATION_FAILED, as in Kafka."""
+    A topic the principal may not READ gets TOPIC_AUTHORIZATION_FAILED, as in Kafka;
+    malformed acknowledgements INVALID_REQUEST for their partition."""
     names = TopicIdResolver(ctx.broker)
     out: dict[tuple, _Part] = {}
     for t in topics:
@@ -50,10 +76,13 @@ async def _parts(ctx, topics) -> dict[tuple, _Part]:
             if part is None:
                 part = out[(t.topic_id, p.partition_index)] = _Part(t.topic_id, p.partition_index, name)
             part.acks += [Ack(b.first_offset, b.last_offset, tuple(b.acknowledge_types)) for b in p.acknowledgement_batches]
+    max_type = RENEW if ctx.version >= 2 else RENEW - 1
     for part in out.values():
         if part.name is not None and not _may_read(ctx, part.name):
             part.error = part.ack_error = ErrorCode.topic_authorization_failed
             part.acks = []
+        elif (why := _malformed(part.acks, max_type, renewing)) is not None:
+            part.ack_error, part.ack_message, part.acks = ErrorCode.invalid_request, why, []
     return out
 
 
@@ -132,7 +161,9 @@ async def _fetch(ctx, group_id: str, member_id: str, session, parts: dict, req) 
                 break
             try:
                 got = await shares.acquire(group_id, member_id, part.name, part.index, budget_records, budget_bytes,
-                                           new_session=first_round and req.share_session_epoch == 0)
+                                           new_session=first_round and req.share_session_epoch == 0,
+                                           record_limit=getattr(req, "share_acquire_mode", 0) == RECORD_LIMIT,
+                                           batch_size=req.batch_size)
             except (KafkaError, *STORE_FAILURES) as e:
                 part.error, part.message = _refusal(e)
                 continue
@@ -187,12 +218,28 @@ def _refused(ctx, api_key: int, code: ErrorCode, message: str | None):
                 acquisition_lock_timeout=0, responses=[], node_endpoints=[])
 
 
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1  # ShareAcquireMode (v2)
+
+
+def _bad_fetch(req, renewing: bool) -> str | None:
+    if not req.group_id or not req.member_id:
+        return "GroupId and MemberId must be set."
+    if getattr(req, "share_acquire_mode", BATCH_OPTIMIZED) not in (BATCH_OPTIMIZED, RECORD_LIMIT):
+        return f"Unknown ShareAcquireMode {req.share_acquire_mode}."
+    if renewing and (req.max_bytes or req.min_bytes or req.max_records or req.max_wait.total_seconds()):
+        # Kafka's rule: a fetch now could outlast the locks just renewed
+        return "MaxBytes, MinBytes, MaxRecords and MaxWaitMs must be 0 when IsRenewAck is set."
+    return None
+
+
 async def share_fetch(ctx, req):
     shares = ctx.broker.shares
-    if not req.group_id or not req.member_id:
-        return _refused(ctx, ApiKey.SHARE_FETCH, ErrorCode.invalid_request, "GroupId and MemberId must be set.")
+    renewing = ctx.version >= 2 and req.is_renew_ack
+    if (why := _bad_fetch(req, renewing)) is not None:
+        log.info("ShareFetch of group %s member %s refused: %s", req.group_id, req.member_id, why)
+        return _refused(ctx, ApiKey.SHARE_FETCH, ErrorCode.invalid_request, why)
     settings = await shares.settings.for_group(req.group_id)
-    parts = await _parts(ctx, req.topics)
+    parts = await _parts(ctx, req.topics, renewing)
     forget = {(t.topic_id, p) for t in req.forgotten_topics_data for p in t.partitions}
     key = (req.group_id, req.member_id)
     try:
@@ -225,7 +272,7 @@ async def share_acknowledge(ctx, req):
         log.info("ShareAcknowledge of group %s member %s at session epoch %d refused with %s: %s", req.group_id,
                  req.member_id, req.share_session_epoch, e.code.name.upper(), e.message)
         return _refused(ctx, ApiKey.SHARE_ACKNOWLEDGE, e.code, e.message)
-    parts = await _parts(ctx, req.topics)
+    parts = await _parts(ctx, req.topics, ctx.version >= 2 and req.is_renew_ack)
     await _acknowledge(ctx, req.group_id, req.member_id, parts.values())
     if closing:
         await shares.close_session(session)
@@ -233,7 +280,6 @@ async def share_acknowledge(ctx, req):
 
 
 def register(router):
-    # v1 (Kafka 4.1, what librdkafka 2.16 speaks); v2 adds KIP-1222's lock renewal.
-    router.register(ApiKey.SHARE_FETCH, share_fetch, max_version=1)
-    router.register(ApiKey.SHARE_ACKNOWLEDGE, share_acknowledge, max_version=1)
+    router.register(ApiKey.SHARE_FETCH, share_fetch)
+    router.register(ApiKey.SHARE_ACKNOWLEDGE, share_acknowledge)
 
