@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := kcat etcd-server golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev chromium chromium-driver
+APT_PACKAGES := kcat etcd-server strace golang-go golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev chromium chromium-driver
 # Stream processing libraries the tests run apps of, each in a venv of its own built from
 # the pyproject extra of its name (.venv-NAME from extra NAME): Quix Streams
 # (tests/test_quix_streams.py) pins confluent-kafka < 2.13 and pydantic < 2.14, older than
@@ -30,13 +30,15 @@ install: $(STAMP)
 run: install
 	$(BIN)/kafscale broker --listen 127.0.0.1:9092 --advertise 127.0.0.1:9092 --data-dir ./data
 
-# Debian packages the integration tests use (kcat, etcd, Go with sarama and kafka-go for
-# tests/test_go_clients.py, Chromium and its driver for the console's browser tests in
-# tests/test_console.py); installed only when missing.
+# Debian packages the integration tests use (kcat, etcd, strace for the fsyncs traced in
+# tests/test_durability_syscalls.py, Go with sarama and kafka-go for tests/test_go_clients.py,
+# Chromium and its driver for the console's browser tests in tests/test_console.py);
+# installed only when missing.
 system-deps:
 	@missing=""; \
 	command -v kcat >/dev/null || missing="$$missing kcat"; \
 	command -v etcd >/dev/null || missing="$$missing etcd-server"; \
+	command -v strace >/dev/null || missing="$$missing strace"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v go >/dev/null || missing="$$missing golang-go"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \

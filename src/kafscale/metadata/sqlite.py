@@ -12,15 +12,17 @@ from kafscale.metadata.kv import KV, KeyValue, Txn
 class SqliteKV(KV):
     """Embedded backend: one SQLite file in the data dir, in WAL mode.
 
-    `synchronous=NORMAL` in WAL mode survives a process crash (kill -9) without an fsync
-    per commit; calls are short and run inline on the event loop.
+    `synchronous=FULL`: every commit fsyncs the WAL before it returns, so what a commit
+    says (a segment committed, hence a produce acknowledged) survives power loss, not only
+    a process crash (NORMAL would sync at checkpoints only). Calls are short and run inline
+    on the event loop.
     """
 
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL)")
         self._lock = asyncio.Lock()
 

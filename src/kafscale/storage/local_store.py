@@ -31,11 +31,37 @@ def _write_all(fd: int, parts: list) -> None:
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
+def _fsync_dir(path) -> None:
+    """Make the names in a directory durable: a file fsynced and renamed (or linked) into
+    place survives power loss only once its directory is fsynced too."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_dirs(path: Path) -> None:
+    """mkdir -p, each directory created made durable in its parent (fsync of the parent),
+    so the first object of a new partition does not vanish with its directory."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        _fsync_dir(d.parent)
+
+
 class LocalObjectStore(ObjectStore):
     """A directory as object store: the embedded default.
 
     Writes go to a temp file, are fsynced and renamed into place, so a reader or a crash
-    never sees half an object.
+    never sees half an object; then the directory is fsynced, so a written object survives
+    power loss (tests/test_durability_syscalls.py traces these fsyncs).
     """
 
     def __init__(self, root: str | os.PathLike):
@@ -58,7 +84,7 @@ class LocalObjectStore(ObjectStore):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(path.parent)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
@@ -78,13 +104,23 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             pass
 
-    def _put_sync(self, key: str, parts: list) -> None:
+    def _put_sync(self, key: str, parts: list, sync_dir: bool = True) -> Path:
+        """Write the object; its directory is fsynced unless the caller does it (`sync_dir`
+        False: once for several objects of one directory). Returns the object's path."""
         path, tmp = self._new_temp(key, parts)
         try:
             os.replace(tmp, path)
         except BaseException:
             self._discard(tmp)
             raise
+        if sync_dir:
+            _fsync_dir(path.parent)
+        return path
+
+    @staticmethod
+    def _sync_dirs(paths: list[Path]) -> None:
+        for d in dict.fromkeys(p.parent for p in paths):
+            _fsync_dir(d)
 
     async def put(self, key: str, parts: list) -> None:
         try:
@@ -95,17 +131,17 @@ class LocalObjectStore(ObjectStore):
     async def put_many(self, objects: list[tuple[str, list]]) -> None:
         # One worker-thread hop for the segment and its index, not one each.
         def put_all() -> None:
-            for key, parts in objects:
-                self._put_sync(key, parts)
+            self._sync_dirs([self._put_sync(key, parts, sync_dir=False) for key, parts in objects])
 
         try:
             await asyncio.to_thread(put_all)
         except OSError as e:
             raise ObjectStoreError(f"put {objects[0][0]}: {e}") from e
 
-    def _create_sync(self, key: str, parts: list) -> None:
+    def _create_sync(self, key: str, parts: list) -> Path:
         """Temp file, fsync, then link(2) into place: the link fails if the name exists,
-        so of two writers exactly one creates the object, and readers never see half."""
+        so of two writers exactly one creates the object, and readers never see half.
+        The caller fsyncs the directory. Returns the object's path."""
         path, tmp = self._new_temp(key, parts)
         try:
             try:
@@ -116,6 +152,7 @@ class LocalObjectStore(ObjectStore):
                         raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
         finally:
             self._discard(tmp)
+        return path
 
     async def create(self, key: str, parts: list) -> None:
         await self.create_many([(key, parts)])
@@ -123,9 +160,9 @@ class LocalObjectStore(ObjectStore):
     async def create_many(self, objects: list[tuple[str, list]]) -> None:
         # One worker-thread hop, as put_many; the index only once the segment is ours.
         def create_all() -> None:
-            self._create_sync(*objects[0])
-            for key, parts in objects[1:]:
-                self._put_sync(key, parts)
+            paths = [self._create_sync(*objects[0])]
+            paths += [self._put_sync(key, parts, sync_dir=False) for key, parts in objects[1:]]
+            self._sync_dirs(paths)  # one fsync for the segment and its index (one directory)
 
         try:
             await asyncio.to_thread(create_all)
@@ -172,6 +209,7 @@ class LocalObjectStore(ObjectStore):
                 if current != expected:
                     raise ObjectChangedError(f"replace {key}: the key holds another version than expected")
                 os.replace(tmp, path)
+                os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)  # releases the lock
         finally:
@@ -251,13 +289,14 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             raise ObjectNotFound(source) from None
         with src:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(path.parent)
             try:
                 with open(tmp, "xb") as dst:
                     shutil.copyfileobj(src, dst)
                     dst.flush()
                     os.fsync(dst.fileno())
                 os.replace(tmp, path)
+                _fsync_dir(path.parent)
             except BaseException:
                 self._discard(tmp)
                 raise

@@ -1,0 +1,138 @@
+"""An acknowledged produce survives power loss on the embedded default: the syscalls of one
+flush, traced with strace on a real broker process.
+
+kill -9 tests cannot tell an fsynced file from one still in the page cache (the kernel keeps
+both), so this test looks at the fsync calls themselves. Between reading a Produce request
+(acks=all) and sending its answer, the broker must have, in this order:
+
+1. fsynced the segment's temp file, then linked it to its segment name;
+2. fsynced the partition directory (the new name is durable), and the parent of every
+   directory it created (the first flush of a partition makes its directory);
+3. committed the segment to SQLite with the WAL fsynced (synchronous=FULL).
+
+A speed-up that drops or reorders one of these fails here. strace is a Debian package
+`make test` installs; the test is skipped only where strace is missing or cannot attach.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kafscale.protocol import records
+from tests.support.raw import RawClient, error_code
+from tests.support.wait import wait_until
+
+TRACED = "fsync,fdatasync,link,linkat,rename,renameat,renameat2,mkdir,mkdirat,recvfrom,read,sendto,sendmsg,write,writev"
+LINE = re.compile(r"^(\d+\.\d+) (\w+)\((.*)\) = (-?\d+)(?: .*)? <(\d+\.\d+)>$")
+FD = re.compile(r"^\d+<(TCP:\[[^\]]*\]|[^>]*)>")
+STRING = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class Call:
+    start: float
+    end: float
+    name: str
+    fd_path: str | None  # the first argument's path or socket (strace -yy)
+    paths: list[str]  # the string arguments (link, rename, mkdir)
+
+
+def read_trace(prefix: Path) -> list[Call]:
+    """Successful calls of every traced thread (strace -ff: a file per thread, so no call is
+    split into 'unfinished' and 'resumed'), by start time."""
+    calls = []
+    for f in prefix.parent.glob(prefix.name + ".*"):
+        for line in f.read_text(errors="replace").splitlines():
+            m = LINE.match(line)
+            if m is None or int(m.group(4)) < 0:
+                continue
+            start, name, args, dur = float(m.group(1)), m.group(2), m.group(3), float(m.group(5))
+            fd = FD.match(args)
+            calls.append(Call(start, start + dur, name, fd.group(1) if fd else None, STRING.findall(args)))
+    return sorted(calls, key=lambda c: c.start)
+
+
+def start_strace(pid: int, prefix: Path) -> subprocess.Popen:
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-ff", "-ttt", "-T", "-yy", "-e", f"trace={TRACED}", "-o", str(prefix), "-p", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    err = []
+    while True:  # strace says "Process N attached" per thread, or why it cannot attach
+        line = tracer.stderr.readline()
+        if not line:
+            tracer.wait(10)
+            pytest.skip(f"strace cannot attach to the broker here: {''.join(err).strip() or tracer.returncode}")
+        err.append(line)
+        if "attached" in line:
+            return tracer
+
+
+def stop_strace(tracer: subprocess.Popen) -> None:
+    tracer.send_signal(signal.SIGINT)  # detaches and writes out every file
+    tracer.wait(30)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make system-deps installs it)")
+def test_acks_all_answer_follows_file_dir_and_sqlite_fsyncs(broker_factory, topic_name, tmp_path):
+    b = broker_factory()
+    with RawClient(b.bootstrap) as probe:
+        wait_until(lambda: probe.metadata([topic_name]).topics[0].partitions[0].leader_id >= 0, 30, "the topic's leader")
+        tracer = start_strace(b.proc.pid, tmp_path / "trace")
+        try:
+            probe.metadata([topic_name])  # a round trip with the broker traced: strace is attached
+            with RawClient(b.bootstrap) as client:
+                port = client.sock.getsockname()[1]
+                now_ms = int(time.time() * 1000)
+                part = client.produce(topic_name, 0, records.build_batch([(b"k", b"durable")], timestamp=now_ms), acks=-1)
+                assert error_code(part.error_code) == 0 and part.base_offset == 0
+        finally:
+            stop_strace(tracer)
+    calls = read_trace(tmp_path / "trace")
+
+    # The window: from reading the Produce request to sending its answer, on its connection.
+    conn = f"->127.0.0.1:{port}]"
+    on_conn = [c for c in calls if c.fd_path and c.fd_path.endswith(conn)]
+    received = next(c for c in on_conn if c.name in ("recvfrom", "read"))
+    answered = next((c for c in on_conn if c.name in ("sendto", "sendmsg", "write", "writev")), None)
+    assert answered is not None, "the broker's answer is not in the trace"
+    window = [c for c in calls if received.start <= c.start and c.end <= answered.start]
+
+    # 1. the segment's temp file fsynced, then linked to its name
+    segment_name = f"/{topic_name}/0/segment-{0:020d}.kfs"
+    link = next((c for c in window if c.name in ("link", "linkat") and c.paths[-1].endswith(segment_name)), None)
+    assert link is not None, f"no link to {segment_name} before the answer: {[(c.name, c.fd_path, c.paths) for c in window]}"
+    temp = link.paths[0]
+    synced = [c for c in window if c.name in ("fsync", "fdatasync") and c.fd_path == temp]
+    assert synced and synced[0].end <= link.start, f"{temp} is not fsynced before it is linked to its name"
+
+    # 2. its directory fsynced after the link (and after every other name it got there);
+    #    every directory created: its parent fsynced after the mkdir
+    part_dir = os.path.dirname(link.paths[-1])
+    dir_syncs = [c for c in window if c.name == "fsync" and c.fd_path == part_dir and c.start >= link.end]
+    assert dir_syncs, f"the directory {part_dir} is not fsynced after the segment is linked, before the answer"
+    dir_synced = dir_syncs[0]
+    for made in (c for c in window if c.name in ("mkdir", "mkdirat")):
+        parent = os.path.dirname(made.paths[-1])
+        assert any(c.name == "fsync" and c.fd_path == parent and c.start >= made.end for c in window), f"{made.paths[-1]} was created but {parent} not fsynced"
+
+    # 3. the SQLite commit durable: its WAL fsynced after the directory, before the answer
+    wal = [c for c in window if c.name in ("fsync", "fdatasync") and c.fd_path and c.fd_path.endswith("metadata.sqlite-wal")]
+    assert wal, "SQLite's WAL is not fsynced before the answer (synchronous=FULL)"
+    assert wal[-1].start >= dir_synced.end, "the segment is committed to SQLite before its directory entry is durable"
+
+    # And what was acknowledged is there after kill -9.
+    b.kill9()
+    b.start()
+    with RawClient(b.bootstrap) as client:
+        got = wait_until(lambda: client.fetch(topic_name, 0, 0).records, 30, "the acknowledged record after kill -9")
+        assert b"durable" in bytes(got)
