@@ -15,8 +15,9 @@ noise over all of them.
 
 `--in-process` measures `KafkaServer.handle` alone instead: a Broker built (not started) in
 this process, a connection object without a socket, and the wall time per request of
-GetTelemetrySubscriptions (a constant answer: the request path's own cost dominates) and
-Metadata without topics in CPU time of this process per request (a busy machine stretches
+GetTelemetrySubscriptions (a constant answer: the request path's own cost dominates), and
+Metadata without topics and of one topic of 1,024 partitions (v12, and v4 as older clients
+ask) in CPU time of this process per request (a busy machine stretches
 wall time, much less CPU time), median of `--rounds` runs of `--requests` each.
 """
 
@@ -41,6 +42,7 @@ from kafscale.protocol.api_keys import ApiKey  # noqa: E402
 from kafscale.protocol.records import build_batch  # noqa: E402
 
 TOPIC = "bench-request-path"
+BIG_TOPIC, BIG_PARTITIONS = "bench-big-topic", 1024
 
 
 def bodies(topic: str) -> dict[str, tuple[int, int, object]]:
@@ -84,18 +86,27 @@ def in_process(requests: int, rounds: int) -> None:
     import asyncio
     import tempfile
 
+    from kafscale.broker import topics
     from kafscale.broker.app import Broker
     from kafscale.broker.config import BrokerConfig
     from kafscale.broker.server import KafkaConnection
 
+    def metadata_of(version: int, *names: str):
+        topics = tuple(req(ApiKey.METADATA, version, "MetadataRequestTopic", name=n) for n in names)
+        return req(ApiKey.METADATA, version, topics=topics, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+
     kinds = {
         "GetTelemetrySubscriptions v0": (ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, 0, req(ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, 0, client_instance_id=__import__("uuid").UUID(int=1))),
-        "Metadata v12 (no topics)": (ApiKey.METADATA, 12, req(ApiKey.METADATA, 12, topics=(), allow_auto_topic_creation=False, include_topic_authorized_operations=False)),
+        "Metadata v12 (no topics)": (ApiKey.METADATA, 12, metadata_of(12)),
+        # what librdkafka asks while it looks for the leaders of a big topic
+        f"Metadata v12 ({BIG_PARTITIONS:,} partitions)": (ApiKey.METADATA, 12, metadata_of(12, BIG_TOPIC)),
+        f"Metadata v4 ({BIG_PARTITIONS:,} partitions)": (ApiKey.METADATA, 4, metadata_of(4, BIG_TOPIC)),
     }
 
     async def run() -> dict[str, list[float]]:
         broker = Broker(BrokerConfig(data_dir=tempfile.mkdtemp(prefix="bench-request-path-"), listen="127.0.0.1:0", advertise="127.0.0.1:9092"))
         conn = KafkaConnection(broker.server)
+        await topics.create(broker, BIG_TOPIC, BIG_PARTITIONS, {})
         out: dict[str, list[float]] = {k: [] for k in kinds}
         for _ in range(rounds + 1):  # the first round warms up
             for kind, (key, version, body) in kinds.items():

@@ -107,6 +107,33 @@ async def test_writes_stop_half_a_ttl_after_the_last_accepted_keepalive(owner, e
     await wait_until_async(lambda: cluster.owns(topic, 0) and cluster.owns(topic, 1), 10, "ownership to come back", interval=0.02)
 
 
+async def test_leaders_version_changes_with_every_change_of_leaders(owner, etcd):
+    """Metadata keeps encoded answers while `leaders_version()` stays the same: a second
+    broker joins and takes a partition, then stops and hands it back, and at no moment
+    along the way did one version stand for two different views of leaders, epochs and
+    brokers."""
+    cluster, topic = owner
+    views: dict = {}
+
+    def look() -> tuple:
+        view = (tuple((cluster.owner_of(topic, p), cluster.leader_epoch(topic, p)) for p in (0, 1)), tuple(cluster.brokers()))
+        held = views.setdefault(cluster.leaders_version(), view)
+        assert held == view, f"one leaders version {cluster.leaders_version()} for {held} and {view}"
+        return view[0]
+
+    kv = EtcdKV.from_url(etcd.url, prefix=cluster.kv.prefix)
+    second = EtcdCluster(BrokerNode(1, "127.0.0.1", 9093), kv, MetadataStore(kv), TTL_S)
+    look()
+    await second.start()
+    try:
+        await wait_until_async(lambda: sorted(node for node, _ in look()) == [0, 1], 10, "the second broker to lead a partition", interval=0.005)
+    finally:
+        await second.stop()
+        await second.metadata.close()
+    await wait_until_async(lambda: [node for node, _ in look()] == [0, 0], 10, "the partition to come back", interval=0.005)
+    assert len(views) >= 3, f"leader changes seen: {views}"
+
+
 def test_second_broker_with_a_live_id_refuses_to_start(etcd, tmp_path):
     """A second broker started with a live broker's id exits non-zero with one clear line
     (and no traceback), after waiting out the lease TTL; the first goes on serving. The

@@ -145,6 +145,10 @@ class EtcdCluster(Cluster):
         # __consumer_offsets: group coordinators move with either
         self.group_listeners: list = []
         self._offsets_owners: dict[int, int] = {}
+        # Bumped by every change of what owner_of, leader_epoch and brokers answer (the
+        # live brokers, owners, epochs, desired owners, what this broker owns), right
+        # where it happens, before any await: Metadata never keeps an answer past one.
+        self._leaders_changes = 0
 
     # -- Cluster interface ---------------------------------------------------------------
 
@@ -153,6 +157,13 @@ class EtcdCluster(Cluster):
 
     def lease_alive(self) -> bool:
         return time.monotonic() < self._write_deadline
+
+    def leaders_version(self):
+        # owns() also ends when the lease does, without any change being made
+        return self._leaders_changes, self.lease_alive()
+
+    def _leaders_changed(self) -> None:
+        self._leaders_changes += 1
 
     def owns(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._owned and self.lease_alive()
@@ -333,6 +344,7 @@ class EtcdCluster(Cluster):
         """Our lease is (or may be) gone: others may own our partitions now. Never flush."""
         for key in list(self._owned):
             self._owned.discard(key)
+            self._leaders_changed()
             if self.on_release is not None:
                 await self.on_release(*key, False)
         self._wake()  # unsettled now: retried until the lease lets us take them back
@@ -404,15 +416,21 @@ class EtcdCluster(Cluster):
         if self.lease_alive() and not self._stopping:
             live.setdefault(self.local.node_id, self.local)
         membership = set(live) != set(self._live)
-        self._live = live
+        if live != self._live:
+            self._live = live
+            self._leaders_changed()
         owners = {}
         for kv in await self.kv.range(keys.OWNERS):
             doc = json.loads(kv.value)
             owners[keys.owner_partition_of(kv.key)] = (doc["node"], doc["epoch"])
+        changed = owners != self._owners
         self._owners = owners
         for key, (_node, epoch) in owners.items():
             if epoch > self._epochs.get(key, -1):
                 self._epochs[key] = epoch
+                changed = True
+        if changed:
+            self._leaders_changed()
         # Group coordinators move with the owners of __consumer_offsets: the group
         # listeners let go of the groups this broker no longer coordinates.
         offsets_owners = {p: node for (t, p), (node, _epoch) in owners.items() if t == OFFSETS_TOPIC}
@@ -441,7 +459,10 @@ class EtcdCluster(Cluster):
         current: dict[str, dict[int, int]] = {}
         for (t, p), (node, _epoch) in self._owners.items():
             current.setdefault(t, {})[p] = node
-        self._desired = {m.name: assign_topic(m.name, m.partitions, live_ids, current.get(m.name)) for m in topics}
+        desired = {m.name: assign_topic(m.name, m.partitions, live_ids, current.get(m.name)) for m in topics}
+        if desired != self._desired:
+            self._desired = desired
+            self._leaders_changed()
         moves = []  # releases and takeovers, each its own flush / etcd transaction: run together
         for meta in topics:
             for p in range(meta.partitions):
@@ -452,6 +473,7 @@ class EtcdCluster(Cluster):
                     if current is None or current[0] != me:
                         # Someone removed our key (etcd restored, or a lease mix-up): stop.
                         self._owned.discard(key)
+                        self._leaders_changed()
                         if self.on_release is not None:
                             await self.on_release(*key, False)
                     elif desired != me:
@@ -467,6 +489,7 @@ class EtcdCluster(Cluster):
         names = set(self._partition_counts)
         for key in [k for k in self._owned if k[0] not in names]:
             self._owned.discard(key)
+            self._leaders_changed()
             if self.on_topic_deleted is not None:
                 await self.on_topic_deleted(key[0])
         return all((owner == me) == ((topic, p) in self._owned) for topic, owners in self._desired.items() for p, owner in enumerate(owners))
@@ -492,15 +515,18 @@ class EtcdCluster(Cluster):
             self._owned.add((topic, partition))
             self._owners[(topic, partition)] = (self.local.node_id, epoch)
             self._epochs[(topic, partition)] = epoch
+            self._leaders_changed()
             log.info("took ownership of %s-%d at epoch %d (high watermark %d)", topic, partition, epoch, st.high_watermark)
 
     async def _release(self, topic: str, partition: int, flush: bool) -> None:
         if self.on_release is not None:
             await self.on_release(topic, partition, flush)
         self._owned.discard((topic, partition))
+        self._leaders_changed()
         okey = keys.owner(topic, partition)
         kv = await self.kv.get(okey)
         if kv is not None and json.loads(kv.value).get("node") == self.local.node_id:
             await self.kv.commit(Txn(compares=[(okey, kv.version)], deletes=[okey]))
         self._owners.pop((topic, partition), None)
+        self._leaders_changed()
         log.info("released ownership of %s-%d", topic, partition)

@@ -10,6 +10,7 @@ everything. The etcd-backed cluster (leases, balanced ownership) implements the 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
@@ -76,6 +77,12 @@ class Cluster:
     def owns(self, topic: str, partition: int) -> bool:
         return self.owner_of(topic, partition) == self.local.node_id
 
+    def leaders_version(self) -> Hashable | None:
+        """A value that differs whenever `owner_of`, `leader_epoch` or the brokers may
+        answer differently than before (Metadata keeps encoded answers while it is the
+        same); None: no such promise, nothing may be kept."""
+        return None
+
     def coordinator_for(self, key: str) -> BrokerNode:
         """The broker coordinating a transactional id (by hashing over the live brokers;
         also the fallback for groups while `__consumer_offsets` has no owner)."""
@@ -119,3 +126,6 @@ class Cluster:
 
 class SingleNodeCluster(Cluster):
     """The embedded default: one broker that owns every partition and group."""
+
+    def leaders_version(self) -> Hashable | None:
+        return 0  # this broker leads everything at epoch 0, always

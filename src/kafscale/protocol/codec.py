@@ -133,6 +133,13 @@ def encode_response(api_key: int, version: int, correlation_id: int, response: A
     return [buf.getvalue()]
 
 
+def encode_entity(entity: Any) -> bytes:
+    """One entity (a response's nested entry, say) as kio writes it inside a message."""
+    buf = io.BytesIO()
+    _writer(type(entity))(buf, entity)
+    return buf.getvalue()
+
+
 def encode_raw_response(correlation_id: int, body: bytes, flexible_header: bool = False) -> bytes:
     header = _I32.pack(correlation_id) + (b"\0" if flexible_header else b"")
     return _I32.pack(len(header) + len(body)) + header + body

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import weakref
 
 from kafscale.broker import topics
 from kafscale.errors import ErrorCode
 from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import ZERO_UUID, has_field, make, nested, response
+from kafscale.protocol.codec import encode_entity
+from kafscale.protocol.metadata_response import MetadataAnswer
 from kafscale.protocol.error_response import RequestError
 from kafscale.security.acl import CLUSTER_NAME, Operation as Op, ResourceType as Res
 from kafscale.storage.failures import StorageError
@@ -16,7 +20,45 @@ from kafscale.storage.failures import StorageError
 log = logging.getLogger("kafscale.metadata")
 
 
-def _topic_entry(ctx, cls, meta, include_ops: bool = False):
+class _EncodedTopics:
+    """A cluster's topic entries, with their encoding, as answered while its
+    `leaders_version()` is `leaders`: by (version, listener, name, id, partition count,
+    authorized operations or None)."""
+
+    __slots__ = ("leaders", "entries")
+
+    def __init__(self, leaders):
+        self.leaders = leaders
+        self.entries: dict[tuple, tuple] = {}
+
+
+# By cluster, so by broker (tests run several in one process). Bounded: a broker whose
+# clients ask in many versions, listeners and principals starts over now and then.
+_ENCODED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MAX_ENCODED = 10_000
+
+
+def _topic(ctx, cls, meta, include_ops: bool) -> tuple:
+    """(entry, its encoding) of a topic the broker has: kept while the cluster says no
+    leader, epoch or broker changed. Looked up and built without awaiting in between,
+    so an entry is never kept past a change."""
+    ops = _ops(ctx, Res.TOPIC, meta.name) if include_ops else None
+    cluster = ctx.broker.cluster
+    leaders = cluster.leaders_version()
+    if leaders is None:
+        return _topic_entry(ctx, cls, meta, ops), None
+    cache = _ENCODED.get(cluster)
+    if cache is None or cache.leaders != leaders or len(cache.entries) >= _MAX_ENCODED:
+        cache = _ENCODED[cluster] = _EncodedTopics(leaders)
+    key = (ctx.version, ctx.listener, meta.name, meta.uuid, meta.partitions, ops)
+    found = cache.entries.get(key)
+    if found is None:
+        entry = _topic_entry(ctx, cls, meta, ops)
+        found = cache.entries[key] = (entry, encode_entity(entry))
+    return found
+
+
+def _topic_entry(ctx, cls, meta, ops: int | None):
     part_cls = nested(cls, "MetadataResponsePartition")
     topic_cls = nested(cls, "MetadataResponseTopic")
     cluster = ctx.broker.cluster
@@ -46,8 +88,8 @@ def _topic_entry(ctx, cls, meta, include_ops: bool = False):
             )
         )
     extra = {}
-    if include_ops:
-        extra["topic_authorized_operations"] = _ops(ctx, Res.TOPIC, meta.name)
+    if ops is not None:
+        extra["topic_authorized_operations"] = ops
     return make(topic_cls, error_code=ErrorCode.none, name=meta.name, topic_id=meta.uuid, is_internal=is_internal(meta.name), partitions=tuple(parts), **extra)
 
 
@@ -85,7 +127,7 @@ async def metadata(ctx, req):
             listed = []
         for meta in sorted(listed, key=lambda m: m.name):
             if _may(ctx, Op.DESCRIBE, meta.name, log_denial=False):  # Kafka hides what a principal may not describe
-                results.append(_topic_entry(ctx, cls, meta, include_ops))
+                results.append(_topic(ctx, cls, meta, include_ops))
     else:
         names = topics.TopicIdResolver(broker)
         allow_auto = broker.config.auto_create_topics and getattr(req, "allow_auto_topic_creation", True)
@@ -95,7 +137,7 @@ async def metadata(ctx, req):
         for t in requested:
             name = t.name
             if name is None and getattr(t, "topic_id", None) is None:  # neither name nor id
-                results.append(make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=ZERO_UUID, partitions=()))
+                results.append((make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=ZERO_UUID, partitions=()), None))
                 continue
             if name is None and getattr(t, "topic_id", None) is not None:
                 try:
@@ -103,15 +145,15 @@ async def metadata(ctx, req):
                     meta = await broker.logs.topics.get(name) if name is not None else None
                 except StorageError as e:
                     log.warning("metadata for topic id %s from client %s: %s", t.topic_id, ctx.client_id, e)
-                    results.append(make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=t.topic_id, partitions=()))
+                    results.append((make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=t.topic_id, partitions=()), None))
                     continue
                 if meta is None:
-                    results.append(make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=t.topic_id, partitions=()))
+                    results.append((make(topic_cls, error_code=ErrorCode.unknown_topic_id, name=None, topic_id=t.topic_id, partitions=()), None))
                 else:
-                    results.append(_topic_entry(ctx, cls, meta, include_ops))
+                    results.append(_topic(ctx, cls, meta, include_ops))
                 continue
             if not _may(ctx, Op.DESCRIBE, name):
-                results.append(make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, is_internal=is_internal(name), partitions=()))
+                results.append((make(topic_cls, error_code=ErrorCode.topic_authorization_failed, name=name, topic_id=ZERO_UUID, is_internal=is_internal(name), partitions=()), None))
                 continue
             try:
                 meta = await broker.logs.topics.get(name)
@@ -121,7 +163,7 @@ async def metadata(ctx, req):
                 # The metadata store cannot say whether the topic exists: LEADER_NOT_AVAILABLE,
                 # on which clients wait and ask again (as while a topic is being created).
                 log.warning("metadata for topic %s from client %s: %s", name, ctx.client_id, e)
-                results.append(make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=ZERO_UUID, partitions=()))
+                results.append((make(topic_cls, error_code=ErrorCode.leader_not_available, name=name, topic_id=ZERO_UUID, partitions=()), None))
                 continue
             if meta is None:
                 code = ErrorCode.unknown_topic_or_partition
@@ -148,24 +190,30 @@ async def metadata(ctx, req):
                     else:
                         code = e.code
                 if meta is None:
-                    results.append(make(topic_cls, error_code=code, name=name, topic_id=ZERO_UUID, partitions=()))
+                    results.append((make(topic_cls, error_code=code, name=name, topic_id=ZERO_UUID, partitions=()), None))
                     continue
-            results.append(_topic_entry(ctx, cls, meta, include_ops))
+            results.append(_topic(ctx, cls, meta, include_ops))
     broker_cls = nested(cls, "MetadataResponseBroker")
     brokers = tuple(make(broker_cls, node_id=b.node_id, host=host, port=port, rack=b.rack) for b, host, port in broker.cluster.brokers_on(ctx.listener))
     extra = {}
     if getattr(req, "include_cluster_authorized_operations", False) and has_field(cls, "cluster_authorized_operations"):
         extra["cluster_authorized_operations"] = _ops(ctx, Res.CLUSTER, CLUSTER_NAME)
-    return make(
+    answer = make(
         cls,
         throttle_time=0,
         brokers=brokers,
         cluster_id=broker.cluster.cluster_id,
         controller_id=broker.cluster.controller_id,
-        topics=tuple(results),
+        topics=(),
         error_code=ErrorCode.none,
         **extra,
     )
+    try:
+        encoded = [done if done is not None else encode_entity(entry) for entry, done in results]
+    except Exception:  # noqa: BLE001 - an entry this version cannot hold (a name kio refuses)
+        # The plain response: encode_answer fails on it the same way and answers with its fallback.
+        return dataclasses.replace(answer, topics=tuple(entry for entry, _ in results))
+    return MetadataAnswer(answer, encoded)
 
 
 async def describe_cluster(ctx, req):
