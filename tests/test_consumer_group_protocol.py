@@ -4,18 +4,18 @@ frames for the error paths with Apache Kafka's codes."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 from kio.schema.errors import ErrorCode
 
 from tests.support.broker import BrokerProcess
+from tests.support.group_members import Ledger, Member
 from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 HEARTBEAT, DESCRIBE = 68, 69
@@ -49,99 +49,11 @@ def produce(bootstrap: str, topic: str, start: int, count: int, partitions: int 
     assert p.flush(20) == 0 and not failed, failed
 
 
-# -- confluent-kafka members ---------------------------------------------------------------------
-
-
-class Ledger:
-    """What every member holds and read, shared by the member threads."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.owner: dict[int, str] = {}
-        self.violations: list[str] = []
-        self.read: list[tuple[int, int, str]] = []  # (partition, offset, member)
-        self.revoked: dict[str, list[int]] = {}
-        self.errors: list[str] = []
-
-    def assigned(self, name: str, partitions) -> None:
-        with self.lock:
-            for p in partitions:
-                holder = self.owner.get(p.partition)
-                if holder is not None and holder != name:
-                    self.violations.append(f"partition {p.partition} given to {name} while {holder} holds it")
-                self.owner[p.partition] = name
-
-    def released(self, name: str, partitions) -> None:
-        with self.lock:
-            for p in partitions:
-                if self.owner.get(p.partition) == name:
-                    del self.owner[p.partition]
-                self.revoked.setdefault(name, []).append(p.partition)
-
-    def split(self) -> list[int]:
-        with self.lock:
-            counts: dict[str, int] = {}
-            for name in self.owner.values():
-                counts[name] = counts.get(name, 0) + 1
-            return sorted(counts.values()) if len(self.owner) == PARTITIONS else []
-
-    def holdings(self, name: str) -> set[int]:
-        with self.lock:
-            return {p for p, n in self.owner.items() if n == name}
-
-
-class Member(threading.Thread):
-    def __init__(self, name: str, bootstrap: str, group: str, topic: str, ledger: Ledger, instance_id: str | None = None):
-        super().__init__(name=name, daemon=True)
-        self.member, self.ledger, self.topic = name, ledger, topic
-        self.stopping = threading.Event()
-        conf = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
-                "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": name}
-        if instance_id is not None:
-            conf["group.instance.id"] = instance_id
-        self.consumer = Consumer(conf)
-
-    def run(self) -> None:
-        c, ledger = self.consumer, self.ledger
-        c.subscribe([self.topic], on_assign=lambda _c, ps: ledger.assigned(self.member, ps),
-                    on_revoke=lambda _c, ps: ledger.released(self.member, ps),
-                    on_lost=lambda _c, ps: ledger.released(self.member, ps))
-        try:
-            while not self.stopping.is_set():
-                msgs = c.consume(100, 0.2)
-                got = [m for m in msgs if m.error() is None]
-                ledger.errors += [str(m.error()) for m in msgs if m.error() is not None]
-                with ledger.lock:
-                    ledger.read += [(m.partition(), m.offset(), self.member) for m in got]
-                if got:
-                    self.commit()
-        finally:
-            c.close()  # leaves the group (member epoch -1)
-
-    def commit(self) -> None:
-        # Synchronously, before the next consume (where revocations run): whoever reads a
-        # partition next starts after these records. A commit racing a heartbeat that
-        # moved the member's epoch gets STALE_MEMBER_EPOCH; it is retried.
-        for _ in range(50):
-            try:
-                self.consumer.commit(asynchronous=False)
-                return
-            except KafkaException as e:
-                if e.args[0].code() == confluent_kafka.KafkaError._NO_OFFSET:
-                    return
-                last = e
-        self.ledger.errors.append(f"{self.member}: commit failed: {last}")
-
-    def leave(self) -> None:
-        self.stopping.set()
-        self.join(30)
-
-
 def test_members_join_and_leave_every_record_read_once(cgbroker):
     bootstrap = cgbroker.bootstrap
     topic, group = f"kip848-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
-    ledger = Ledger()
+    ledger = Ledger(PARTITIONS)
     members = {n: Member(n, bootstrap, group, topic, ledger) for n in ("a", "b", "c")}
     total = 0
 
@@ -212,7 +124,7 @@ def test_static_member_restart_keeps_its_partitions(cgbroker):
     bootstrap = cgbroker.bootstrap
     topic, group = f"kip848-static-{uuid.uuid4().hex[:8]}", f"gs-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
-    ledger = Ledger()
+    ledger = Ledger(PARTITIONS)
     a = Member("a", bootstrap, group, topic, ledger, instance_id="static-a")
     b = Member("b", bootstrap, group, topic, ledger, instance_id="static-b")
     a2 = Member("a2", bootstrap, group, topic, ledger, instance_id="static-a")
@@ -346,9 +258,10 @@ def test_heartbeat_errors_with_kafkas_codes(cgbroker):
         assert group not in [x.group_id for x in r.groups]
         [d] = c.request(15, 5, req(15, 5, groups=(group,), include_authorized_operations=False)).groups
         assert error_code(d.error_code) == ErrorCode.group_id_not_found.value
-        # A classic JoinGroup cannot take over the group (no migration yet).
+        # A classic JoinGroup joins the consumer group (KIP-848's migration), of the embedded
+        # consumer protocol only, as Kafka.
         r = c.request(11, 9, req(11, 9, group_id=group, session_timeout=10_000, rebalance_timeout=10_000, member_id="",
-                                 group_instance_id=None, protocol_type="consumer", reason=None,
+                                 group_instance_id=None, protocol_type="connect", reason=None,
                                  protocols=(req(11, 9, "JoinGroupRequestProtocol", name="range", metadata=b""),)))
         assert error_code(r.error_code) == ErrorCode.inconsistent_group_protocol.value
         # OffsetDelete: not while the group subscribes to the topic.

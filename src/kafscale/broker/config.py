@@ -105,6 +105,7 @@ class BrokerConfig:
     group_consumer_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "how often consumer-protocol group members heartbeat (Kafka's group.consumer.heartbeat.interval.ms)"})
     group_consumer_max_size: int = field(default=2**31 - 1, metadata={"help": "most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (Kafka's group.consumer.max.size)"})
     group_consumer_assignors: str = field(default="uniform,range", metadata={"help": "server-side assignors of consumer-protocol groups, the first the default (Kafka's group.consumer.assignors)"})
+    group_consumer_migration_policy: str = field(default="bidirectional", metadata={"help": "online migration between the classic and the consumer group protocol: bidirectional, upgrade (a classic group becomes a consumer group when a group.protocol=consumer member joins), downgrade (back when its last such member leaves) or disabled (Kafka's group.consumer.migration.policy)"})
     group_consumer_min_session_timeout_ms: int = field(default=45_000, metadata={"help": "least consumer.session.timeout.ms a group config may set (Kafka's group.consumer.min.session.timeout.ms)"})
     group_consumer_max_session_timeout_ms: int = field(default=60_000, metadata={"help": "greatest consumer.session.timeout.ms a group config may set (Kafka's group.consumer.max.session.timeout.ms)"})
     group_consumer_min_heartbeat_interval_ms: int = field(default=5_000, metadata={"help": "least consumer.heartbeat.interval.ms a group config may set (Kafka's group.consumer.min.heartbeat.interval.ms)"})
@@ -238,6 +239,9 @@ class BrokerConfig:
 
         GroupLimits.from_config(self).check()  # the group settings' bounds, as Kafka checks them at start
         consumer_group_config(self)  # known assignors
+        from kafscale.groups.migration import MigrationPolicy
+
+        MigrationPolicy.parse(self.group_consumer_migration_policy)
         if any(l.sasl for l in bound):
             from kafscale.security.sasl import load_users_file, parse_mechanisms
 
@@ -315,6 +319,7 @@ KAFKA_NAMES = {
     "group_consumer_heartbeat_interval_ms": "group.consumer.heartbeat.interval.ms",
     "group_consumer_max_size": "group.consumer.max.size",
     "group_consumer_assignors": "group.consumer.assignors",
+    "group_consumer_migration_policy": "group.consumer.migration.policy",
     "group_consumer_min_session_timeout_ms": "group.consumer.min.session.timeout.ms",
     "group_consumer_max_session_timeout_ms": "group.consumer.max.session.timeout.ms",
     "group_consumer_min_heartbeat_interval_ms": "group.consumer.min.heartbeat.interval.ms",

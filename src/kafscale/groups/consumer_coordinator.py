@@ -8,6 +8,12 @@ every heartbeat that changed it, so a coordinator failover (another broker loadi
 group) keeps members, epochs and assignments; session timers restart on load. Committed
 offsets are the classic ones (`MetadataStore.commit_offsets`).
 
+Classic members (JoinGroup/SyncGroup/Heartbeat/LeaveGroup of a group that is a consumer
+group) are answered from the consumer group's state (`classic_*`, called by the classic
+coordinator with the group's lock held), and the group converts between the two kinds as
+`group.consumer.migration.policy` allows (`migration.py`): up when a consumer-protocol
+member joins a classic group, down when its last consumer-protocol member leaves.
+
 Not yet: __consumer_offsets records for these groups (Kafka's ConsumerGroupMetadata,
 TargetAssignment and CurrentAssignment records); the store is the source of truth.
 """
@@ -19,9 +25,11 @@ import logging
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
+from kafscale.groups import migration, offsets_topic
 from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from kafscale.groups.group_driver import GroupDriver
 from kafscale.groups.consumer_group import (
+    LEAVE_EPOCH,
     ConsumerGroup,
     ConsumerGroupConfig,
     GroupState,
@@ -30,12 +38,16 @@ from kafscale.groups.consumer_group import (
     is_consumer_group_doc,
     validate_request,
 )
+from kafscale.groups.consumer_protocol import MalformedProtocol, parse_subscription
+from kafscale.groups.state import JoinResult, SyncResult
 from kafscale.metadata.group_config import effective_int
 
 log = logging.getLogger("kafscale.groups")
 
 # name -> (topic id as a string, partition count) of the existing topics among `names`
 TopicLookup = Callable[[Iterable[str]], Awaitable[Mapping[str, tuple[str, int]]]]
+# every topic name (for regex subscriptions)
+NameLister = Callable[[], Awaitable[Iterable[str]]]
 
 
 def consumer_group_config(config) -> ConsumerGroupConfig:
@@ -58,12 +70,14 @@ class ConsumerGroupCoordinator(GroupDriver):
     def __init__(self, parent):
         super().__init__(parent)
         self.config = consumer_group_config(parent.config)
+        self.policy = migration.MigrationPolicy.parse(
+            getattr(parent.config, "group_consumer_migration_policy", migration.DEFAULT_POLICY.value))
         self.groups: dict[str, ConsumerGroup] = {}
 
     # -- requests ------------------------------------------------------------------------------
 
     async def heartbeat(self, group_id: str, req: HeartbeatRequest, lookup: TopicLookup,
-                        list_names: Callable[[], Awaitable[Iterable[str]]] | None = None) -> HeartbeatResult:
+                        list_names: NameLister | None = None) -> HeartbeatResult:
         """One ConsumerGroupHeartbeat; refusals raise KafkaError. `list_names`: every topic
         name (for regex subscriptions)."""
         if not group_id:
@@ -74,25 +88,113 @@ class ConsumerGroupCoordinator(GroupDriver):
             if group is None:
                 if req.member_epoch != 0:
                     raise KafkaError(ErrorCode.group_id_not_found, f"Consumer group {group_id} not found.")
-                group = await self._create(group_id)
-            # The group's session timeout and heartbeat interval as its configs say now.
-            group.config = await self.group_config(group_id)
-            if group.regexes() or req.subscribed_topic_regex:
-                # Regexes are re-evaluated on every heartbeat: a topic created or deleted
-                # since changes what they select (and so the group epoch).
-                group.resolve_regexes(await list_names(), req.subscribed_topic_regex)
-            names = group.subscribed_topic_names() | set(req.subscribed_topic_names or ())
-            names |= group.resolved_regexes.get(req.subscribed_topic_regex or "", frozenset())
-            topics = await lookup(names)
+                group = await self._create(group_id, lookup)
+            if req.member_epoch == LEAVE_EPOCH:
+                leaving = group.leaving(req)
+                if migration.downgrade_allowed(self.policy, group, leaving.member_id):
+                    await self._downgrade(group, leaving.member_id, "it left")
+                    return HeartbeatResult(member_id=leaving.member_id, member_epoch=LEAVE_EPOCH)
+            topics = await self._topics(group, lookup, list_names, req.subscribed_topic_names, req.subscribed_topic_regex)
             before = (group.state, group.group_epoch)
             try:
                 result = group.heartbeat(self.parent.clock(), req, topics, self.partition_racks(topics))
             finally:
                 await self._settle(group)
-            if (group.state, group.group_epoch) != before:
-                log.info("consumer group %s: %s, group epoch %d, target epoch %d, %d members", group_id,
-                         group.state.value, group.group_epoch, group.target_epoch, len(group.members))
+            self._log_epoch(group, before)
             return result
+
+    async def _topics(self, group: ConsumerGroup, lookup: TopicLookup, list_names: NameLister | None,
+                      names=(), regex: str | None = None) -> Mapping[str, tuple[str, int]]:
+        """The group's configs applied, and name -> (topic id, partitions) of the topics the
+        group and a request (`names`, `regex`) subscribe to."""
+        # The group's session timeout and heartbeat interval as its configs say now.
+        group.config = await self.group_config(group.group_id)
+        if group.regexes() or regex:
+            # Regexes are re-evaluated on every heartbeat: a topic created or deleted
+            # since changes what they select (and so the group epoch).
+            group.resolve_regexes(await list_names(), regex)
+        wanted = group.subscribed_topic_names() | set(names or ())
+        wanted |= group.resolved_regexes.get(regex or "", frozenset())
+        return await lookup(wanted)
+
+    @staticmethod
+    def _log_epoch(group: ConsumerGroup, before: tuple) -> None:
+        if (group.state, group.group_epoch) != before:
+            log.info("consumer group %s: %s, group epoch %d, target epoch %d, %d members", group.group_id,
+                     group.state.value, group.group_epoch, group.target_epoch, len(group.members))
+
+    # -- classic members in a consumer group (called with the group's lock held) ----------------
+
+    async def classic_join(self, group: ConsumerGroup, request: dict, lookup: TopicLookup,
+                           list_names: NameLister | None) -> JoinResult:
+        member_id = request["member_id"]
+        limits = self.parent.group_config
+        if not limits.min_session_timeout_ms <= request["session_timeout_ms"] <= limits.max_session_timeout_ms:
+            return JoinResult(ErrorCode.invalid_session_timeout, member_id)
+        try:
+            names = parse_subscription(request["protocols"][0][1]).topics if request["protocols"] else ()
+        except MalformedProtocol:
+            names = ()  # (refused by the group's join)
+        topics = await self._topics(group, lookup, list_names, names)
+        before = (group.state, group.group_epoch)
+        try:
+            result = group.classic_join(self.parent.clock(), topics=topics, racks=self.partition_racks(topics), **request)
+        except KafkaError as e:
+            log.info("JoinGroup of consumer group %r member %r refused with %s: %s", group.group_id, member_id,
+                     e.code.name.upper(), e.message)
+            result = JoinResult(e.code, member_id)
+        finally:
+            await self._settle(group)
+        self._log_epoch(group, before)
+        return result
+
+    async def classic_sync(self, group: ConsumerGroup, request: dict) -> SyncResult:
+        if group.is_empty:
+            return SyncResult(ErrorCode.unknown_member_id)
+        try:
+            return group.classic_sync(self.parent.clock(), **request)
+        except KafkaError as e:
+            return SyncResult(e.code)
+        finally:
+            await self._settle(group)
+
+    async def classic_heartbeat(self, group: ConsumerGroup, request: dict) -> ErrorCode:
+        try:
+            return group.classic_heartbeat(self.parent.clock(), **request)
+        except KafkaError as e:
+            return e.code
+        finally:
+            await self._settle(group)
+
+    async def classic_leave(self, group: ConsumerGroup, members: list[tuple[str, str | None]]) -> list[ErrorCode]:
+        before = (group.state, group.group_epoch)
+        try:
+            return group.classic_leave(members)
+        finally:
+            await self._settle(group)
+            self._log_epoch(group, before)
+
+    # -- migration --------------------------------------------------------------------------------
+
+    async def _downgrade(self, group: ConsumerGroup, leaving_member_id: str, why: str) -> None:
+        """The last consumer-protocol member leaves: the group becomes a classic group of the
+        remaining (classic) members, rebalancing (call with the group's lock held)."""
+        classic = migration.to_classic_group(group, leaving_member_id, self.parent.group_config, self.parent.clock())
+        log.info("consumer group %s: member %s, its last member using the consumer protocol, left (%s); "
+                 "the group is a classic group again, generation %d, %d members (group.consumer.migration.policy=%s)",
+                 group.group_id, leaving_member_id, why, classic.generation_id, len(classic.members), self.policy.value)
+        self.forget(group.group_id)
+        self.parent._install(classic)
+        await self.parent._persist(classic)
+
+    async def _expire(self, group: ConsumerGroup, now: float) -> None:
+        for member_id, why in group.expired(now):
+            if migration.downgrade_allowed(self.policy, group, member_id):
+                await self._downgrade(group, member_id, why)
+                return
+            group.remove_member(member_id)
+            log.info("%s %s: member %s removed (%s)", self.kind, group.group_id, member_id, why)
+        await self._settle(group)
 
     async def group_config(self, group_id: str) -> ConsumerGroupConfig:
         """The broker's settings with the group's overrides (GROUP config resources
@@ -196,15 +298,35 @@ class ConsumerGroupCoordinator(GroupDriver):
         self._reschedule(group)
         return group
 
-    async def _create(self, group_id: str) -> ConsumerGroup:
+    async def _create(self, group_id: str, lookup: TopicLookup) -> ConsumerGroup:
+        """A consumer group for the first consumer-protocol member: new, in place of an
+        empty classic group (its offsets stay), or converted from a classic group with
+        members (KIP-848's online upgrade) if the migration policy allows it."""
         classic = await self.parent._load(group_id)
-        if classic is not None:
-            if not classic.is_empty or classic.pending_members:
-                # Migration of a live classic group (KIP-848's upgrade path) is not there yet.
+        config = await self.group_config(group_id)
+        if classic is None or classic.is_empty:
+            if classic is not None:
+                self.parent._forget(classic)
+            group = ConsumerGroup(group_id, config)
+        else:
+            refusal = migration.upgrade_refusal(self.policy, classic, self.config.max_size)
+            if refusal is not None:
+                log.info("classic group %s not converted to a consumer group: %s", group_id, refusal)
                 raise KafkaError(ErrorCode.group_id_not_found, f"Group {group_id} is not a consumer group.")
-            # An empty classic group (or offsets only) becomes a consumer group; offsets stay.
+            names = set()
+            for m in classic.members.values():
+                try:
+                    names |= set(parse_subscription(m.metadata(classic.protocol_name) or m.protocols[0][1]).topics)
+                except (MalformedProtocol, IndexError):
+                    pass  # (to_consumer_group refuses it)
+            group = migration.to_consumer_group(classic, config, dict(await lookup(names)), self.parent.clock())
+            # Members parked in JoinGroup/SyncGroup rejoin the consumer group.
+            self.parent._resolve(classic.unload(ErrorCode.rebalance_in_progress))
             self.parent._forget(classic)
-        group = ConsumerGroup(group_id, await self.group_config(group_id))
+            # Kafka's tombstone for the classic group's GroupMetadata record.
+            await self.parent._write_records(group_id, [offsets_topic.group_tombstone(group_id)])
+            log.info("classic group %s converted to a consumer group by a member using the consumer protocol: "
+                     "group epoch %d, %d classic members", group_id, group.group_epoch, len(group.members))
         self.groups[group_id] = group
         return group
 

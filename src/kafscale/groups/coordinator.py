@@ -215,9 +215,19 @@ class GroupCoordinator:
 
     # -- membership -------------------------------------------------------------------------
 
-    async def join(self, group_id: str, **request) -> JoinResult:
+    async def join(self, group_id: str, lookup=None, list_names=None, **request) -> JoinResult:
+        """JoinGroup. `lookup(names)` / `list_names()`: the topics, for a group that is a
+        consumer group (its classic members are assigned by the broker: `consumer.classic_join`)."""
         async with self._locks[group_id]:
-            group = await self._load(group_id)
+            consumer = await self.consumer.loaded(group_id)
+            replaced = consumer is not None
+            if consumer is not None:
+                if not consumer.is_empty:
+                    return await self.consumer.classic_join(consumer, request, lookup, list_names)
+                if not request["member_id"]:
+                    # An empty consumer group is replaced by a classic group (as Kafka); offsets stay.
+                    self.consumer.forget(group_id)
+            group = None if replaced else await self._load(group_id)
             created = False
             if group is None:
                 if request["member_id"]:
@@ -227,12 +237,17 @@ class GroupCoordinator:
                 created = True
             out = group.join(self.clock(), **request)
             fut = await self._finish(group, out)
-            if created and group.is_empty and not group.members and not group.pending_members:
+            if replaced:
+                await self._persist(group)  # (the store's document is the consumer group's until then)
+            elif created and group.is_empty and not group.members and not group.pending_members:
                 self._forget(group)  # the join was refused; nothing to keep
         return out.result if fut is None else await fut
 
     async def sync(self, group_id: str, **request) -> SyncResult:
         async with self._locks[group_id]:
+            consumer = await self.consumer.loaded(group_id)
+            if consumer is not None:
+                return await self.consumer.classic_sync(consumer, request)
             group = await self._load(group_id)
             if group is None:
                 return SyncResult(ErrorCode.unknown_member_id)
@@ -242,6 +257,9 @@ class GroupCoordinator:
 
     async def heartbeat(self, group_id: str, **request) -> ErrorCode:
         async with self._locks[group_id]:
+            consumer = await self.consumer.loaded(group_id)
+            if consumer is not None:
+                return await self.consumer.classic_heartbeat(consumer, request)
             group = await self._load(group_id)
             if group is None:
                 return ErrorCode.unknown_member_id
@@ -251,6 +269,9 @@ class GroupCoordinator:
 
     async def leave(self, group_id: str, members: list[tuple[str, str | None]]) -> tuple[ErrorCode, list[ErrorCode]]:
         async with self._locks[group_id]:
+            consumer = await self.consumer.loaded(group_id)
+            if consumer is not None:
+                return ErrorCode.none, await self.consumer.classic_leave(consumer, members)
             group = await self._load(group_id)
             if group is None:
                 return ErrorCode.none, [ErrorCode.unknown_member_id] * len(members)

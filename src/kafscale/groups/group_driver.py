@@ -83,10 +83,14 @@ class GroupDriver:
                 if not self.parent.owns(group_id):
                     self.forget(group_id)
                     return
-                for member_id, why in group.tick(self.parent.clock()):
-                    log.info("%s %s: member %s removed (%s)", self.kind, group_id, member_id, why)
-                await self._settle(group)
+                await self._expire(group, self.parent.clock())
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("%s %s timer failed", self.kind, group_id)
+
+    async def _expire(self, group, now: float) -> None:
+        """Remove the members whose timers ran out (call with the group's lock held)."""
+        for member_id, why in group.tick(now):
+            log.info("%s %s: member %s removed (%s)", self.kind, group.group_id, member_id, why)
+        await self._settle(group)

@@ -43,6 +43,7 @@ _BROKER_DOCS: dict[str, tuple[int, str]] = {
     "group.consumer.heartbeat.interval.ms": (tc.INT, "How often consumer-protocol group members heartbeat (--group-consumer-heartbeat-interval-ms)."),
     "group.consumer.max.size": (tc.INT, "Most members of a consumer-protocol group; more get GROUP_MAX_SIZE_REACHED (--group-consumer-max-size)."),
     "group.consumer.assignors": (tc.LIST, "Server-side assignors of consumer-protocol groups, the first the default (--group-consumer-assignors)."),
+    "group.consumer.migration.policy": (tc.STRING, "Online migration between the classic and the consumer group protocol: bidirectional, upgrade, downgrade or disabled (--group-consumer-migration-policy)."),
     "group.consumer.min.session.timeout.ms": (tc.INT, "Least consumer.session.timeout.ms a group config may set (--group-consumer-min-session-timeout-ms)."),
     "group.consumer.max.session.timeout.ms": (tc.INT, "Greatest consumer.session.timeout.ms a group config may set (--group-consumer-max-session-timeout-ms)."),
     "group.consumer.min.heartbeat.interval.ms": (tc.INT, "Least consumer.heartbeat.interval.ms a group config may set (--group-consumer-min-heartbeat-interval-ms)."),

@@ -7,8 +7,17 @@ from __future__ import annotations
 import logging
 import uuid
 
-from kafscale.broker.handlers.groups import GROUP_OPERATIONS, STORE_DOWN, _client_host, _coordinator, _ms, _owned, build
-from kafscale.broker.topics import TopicIdResolver
+from kafscale.broker.handlers.groups import (
+    GROUP_OPERATIONS,
+    STORE_DOWN,
+    _client_host,
+    _coordinator,
+    _ms,
+    _owned,
+    _topic_lookup,
+    _topic_names,
+    build,
+)
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.consumer_group import HeartbeatRequest
 from kafscale.protocol.api_keys import ApiKey
@@ -16,27 +25,6 @@ from kafscale.protocol.build import nested, response
 from kafscale.security.acl import ResourceType as Res
 
 log = logging.getLogger("kafscale.groups")
-
-
-def _topic_lookup(ctx):
-    resolver = TopicIdResolver(ctx.broker)
-
-    async def lookup(names):
-        out = {}
-        for name in sorted(names):
-            meta = await resolver.by_name(name)
-            if meta is not None and meta.uuid is not None:
-                out[name] = (str(meta.uuid), meta.partitions)
-        return out
-
-    return lookup
-
-
-def _topic_names(ctx):
-    async def names():
-        return [t.name for t in await ctx.broker.metadata.list_topics()]
-
-    return names
 
 
 def _by_topic(tps) -> dict[str, list[int]]:
@@ -136,7 +124,7 @@ async def consumer_group_describe(ctx, req):
                  client_id=m.client_id, client_host=m.client_host, subscribed_topic_names=m.subscribed_topic_names,
                  subscribed_topic_regex=m.subscribed_topic_regex, assignment=assignment(m.assigned),
                  target_assignment=assignment(group.target.get(m.member_id, frozenset())),
-                 member_type=1)  # 1: a consumer-protocol member (0 would be classic)
+                 member_type=0 if m.uses_classic else 1)  # 0: a classic member, 1: consumer protocol
             for m in group.members.values()
         ]
         return dict(assignment_epoch=group.target_epoch, assignor_name=group.preferred_assignor(), members=members)

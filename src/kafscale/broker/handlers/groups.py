@@ -90,6 +90,29 @@ async def _serving(ctx, api_key: ApiKey, group_id: str):
     return _response(api_key, ctx), _coordinator(ctx), await group_refusal(ctx, group_id)
 
 
+def _topic_lookup(ctx):
+    """name -> (topic id, partition count) of the existing topics among names (for groups
+    the broker assigns: consumer groups, their classic members too)."""
+    resolver = TopicIdResolver(ctx.broker)
+
+    async def lookup(names):
+        out = {}
+        for name in sorted(names):
+            meta = await resolver.by_name(name)
+            if meta is not None and meta.uuid is not None:
+                out[name] = (str(meta.uuid), meta.partitions)
+        return out
+
+    return lookup
+
+
+def _topic_names(ctx):
+    async def names():
+        return [t.name for t in await ctx.broker.metadata.list_topics()]
+
+    return names
+
+
 # -- FindCoordinator -------------------------------------------------------------------------
 
 
@@ -170,6 +193,8 @@ async def join_group(ctx, req):
             # KIP-394: v4+ dynamic members first get their id with MEMBER_ID_REQUIRED.
             require_known_member_id=ctx.version >= 4 and instance_id is None,
             supports_skip_assignment=ctx.version >= 9,
+            lookup=_topic_lookup(ctx),
+            list_names=_topic_names(ctx),
         )
     except STORE_DOWN:
         result = JoinResult(ErrorCode.coordinator_not_available, req.member_id)
