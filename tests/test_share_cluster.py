@@ -129,3 +129,46 @@ def test_kill9_of_the_owner_keeps_acknowledged_records_acknowledged(etcd_server,
         cluster.close()
     assert ledger.late() == {}
     assert set(ledger.acked) == {b"s-%d" % i for i in range(RECORDS)}
+
+
+def test_a_member_leaving_a_group_coordinated_elsewhere_gives_its_records_back(etcd_server, moto_server):
+    """The partition's owner is not the group's coordinator: it finds the member gone among
+    the group's stored members and releases its records, long before their 60 s locks."""
+    from tests.test_cluster import find_coordinator
+
+    cluster = KCluster(etcd_server, moto_server, "share-leave", ttl=3, broker_args=ARGS).start(2)
+    a = b = None
+    try:
+        topic = f"sl-{uuid.uuid4().hex[:8]}"
+        cluster.create_topic(topic, 1)
+        [(owner, _epoch)] = cluster.wait_owned(topic, 1).values()
+        any_broker = next(iter(cluster.live().values()))
+        group = next(g for g in (f"sg-{uuid.uuid4().hex[:8]}" for _ in range(100)) if find_coordinator(any_broker, g) != owner)
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+            ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("share.record.lock.duration.ms", "60000", incremental_operation=AlterConfigOpType.SET)])
+        for fut in admin.incremental_alter_configs([r]).values():
+            fut.result(15)
+        p = Producer({"bootstrap.servers": cluster.bootstrap, "linger.ms": 5})
+        for i in range(10):
+            p.produce(topic, value=b"l-%d" % i)
+        assert p.flush(30) == 0
+        a = ShareConsumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"})
+        a.subscribe([topic])
+        held: list = []
+        wait_until(lambda: held.extend(m for m in a.poll(0.5) if m.error() is None) or len(held) >= 10, 60, "the records at a")
+        a.unsubscribe()  # leaves the group at its coordinator; its share session at the owner stays open
+        b = ShareConsumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+        b.subscribe([topic])
+        again: dict[int, int] = {}
+        wait_until(lambda: again.update({m.offset(): m.delivery_count() for m in b.poll(0.5) if m.error() is None})
+                   or len(again) >= 10, 40, "a's records at b")
+        assert again == {m.offset(): 2 for m in held}
+        b.commit_sync(10)
+    finally:
+        for c in (a, b):
+            if c is not None:
+                c.close()
+        print(cluster.log_excerpt(grep=("ERROR", "Traceback", "share")))
+        cluster.close()

@@ -26,10 +26,11 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 LOCK_MS = 2_000
 DELIVERY_LIMIT = 3
-# (below Kafka's least lock duration and heartbeat interval: the least lowered too, as Kafka requires)
+# (below Kafka's least lock duration and heartbeat interval: the least lowered too, as Kafka requires;
+# and the least session timeout, for a group of its own to time its members out sooner)
 ARGS = ["--group-share-heartbeat-interval-ms", "300", "--group-share-min-heartbeat-interval-ms", "300",
         "--group-share-record-lock-duration-ms", str(LOCK_MS), "--group-share-min-record-lock-duration-ms", "1000",
-        "--group-share-delivery-count-limit", str(DELIVERY_LIMIT)]
+        "--group-share-delivery-count-limit", str(DELIVERY_LIMIT), "--group-share-min-session-timeout-ms", "1000"]
 
 
 @pytest.fixture(scope="module")
@@ -381,3 +382,57 @@ def test_a_topic_recreated_under_the_same_name_starts_a_new_share_partition(sbro
     wait_until(lambda: create_topic(bootstrap, topic) is None, 30, "the topic created again")
     produce(bootstrap, topic, [b"second-%d" % i for i in range(3)])
     assert read_all(3) == [b"second-%d" % i for i in range(3)]
+
+
+def test_a_member_leaving_the_group_gives_its_records_back_at_once(sbroker):
+    """A member that leaves (ShareGroupHeartbeat -1: librdkafka's unsubscribe, its share
+    session still open) or whose group session times out (a frozen process, its connections
+    open) has its acquired records released at once, delivery counts kept, not after the
+    lock duration (60 s here)."""
+    import json
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    bootstrap = sbroker.bootstrap
+    topic, group = names("leave")
+    create_topic(bootstrap, topic)
+    set_group_configs(bootstrap, group, share_auto_offset_reset="earliest", share_record_lock_duration_ms="60000",
+                      share_session_timeout_ms="3000")
+    produce(bootstrap, topic, [f"l-{i}".encode() for i in range(10)])
+    # 1. a leaves the group with the 10 records acquired
+    a = consumer(bootstrap, group, topic, explicit=True)
+    b = consumer(bootstrap, group, topic)
+    try:
+        held: list = []
+        wait_until(lambda: held.extend(records(a)) or len(held) >= 10, 30, "the records at a")
+        a.unsubscribe()
+        again: dict[int, int] = {}
+        wait_until(lambda: again.update({m.offset(): m.delivery_count() for m in records(b)}) or len(again) >= 10, 30,
+                   "a's records at b")
+        assert again == {m.offset(): 2 for m in held}
+        b.commit_sync(10)
+    finally:
+        b.close()
+        a.close()
+    # 2. a frozen consumer (no heartbeats, connections open) times out of the group after 3 s
+    produce(bootstrap, topic, [f"m-{i}".encode() for i in range(5)])
+    frozen = subprocess.Popen([sys.executable, "-m", "tests.support.share_holder", bootstrap, group, topic, "5"],
+                              stdout=subprocess.PIPE, text=True)
+    c = None
+    try:
+        assert select.select([frozen.stdout], [], [], 60)[0], "the holder process holding 5 records"
+        held_offsets = json.loads(frozen.stdout.readline())
+        frozen.send_signal(signal.SIGSTOP)
+        c = consumer(bootstrap, group, topic)
+        again = {}
+        wait_until(lambda: again.update({m.offset(): m.delivery_count() for m in records(c)}) or len(again) >= 5, 40,
+                   "the frozen consumer's records at another")
+        assert again == {o: 2 for o in held_offsets}
+        c.commit_sync(10)
+    finally:
+        frozen.kill()
+        frozen.wait(10)
+        if c is not None:
+            c.close()

@@ -72,6 +72,10 @@ class Broker:
                                        share_settings=self.share_settings)
         # The share partitions of the partitions this broker owns, and its share sessions
         self.shares = SharePartitionManager(self.metadata, self.logs, self.share_settings)
+        # a member gone from its share group gives its records back: at once when this broker
+        # coordinates the group, else when this broker's share partitions see it missing
+        self.groups.share.on_member_left = self.shares.member_left
+        self.shares.members_of = self.groups.share.stored_members
         self.logs.marker_hooks[OFFSETS_TOPIC] = self.groups.txn_marker_written
         self.transactions: TransactionCoordinator | None = None
         if config.transactions:

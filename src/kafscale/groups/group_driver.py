@@ -74,6 +74,9 @@ class GroupDriver:
         else:
             self.parent.cancel_timer(group.group_id)
 
+    async def members_removed(self, group_id: str, member_ids: list[str]) -> None:
+        """Members left the group or timed out (after the group's lock is released)."""
+
     async def on_timer(self, group_id: str) -> None:
         try:
             async with self.parent._locks[group_id]:
@@ -83,14 +86,18 @@ class GroupDriver:
                 if not self.parent.owns(group_id):
                     self.forget(group_id)
                     return
-                await self._expire(group, self.parent.clock())
+                removed = await self._expire(group, self.parent.clock())
+            if removed:
+                await self.members_removed(group_id, removed)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("%s %s timer failed", self.kind, group_id)
 
-    async def _expire(self, group, now: float) -> None:
-        """Remove the members whose timers ran out (call with the group's lock held)."""
-        for member_id, why in group.tick(now):
+    async def _expire(self, group, now: float) -> list[str] | None:
+        """Remove the members whose timers ran out (call with the group's lock held); their ids."""
+        removed = group.tick(now)
+        for member_id, why in removed:
             log.info("%s %s: member %s removed (%s)", self.kind, group.group_id, member_id, why)
         await self._settle(group)
+        return [member_id for member_id, _ in removed]

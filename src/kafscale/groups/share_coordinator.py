@@ -8,17 +8,21 @@ changed it, so a coordinator failover keeps members, epochs and assignments; ses
 timers restart on load. Settings come from `kafscale.share.settings.ShareSettings`.
 
 The share partitions' state (which records are acquired, acknowledged, ...) is not the
-group coordinator's: it lives with each partition's owner (`kafscale.share`).
+group coordinator's: it lives with each partition's owner (`kafscale.share`). A member
+leaving (epoch -1) or timing out is told to this broker's share partitions at once
+(`on_member_left`); owners elsewhere find it in the stored members (`stored_members`).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Awaitable, Callable
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.groups.consumer_coordinator import TopicLookup
 from kafscale.groups.group_driver import GroupDriver
 from kafscale.groups.share_group import (
+    LEAVE_EPOCH,
     ShareGroup,
     ShareHeartbeatRequest,
     ShareHeartbeatResult,
@@ -37,6 +41,8 @@ class ShareGroupCoordinator(GroupDriver):
         super().__init__(parent)
         self.settings = settings or ShareSettings(broker_share_settings(parent.config))
         self.groups: dict[str, ShareGroup] = {}
+        # (group id, member id) of a member gone from its group: its records go back (set by the broker)
+        self.on_member_left: Callable[[str, str], Awaitable[object]] | None = None
 
     async def heartbeat(self, group_id: str, req: ShareHeartbeatRequest, lookup: TopicLookup) -> ShareHeartbeatResult:
         validate_request(group_id, req)
@@ -57,7 +63,22 @@ class ShareGroupCoordinator(GroupDriver):
             if (group.group_epoch, len(group.members)) != before:
                 log.info("share group %s: %s, group epoch %d, %d members", group_id, group.state.value,
                          group.group_epoch, len(group.members))
-            return result
+        if req.member_epoch == LEAVE_EPOCH:
+            await self.members_removed(group_id, [req.member_id])
+        return result
+
+    async def members_removed(self, group_id: str, member_ids: list[str]) -> None:
+        if self.on_member_left is not None:
+            for member_id in member_ids:
+                await self.on_member_left(group_id, member_id)
+
+    async def stored_members(self, group_id: str) -> set[str] | None:
+        """The member ids of a share group as last stored by its coordinator (any broker's);
+        None if there is no such share group."""
+        doc = await self.metadata.get_group(group_id)
+        if not is_share_group_doc(doc):
+            return None
+        return {m["member_id"] for m in doc.get("members", [])}
 
     def is_doc(self, doc: dict | None) -> bool:
         return is_share_group_doc(doc)

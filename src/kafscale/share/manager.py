@@ -12,6 +12,12 @@ its write (ConflictError), drops the copy and answers NOT_LEADER_OR_FOLLOWER. Ac
 are not written (as in Kafka): after a crash, records acquired but not acknowledged are
 delivered again, with the delivery count of the last write.
 
+A member that leaves its share group (or whose session there times out) gets its acquired
+records released at once: the group coordinator tells this broker's manager directly
+(`member_left`), and every `MEMBERSHIP_CHECK_S` while records are held, the holders are
+compared with the group's stored members (`members_of`), for groups coordinated by
+another broker.
+
 Kafka keeps this state in the share coordinator's `__share_group_state` topic, reached by
 the inter-broker APIs 83-87; here the metadata store already gives every broker a
 durable, fenced key space, so those APIs are not needed (docs/share-groups.md).
@@ -24,7 +30,7 @@ import logging
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import group_config
@@ -33,11 +39,13 @@ from kafscale.protocol import records as batches
 from kafscale.share.partition import Ack, Acquired, LogBatch, SharePartition
 from kafscale.share.sessions import ShareSession, ShareSessionCache
 from kafscale.share.settings import ShareGroupSettings, ShareSettings
+from kafscale.storage.failures import STORE_FAILURES
 
 log = logging.getLogger("kafscale.share")
 
 Key = tuple[str, str, int]  # (group id, topic, partition)
 ABORT_MARKER = 0  # a control record's type: 0 abort, 1 commit
+MEMBERSHIP_CHECK_S = 1.0  # how often holders of acquired records are checked against their group's members
 
 
 @dataclass(slots=True)
@@ -72,6 +80,10 @@ class SharePartitionManager:
         self._tasks: set[asyncio.Task] = set()
         self._released: set[asyncio.Future] = set()  # long polls waiting for redeliverable records
         self.writes = 0  # state documents written (bench/ reads it)
+        # A group's current member ids as stored by its coordinator (None: no such share
+        # group); set by the broker. Holders of records that are not among them are released.
+        self.members_of: Callable[[str], Awaitable[set[str] | None]] | None = None
+        self._member_check: asyncio.Task | None = None
 
     async def stop(self) -> None:
         if self._timer is not None:
@@ -177,6 +189,7 @@ class SharePartitionManager:
                                       lg.log_start_offset, record_limit, batch_size)
             if acquired:
                 self._arm(sp.next_deadline())
+                self._check_members_soon()
                 return FetchResult(_covering(chunks, found, acquired), acquired)
         return FetchResult()
 
@@ -228,15 +241,51 @@ class SharePartitionManager:
 
     async def close_session(self, session: ShareSession) -> None:
         """A share session closed: the member's acquired records in its partitions go back."""
-        group_id, member_id = session.key
+        await self.member_left(*session.key, why="closed its session")
+
+    async def member_left(self, group_id: str, member_id: str, why: str = "left the group") -> int:
+        """The member's acquired records in every share partition of the group served here
+        go back at once, delivery counts kept (one that reached the limit is archived), as
+        Kafka releases them when a member's share session ends; how many."""
         released = 0
-        for (g, topic, partition), entry in list(self.partitions.items()):
+        for (g, _topic, _partition), entry in list(self.partitions.items()):
             if g == group_id:
                 async with entry.lock:
                     released += entry.sp.release_member(member_id)
         if released:
-            log.info("share group %s: member %s closed its session, %d records released", group_id, member_id, released)
+            log.info("share group %s: member %s %s, %d records released", group_id, member_id, why, released)
             self._wake()
+        return released
+
+    def _check_members_soon(self) -> None:
+        if self.members_of is not None and self._member_check is None:
+            self._member_check = asyncio.ensure_future(self._check_members())
+            self._tasks.add(self._member_check)
+            self._member_check.add_done_callback(self._tasks.discard)
+
+    async def _check_members(self) -> None:
+        """While records are held here: release those of holders no longer in their group
+        (left or timed out at a coordinator on another broker)."""
+        try:
+            while True:
+                await asyncio.sleep(MEMBERSHIP_CHECK_S)
+                holders: dict[str, set[str]] = {}
+                for (group_id, _t, _p), entry in list(self.partitions.items()):
+                    holders.setdefault(group_id, set()).update(entry.sp.holders())
+                holders = {g: held for g, held in holders.items() if held}
+                if not holders:
+                    return
+                # (holders read before the members: a member acquires only after its join is stored)
+                for group_id, held in holders.items():
+                    try:
+                        members = await self.members_of(group_id) or set()
+                    except STORE_FAILURES as e:
+                        log.debug("share group %s: members not read (%s)", group_id, e)
+                        continue
+                    for member_id in sorted(held - members):
+                        await self.member_left(group_id, member_id, why="is not a member of the group")
+        finally:
+            self._member_check = None
 
     def connection_closed(self, connection: str) -> None:
         """A client connection closed: the share sessions opened on it end, and their

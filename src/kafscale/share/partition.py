@@ -232,8 +232,13 @@ class SharePartition:
     def _release(self, r: InFlight) -> None:
         self._finish(r, RecordState.ARCHIVED if r.delivery_count >= self.delivery_count_limit else RecordState.AVAILABLE)
 
+    def holders(self) -> set[str]:
+        """The members holding acquired records."""
+        return {r.member_id for r in self.records.values() if r.state is RecordState.ACQUIRED}
+
     def release_member(self, member_id: str) -> int:
-        """Give back every record `member_id` holds (its share session closed); how many."""
+        """Give back every record `member_id` holds (its share session closed, or it left the
+        group), delivery counts kept; how many."""
         held = [r for r in self.records.values() if r.state is RecordState.ACQUIRED and r.member_id == member_id]
         for r in held:
             self._release(r)
