@@ -78,17 +78,121 @@ class Reader:
         return self.pos == len(self.data)
 
 
+# Consumer groups' (KIP-848) record types: key version -> name (Kafka 4.0's CoordinatorRecordType)
+CONSUMER_GROUP_KEYS = {3: "consumer-group", 4: "partition-metadata", 5: "member-metadata", 6: "target-epoch",
+                       7: "target-member", 8: "current-member"}
+
+
 def decode_key(key: bytes):
-    """('offset', group, topic, partition) or ('group', group)."""
+    """('offset', group, topic, partition), ('group', group), or a consumer group's record:
+    (its name in CONSUMER_GROUP_KEYS, group[, member])."""
     r = Reader(key)
     version = r.take(">h")
     if version in (0, 1):
         out = ("offset", r.string(), r.string(), r.take(">i"))
     elif version == 2:
         out = ("group", r.string())
+    elif version in (3, 4, 6):
+        out = (CONSUMER_GROUP_KEYS[version], r.string())
+    elif version in (5, 7, 8):
+        out = (CONSUMER_GROUP_KEYS[version], r.string(), r.string())
     else:
         raise AssertionError(f"unknown key version {version}")
     assert r.done()
+    return out
+
+
+class FlexReader(Reader):
+    """Kafka's flexible versions: unsigned varint lengths + 1, uuids, tagged fields."""
+
+    def uvarint(self) -> int:
+        shift = n = 0
+        while True:
+            b = self.data[self.pos]
+            self.pos += 1
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return n
+            shift += 7
+
+    def cstring(self):
+        n = self.uvarint() - 1
+        if n < 0:
+            return None
+        s = self.data[self.pos:self.pos + n].decode()
+        self.pos += n
+        return s
+
+    def cbytes(self) -> bytes:
+        n = self.uvarint() - 1
+        b = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def array(self, item) -> list:
+        return [item() for _ in range(self.uvarint() - 1)]
+
+    def uuid(self) -> str:
+        import uuid as _uuid
+
+        u = str(_uuid.UUID(bytes=bytes(self.data[self.pos:self.pos + 16])))
+        self.pos += 16
+        return u
+
+    def tags(self) -> dict[int, bytes]:
+        out = {}
+        for _ in range(self.uvarint()):
+            tag, size = self.uvarint(), self.uvarint()
+            out[tag] = self.data[self.pos:self.pos + size]
+            self.pos += size
+        return out
+
+    def topic_partitions(self) -> dict[str, list[int]]:
+        def one():
+            t, ps = self.uuid(), self.array(lambda: self.take(">i"))
+            assert self.tags() == {}
+            return t, ps
+
+        return dict(self.array(one))
+
+
+def decode_consumer_value(kind: str, value: bytes) -> dict:
+    """A consumer group record's value (version 0, flexible), from Kafka's message specs."""
+    r = FlexReader(value)
+    assert r.take(">h") == 0
+    if kind in ("consumer-group", "target-epoch"):
+        out = {"epoch": r.take(">i")}
+    elif kind == "partition-metadata":
+        def topic():
+            t = {"id": r.uuid(), "name": r.cstring(), "partitions": r.take(">i")}
+            t["racks"] = r.array(lambda: (r.take(">i"), r.array(r.cstring), r.tags())[:2])
+            assert r.tags() == {}
+            return t
+
+        out = {"topics": r.array(topic)}
+    elif kind == "member-metadata":
+        out = {"instance_id": r.cstring(), "rack_id": r.cstring(), "client_id": r.cstring(), "client_host": r.cstring(),
+               "topics": r.array(r.cstring), "regex": r.cstring(), "rebalance_timeout": r.take(">i"),
+               "assignor": r.cstring(), "classic": None}
+        tags = r.tags()
+        if 0 in tags:  # ClassicMemberMetadata: a nullable struct (presence byte first)
+            c = FlexReader(tags.pop(0))
+            assert c.uvarint() == 1
+            timeout = c.take(">i")
+            protocols = c.array(lambda: (c.cstring(), c.cbytes(), c.tags())[:2])
+            assert c.tags() == {} and c.done()
+            out["classic"] = {"session_timeout": timeout, "protocols": protocols}
+        assert tags == {}
+        assert r.done()
+        return out
+    elif kind == "target-member":
+        out = {"partitions": r.topic_partitions()}
+    elif kind == "current-member":
+        out = {"epoch": r.take(">i"), "previous_epoch": r.take(">i"), "state": r.take(">b"),
+               "assigned": r.topic_partitions(), "revoking": r.topic_partitions()}
+    else:
+        raise AssertionError(kind)
+    assert r.tags() == {} and r.done()
     return out
 
 
@@ -202,7 +306,7 @@ def group_records(bootstrap: str, group: str) -> tuple[dict, dict | None, list]:
     seen = []
     for _off, key, value in read_partition(bootstrap, kafka_partition_for(group)):
         k = decode_key(key)
-        if k[1] != group:
+        if k[1] != group or k[0] not in ("offset", "group"):
             continue
         seen.append((k, value is None))
         if k[0] == "offset":
@@ -212,14 +316,15 @@ def group_records(bootstrap: str, group: str) -> tuple[dict, dict | None, list]:
     return offsets, meta, seen
 
 
-def commit_with_group(bootstrap: str, topic: str, group: str, n: int) -> None:
-    """A confluent-kafka consumer in `group` reads `n` records of `topic` and commits them."""
+def commit_with_group(bootstrap: str, topic: str, group: str, n: int, protocol: str = "classic") -> None:
+    """A confluent-kafka consumer in `group` (of that group.protocol) reads `n` records of
+    `topic` and commits them."""
     p = Producer({"bootstrap.servers": bootstrap})
     for i in range(n):
         p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
     assert p.flush(15) == 0
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "client.id": "offsets-topic-test"})  # fmt: skip
+                  "enable.auto.commit": False, "client.id": "offsets-topic-test", "group.protocol": protocol})  # fmt: skip
     try:
         c.subscribe([topic])
         got = 0
@@ -286,6 +391,96 @@ def test_deleting_a_group_writes_tombstones(broker, topic_name):
         return seen and seen[-1] == (("group", group), True) and all(v is None for v in offsets.values())
 
     wait_until(tombstoned, 20, f"tombstones for {group}")
+
+
+def consumer_group_records(bootstrap: str, group: str) -> list[tuple[tuple, dict | None]]:
+    """Every consumer group record of `group` in its partition, in order: (key, value or None)."""
+    out = []
+    for _off, key, value in read_partition(bootstrap, kafka_partition_for(group)):
+        k = decode_key(key)
+        if k[1] == group and k[0] in CONSUMER_GROUP_KEYS.values():
+            out.append((k, None if value is None else decode_consumer_value(k[0], value)))
+    return out
+
+
+def test_consumer_group_record_bytes():
+    """The records of a KIP-848 group as Kafka 4.0 writes them, read back with the decoder
+    above; a classic member carries its ClassicMemberMetadata (tag 0)."""
+    from kafscale.groups import consumer_records
+    from kafscale.groups.consumer_group import ConsumerGroup, ConsumerGroupConfig, HeartbeatRequest
+    from kafscale.groups.consumer_protocol import encode_subscription
+
+    tid = "00000000-0000-0000-0000-00000000000a"
+    topics = {"orders": (tid, 3)}
+    assert consumer_records.group_metadata_value(5) == struct.pack(">hib", 0, 5, 0)
+    assert consumer_records.group_key(3, "grp") == struct.pack(">hh3s", 3, 3, b"grp")
+    g = ConsumerGroup("grp", ConsumerGroupConfig())
+    g.heartbeat(0.0, HeartbeatRequest(member_id="m1", member_epoch=0, rebalance_timeout_ms=30_000, client_id="cli",
+                                      client_host="/h", subscribed_topic_names=("orders",), owned=frozenset()), topics)
+    m2_id = g.classic_join(0.0, member_id="", group_instance_id="i2", client_id="cli2", client_host="/h2", session_timeout_ms=10_000,
+                   rebalance_timeout_ms=20_000, protocol_type="consumer",
+                   protocols=[("range", encode_subscription(["orders"]))], require_known_member_id=False,
+                   topics=topics).member_id
+    doc = g.to_doc()
+    recs = [(decode_key(k), None if v is None else decode_consumer_value(decode_key(k)[0], v))
+            for k, v in consumer_records.changes("grp", None, doc)]
+    kinds = [k[0] for k, _v in recs]
+    assert kinds == ["member-metadata", "member-metadata", "partition-metadata", "consumer-group", "target-member",
+                     "target-member", "target-epoch", "current-member", "current-member"]
+    by = {k: v for k, v in recs}
+    m1, m2 = by[("member-metadata", "grp", "m1")], by[("member-metadata", "grp", m2_id)]
+    assert (m1["client_id"], m1["topics"], m1["rebalance_timeout"], m1["classic"]) == ("cli", ["orders"], 30_000, None)
+    assert (m2["instance_id"], m2["client_host"], m2["classic"]["session_timeout"]) == ("i2", "/h2", 10_000)
+    assert m2["classic"]["protocols"] == [("range", encode_subscription(["orders"]))]
+    assert by[("partition-metadata", "grp")]["topics"] == [{"id": tid, "name": "orders", "partitions": 3, "racks": []}]
+    assert by[("consumer-group", "grp")]["epoch"] == by[("target-epoch", "grp")]["epoch"] == g.group_epoch
+    targets = [by[("target-member", "grp", m)]["partitions"] for m in ("m1", m2_id)]
+    assert sorted(p for t in targets for p in t.get(tid, [])) == [0, 1, 2]
+    assert by[("current-member", "grp", "m1")]["state"] in (0, 1, 2)
+    # Nothing changed, nothing written; a member leaving: its three tombstones first.
+    assert consumer_records.changes("grp", doc, g.to_doc()) == []
+    g.remove_member(m2_id)
+    keys = [(decode_key(k), v is None) for k, v in consumer_records.changes("grp", doc, g.to_doc())]
+    assert keys[:3] == [(("current-member", "grp", m2_id), True), (("target-member", "grp", m2_id), True),
+                        (("member-metadata", "grp", m2_id), True)]
+    assert (("consumer-group", "grp"), False) in keys
+    # The group deleted: every record tombstoned, the group epoch last.
+    gone = [(decode_key(k), v) for k, v in consumer_records.changes("grp", g.to_doc(), None)]
+    assert all(v is None for _k, v in gone) and gone[-1][0] == ("consumer-group", "grp") and len(gone) == 6
+
+
+def test_consumer_group_records_readable_from_consumer_offsets(broker, topic_name):
+    """A group.protocol=consumer member's group in __consumer_offsets: its epoch, its member,
+    target and current assignment; tombstones when the member leaves and when the group is deleted."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 2, 1)])[topic_name].result(15)
+    group = f"gkip848-{topic_name}"
+    commit_with_group(broker.bootstrap, topic_name, group, 4, protocol="consumer")
+
+    def left():
+        recs = consumer_group_records(broker.bootstrap, group)
+        return recs if recs and recs[-1][0][0] == "consumer-group" and recs[-2][0][0] == "member-metadata" else None
+
+    recs = wait_until(left, 20, f"the records of {group} up to its member leaving")
+    member = next(k[2] for k, v in recs if k[0] == "member-metadata" and v is not None)
+    values = {k: v for k, v in recs if v is not None}
+    assert values[("member-metadata", group, member)]["client_id"] == "offsets-topic-test"
+    assert values[("member-metadata", group, member)]["topics"] == [topic_name]
+    assert sorted(p for ps in values[("target-member", group, member)]["partitions"].values() for p in ps) == [0, 1]
+    assert values[("current-member", group, member)]["epoch"] >= 1
+    assert [n["name"] for n in values[("partition-metadata", group)]["topics"]] == [topic_name]
+    # The member left: its records tombstoned, then the group epoch moved.
+    assert [(k[0], v is None) for k, v in recs[-4:]] == [
+        ("current-member", True), ("target-member", True), ("member-metadata", True), ("consumer-group", False)]
+    admin.delete_consumer_groups([group])[group].result(15)
+
+    def deleted():
+        recs = consumer_group_records(broker.bootstrap, group)
+        return recs[-1] == (("consumer-group", group), None) and recs[-2] == (("partition-metadata", group), None)
+
+    wait_until(deleted, 20, f"tombstones for {group}")
+    offsets, _meta, _seen = group_records(broker.bootstrap, group)
+    assert offsets and all(v is None for v in offsets.values())
 
 
 def test_transactional_offsets_written_when_the_transaction_commits(broker, topic_name):

@@ -211,12 +211,19 @@ async def list_names():
     return list(TOPICS)
 
 
-def coordinator(store, policy="bidirectional"):
+def coordinator(store, policy="bidirectional", written=None):
+    """A coordinator; `written` (a list) collects the (key version, value is a tombstone)
+    of what it appends to __consumer_offsets."""
+    import struct
+
     from kafscale.groups.coordinator import GroupCoordinator
+
+    async def append(_topic, _partition, recs):
+        written.extend((struct.unpack_from(">h", k)[0], v is None) for k, v in recs)
 
     cfg = SimpleNamespace(group_initial_rebalance_delay_ms=0, offsets_retention_minutes=60,
                           group_consumer_migration_policy=policy)
-    return GroupCoordinator(store, cfg)
+    return GroupCoordinator(store, cfg, append_records=append if written is not None else None)
 
 
 async def classic_members(coord, n: int) -> list[tuple[str, int]]:
@@ -239,15 +246,22 @@ async def classic_members(coord, n: int) -> list[tuple[str, int]]:
 async def test_coordinator_converts_both_ways(store):
     from kafscale.groups.consumer_group import is_consumer_group_doc
 
-    coord = coordinator(store)
+    written = []
+    coord = coordinator(store, written=written)
     await coord.start()
     try:
         members = await classic_members(coord, 2)
+        del written[:]
         join = HeartbeatRequest(member_id="c", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",),
                                 owned=frozenset())
         r = await coord.consumer.heartbeat("g", join, lookup, list_names)
         assert r.error is E.none and r.assignment == frozenset()  # everything still held by the classic members
         assert is_consumer_group_doc(await store.get_group("g")) and "g" not in coord.groups
+        # __consumer_offsets: the classic group's tombstone, then the consumer group's records
+        # (3 members' metadata, subscription metadata, epoch, 3 targets, target epoch, 3 current).
+        assert written == [(2, True)] + [(5, False)] * 3 + [(4, False), (3, False)] + [(7, False)] * 3 + [
+            (6, False)] + [(8, False)] * 3
+        del written[:]
         # A classic member keeps working inside the consumer group.
         (a, gen), (b, _) = members
         assert await coord.heartbeat("g", member_id=a, group_instance_id=None, generation_id=gen) is E.rebalance_in_progress
@@ -262,6 +276,8 @@ async def test_coordinator_converts_both_ways(store):
         # The consumer member leaves: the group is classic again, rebalancing.
         left = await coord.consumer.heartbeat("g", HeartbeatRequest(member_id="c", member_epoch=-1), lookup, list_names)
         assert left.member_epoch == -1 and "g" not in coord.consumer.groups
+        tombstones = [(8, True)] * 3 + [(7, True)] * 3 + [(6, True)] + [(5, True)] * 3 + [(4, True), (3, True)]
+        assert written[-len(tombstones) - 1:] == tombstones + [(2, False)]  # then the classic group's record
         assert coord.groups["g"].state is GroupState.PREPARING_REBALANCE
         doc = await store.get_group("g")
         assert not is_consumer_group_doc(doc) and sorted(m["member_id"] for m in doc["members"]) == sorted([a, b])

@@ -14,8 +14,10 @@ coordinator with the group's lock held), and the group converts between the two 
 `group.consumer.migration.policy` allows (`migration.py`): up when a consumer-protocol
 member joins a classic group, down when its last consumer-protocol member leaves.
 
-Not yet: __consumer_offsets records for these groups (Kafka's ConsumerGroupMetadata,
-TargetAssignment and CurrentAssignment records); the store is the source of truth.
+Each stored change is mirrored to the group's partition of `__consumer_offsets` as Kafka's
+records (ConsumerGroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignment and
+CurrentMemberAssignment: `consumer_records.py`), computed from the previous and the new
+document, like the classic coordinator's records; the store stays the source of truth.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 from typing import Awaitable, Callable, Iterable, Mapping
 
 from kafscale.errors import ErrorCode, KafkaError
-from kafscale.groups import migration, offsets_topic
+from kafscale.groups import consumer_records, migration, offsets_topic
 from kafscale.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from kafscale.groups.group_driver import GroupDriver
 from kafscale.groups.consumer_group import (
@@ -73,6 +75,17 @@ class ConsumerGroupCoordinator(GroupDriver):
         self.policy = migration.MigrationPolicy.parse(
             getattr(parent.config, "group_consumer_migration_policy", migration.DEFAULT_POLICY.value))
         self.groups: dict[str, ConsumerGroup] = {}
+        # group id -> the document last stored (None: none yet), what its records are diffed from
+        self._docs: dict[str, dict | None] = {}
+
+    def forget(self, group_id: str) -> None:
+        super().forget(group_id)
+        self._docs.pop(group_id, None)
+
+    async def _written(self, group_id: str, doc: dict) -> None:
+        before = self._docs.get(group_id)
+        self._docs[group_id] = doc
+        await self.parent._write_records(group_id, consumer_records.changes(group_id, before, doc))
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -183,6 +196,9 @@ class ConsumerGroupCoordinator(GroupDriver):
         log.info("consumer group %s: member %s, its last member using the consumer protocol, left (%s); "
                  "the group is a classic group again, generation %d, %d members (group.consumer.migration.policy=%s)",
                  group.group_id, leaving_member_id, why, classic.generation_id, len(classic.members), self.policy.value)
+        # Kafka's tombstones of the consumer group's records, then the classic group's record.
+        await self.parent._write_records(group.group_id, consumer_records.changes(
+            group.group_id, self._docs.get(group.group_id), None))
         self.forget(group.group_id)
         self.parent._install(classic)
         await self.parent._persist(classic)
@@ -252,8 +268,13 @@ class ConsumerGroupCoordinator(GroupDriver):
         """DeleteGroups: only an empty group (NON_EMPTY_GROUP otherwise), with its offsets."""
         if group.members:
             return ErrorCode.non_empty_group
+        before = self._docs.get(group.group_id)
         self.forget(group.group_id)
+        offsets = await self.metadata.fetch_offsets(group.group_id)
         await self.metadata.delete_group(group.group_id)
+        # Kafka's tombstones for a removed group: each offset it had, then the group's records.
+        await self.parent._write_records(group.group_id, [*offsets_topic.offset_tombstones(group.group_id, offsets),
+                                                          *consumer_records.changes(group.group_id, before, None)])
         return ErrorCode.none
 
     async def expire_offsets(self, owned: Callable[[str], bool], retention_ms: int) -> list[tuple[str, list[tuple[str, int]]]]:
@@ -295,6 +316,7 @@ class ConsumerGroupCoordinator(GroupDriver):
             return None
         group = ConsumerGroup.from_doc(group_id, doc, await self.group_config(group_id), self.parent.clock())
         self.groups[group_id] = group
+        self._docs[group_id] = doc
         self._reschedule(group)
         return group
 
@@ -328,6 +350,7 @@ class ConsumerGroupCoordinator(GroupDriver):
             log.info("classic group %s converted to a consumer group by a member using the consumer protocol: "
                      "group epoch %d, %d classic members", group_id, group.group_epoch, len(group.members))
         self.groups[group_id] = group
+        self._docs[group_id] = None  # (its first write records it whole)
         return group
 
 

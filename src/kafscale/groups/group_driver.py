@@ -59,12 +59,18 @@ class GroupDriver:
     async def _settle(self, group) -> None:
         if group.changed:
             group.changed = False
+            doc = group.to_doc()
             try:
-                await self.metadata.put_group(group.group_id, group.to_doc())
+                await self.metadata.put_group(group.group_id, doc)
             except Exception:
                 # The group keeps working from memory; only failover recovery is affected.
                 log.exception("could not persist %s %s", self.kind, group.group_id)
+            else:
+                await self._written(group.group_id, doc)
         self._reschedule(group)
+
+    async def _written(self, group_id: str, doc: dict) -> None:
+        """The store has the group's document `doc` now (a driver may mirror it elsewhere)."""
 
     # -- timers (the classic coordinator's table: one timer per group id) -----------------------
 
