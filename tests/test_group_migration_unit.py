@@ -308,3 +308,21 @@ async def test_coordinator_policy_refuses_upgrade_and_keeps_a_mixed_group(store)
         assert [m.uses_classic for m in group.members.values()] == [True]
     finally:
         await coord.stop()
+
+
+async def test_coordinator_downgrades_when_the_last_consumer_member_times_out(store):
+    coord = coordinator(store)
+    await coord.start()
+    try:
+        await classic_members(coord, 1)
+        join = HeartbeatRequest(member_id="c", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",),
+                                owned=frozenset())
+        await coord.consumer.heartbeat("g", join, lookup, list_names)
+        group = coord.consumer.groups["g"]
+        group.members["c"].session_deadline = 0.0  # its session ran out
+        async with coord._locks["g"]:
+            assert await coord.consumer._expire(group, coord.clock()) == ["c"]
+        assert "g" not in coord.consumer.groups and coord.groups["g"].state is GroupState.PREPARING_REBALANCE
+        assert sorted(coord.groups["g"].members) == sorted(m.member_id for m in group.members.values() if m.uses_classic)
+    finally:
+        await coord.stop()

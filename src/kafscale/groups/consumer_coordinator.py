@@ -203,14 +203,17 @@ class ConsumerGroupCoordinator(GroupDriver):
         self.parent._install(classic)
         await self.parent._persist(classic)
 
-    async def _expire(self, group: ConsumerGroup, now: float) -> None:
+    async def _expire(self, group: ConsumerGroup, now: float) -> list[str]:
+        removed = []
         for member_id, why in group.expired(now):
+            removed.append(member_id)
             if migration.downgrade_allowed(self.policy, group, member_id):
                 await self._downgrade(group, member_id, why)
-                return
+                return removed
             group.remove_member(member_id)
             log.info("%s %s: member %s removed (%s)", self.kind, group.group_id, member_id, why)
         await self._settle(group)
+        return removed
 
     async def group_config(self, group_id: str) -> ConsumerGroupConfig:
         """The broker's settings with the group's overrides (GROUP config resources
