@@ -359,6 +359,79 @@ async def test_consumer_protocol_group_lag_and_state(running):
         await asyncio.to_thread(c.close)
 
 
+def _share_run(bootstrap: str, group: str, topic: str) -> tuple[list[int], object]:
+    """A share consumer (explicit acknowledgement) reads 20 records from the start, accepts
+    10, rejects 5 and releases 5, then acquires the 5 released again and holds them: the
+    consumer, still open, and the offsets it holds."""
+    from confluent_kafka import AcknowledgeType, ShareConsumer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([r]).values():
+        fut.result(15)
+    c = ShareConsumer({"bootstrap.servers": bootstrap, "group.id": group, "share.acknowledgement.mode": "explicit"})
+    c.subscribe([topic])
+    held: list = []
+    wait_until(lambda: held.extend(m for m in c.poll(0.5) if m.error() is None) or len(held) >= 20, 30, "20 records")
+    assert sorted(m.offset() for m in held) == list(range(20))
+    for m in held:
+        c.acknowledge(m, AcknowledgeType.ACCEPT if m.offset() < 10 else
+                      AcknowledgeType.REJECT if m.offset() < 15 else AcknowledgeType.RELEASE)
+    assert all(err is None for err in c.commit_sync(10).values())
+    again: list = []
+    wait_until(lambda: again.extend(m for m in c.poll(0.5) if m.error() is None) or len(again) >= 5, 30, "the released 5")
+    assert sorted((m.offset(), m.delivery_count()) for m in again) == [(o, 2) for o in range(15, 20)]
+    return c
+
+
+async def test_share_group_metrics_after_a_share_consumer_run():
+    # (a lock of 3 s, below Kafka's least: the least lowered too)
+    r = await start_broker(group_share_record_lock_duration_ms=3000, group_share_min_record_lock_duration_ms=1000,
+                           group_share_heartbeat_interval_ms=300, group_share_min_heartbeat_interval_ms=300)
+    topic, group = "ops-share", "ops-share-group"
+    c = None
+    try:
+        await asyncio.to_thread(_produce, r.bootstrap, topic, 20)
+        c = await asyncio.to_thread(_share_run, r.bootstrap, group, topic)
+        s = await scrape(r)
+        assert value(s, "kafscale_share_records_acquired_total") == 25
+        assert value(s, "kafscale_share_records_redelivered_total") == 5
+        for kind, n in (("accept", 10), ("reject", 5), ("release", 5), ("gap", 0), ("renew", 0)):
+            assert value(s, "kafscale_share_acknowledgements_total", type=kind) == n, kind
+        assert value(s, "kafscale_share_records_archived_total", reason="rejected") == 5
+        assert value(s, "kafscale_share_records_archived_total", reason="delivery_limit") == 0
+        assert value(s, "kafscale_share_state_writes_total") >= 2  # the state's first write, the acknowledgements
+        assert value(s, "kafscale_share_sessions") == 1
+        labels = dict(group=group, topic=topic, partition="0")
+        # 0-9 accepted and 10-14 rejected: the start offset is 15; 15-19 held again
+        assert value(s, "kafscale_share_partition_start_offset", **labels) == 15
+        assert value(s, "kafscale_share_partition_in_flight_records", **labels) == 5
+        assert value(s, "kafscale_share_partition_acquired_records", **labels) == 5
+        # the consumer keeps them past the 3 s lock: they time out, available again
+        async def timed_out() -> bool:
+            return value(await scrape(r), "kafscale_share_lock_timeouts_total") == 5
+
+        await wait_until_async(timed_out, 30, "5 lock timeouts")
+        s = await scrape(r)
+        assert value(s, "kafscale_share_partition_acquired_records", **labels) == 0
+        assert value(s, "kafscale_share_partition_in_flight_records", **labels) == 5
+        await asyncio.to_thread(c.close)  # its session ends: nothing held any more, nothing released
+        c = None
+
+        async def closed() -> bool:
+            return value(await scrape(r), "kafscale_share_sessions") == 0
+
+        await wait_until_async(closed, 15, "the share session closed")
+        s = await scrape(r)
+        assert total(s, "kafscale_share_records_released_total") == 0
+    finally:
+        if c is not None:
+            await asyncio.to_thread(c.close)
+        await stop_broker(r)
+
+
 async def test_deleted_topic_series_are_dropped(running):
     r = running
     topic = "ops-deleted"

@@ -7,7 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from kafscale.ops.read_model import BrokerState, HookPoints, OpsSettings, OwnedPartition, TlsCounts
+from kafscale.ops.read_model import (
+    BrokerState,
+    HookPoints,
+    OpsSettings,
+    OwnedPartition,
+    SharePartitionView,
+    ShareState,
+    TlsCounts,
+)
 
 
 class BrokerOpsView:
@@ -60,7 +68,16 @@ class BrokerOpsView:
             ],
             group_states={str(gid): g.state.value for gid, g in [*b.groups.groups.items(), *b.groups.consumer.groups.items()]},
             metadata_snapshot_age_s=b.snapshots.age_seconds(),
+            share=self._share(),
         )
+
+    def _share(self) -> ShareState:
+        shares = self._broker.shares
+        views = []
+        for (group, topic, partition), entry in list(shares.partitions.items()):
+            sp = entry.sp
+            views.append(SharePartitionView(group, topic, partition, sp.spso, sp.in_flight(), sp.acquired()))
+        return ShareState(shares.counters, shares.writes, len(shares.sessions.sessions), views)
 
     def listener_serving(self) -> bool:
         return self._broker.server.is_serving()

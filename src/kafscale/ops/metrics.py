@@ -325,21 +325,16 @@ class _LiveCollector(Collector):
             yield GaugeMetricFamily("kafscale_cluster_lease_alive", "1 while the etcd lease is fresh enough to write (etcd clusters only)", value=1 if st.lease_alive else 0)
 
         yield GaugeMetricFamily("kafscale_partitions_owned", "Partition logs this broker owns and has loaded", value=len(st.partitions))
-        hw = GaugeMetricFamily("kafscale_partition_high_watermark", "High watermark (next offset to be made durable) of an owned partition", labels=["topic", "partition"])
-        lso = GaugeMetricFamily("kafscale_partition_log_start_offset", "First offset still kept of an owned partition", labels=["topic", "partition"])
-        segs = GaugeMetricFamily("kafscale_partition_segments", "Committed segments of an owned partition (the metadata store's segment list)", labels=["topic", "partition"])
-        seg_bytes = GaugeMetricFamily("kafscale_partition_size_bytes", "Bytes of an owned partition's committed segments in the object store", labels=["topic", "partition"])
-        for p in st.partitions:
-            labels = [p.topic, str(p.partition)]
-            hw.add_metric(labels, p.high_watermark)
-            lso.add_metric(labels, p.log_start_offset)
-            segs.add_metric(labels, p.segments)
-            seg_bytes.add_metric(labels, p.segment_bytes)
-        yield hw
-        yield lso
-        yield segs
-        yield seg_bytes
+        yield from _row_gauges(["topic", "partition"], st.partitions, lambda p: [p.topic, str(p.partition)], (
+            ("kafscale_partition_high_watermark", "High watermark (next offset to be made durable) of an owned partition", "high_watermark"),
+            ("kafscale_partition_log_start_offset", "First offset still kept of an owned partition", "log_start_offset"),
+            ("kafscale_partition_segments", "Committed segments of an owned partition (the metadata store's segment list)", "segments"),
+            ("kafscale_partition_size_bytes", "Bytes of an owned partition's committed segments in the object store", "segment_bytes"),
+        ))
         yield GaugeMetricFamily("kafscale_unflushed_records", "Records appended but not yet durable, over all owned partitions", value=sum(p.unflushed_records for p in st.partitions))
+
+        if st.share is not None:
+            yield from _share_families(st.share)
 
         if st.metadata_snapshot_age_s is not None:
             yield GaugeMetricFamily("kafscale_metadata_snapshot_age_seconds", "Age of the newest metadata snapshot in the backup location (docs/operations.md: alert when it exceeds a few snapshot intervals)", value=st.metadata_snapshot_age_s)
@@ -383,3 +378,41 @@ class _LiveCollector(Collector):
         if m.lag_sampled_at:
             yield GaugeMetricFamily("kafscale_consumer_lag_sampled_timestamp_seconds", "Unix time of the last lag sample", value=m.lag_sampled_at)
 
+
+
+def _share_families(share):
+    """Share groups (KIP-932): what the share partitions served here did, in records, and
+    each one's window now."""
+    c = share.counts
+    yield CounterMetricFamily("kafscale_share_records_acquired", "Records acquired by share consumers (each acquisition is one delivery)", value=c.acquired)
+    yield CounterMetricFamily("kafscale_share_records_redelivered", "Records acquired again (a delivery after the first: released, lock timed out, or left by a member)", value=c.redelivered)
+    acks = CounterMetricFamily("kafscale_share_acknowledgements", "Records acknowledged by share consumers, by acknowledge type (accept, release, reject, gap, renew)", labels=["type"])
+    for kind, n in sorted(c.acknowledged.items()):
+        acks.add_metric([kind], n)
+    yield acks
+    yield CounterMetricFamily("kafscale_share_lock_timeouts", "Acquired records whose acquisition lock ran out before an acknowledgement", value=c.lock_timeouts)
+    released = CounterMetricFamily("kafscale_share_records_released", "Acquired records given back at once, by why: the member's share session closed (or its connection), or the member left its group", labels=["cause"])
+    for cause, n in sorted(c.released.items()):
+        released.add_metric([cause], n)
+    yield released
+    archived = CounterMetricFamily("kafscale_share_records_archived", "Records archived, never to be delivered again, by why: rejected, delivery_limit (released or timed out at group.share.delivery.count.limit), gap", labels=["reason"])
+    for reason, n in sorted(c.archived.items()):
+        archived.add_metric([reason], n)
+    yield archived
+    yield CounterMetricFamily("kafscale_share_state_writes", "Share-partition state documents written to the metadata store (one per acknowledging request and partition)", value=share.state_writes)
+    yield GaugeMetricFamily("kafscale_share_sessions", "Open share sessions (one per share consumer and broker it fetches from)", value=share.sessions)
+    yield from _row_gauges(["group", "topic", "partition"], share.partitions, lambda p: [p.group, p.topic, str(p.partition)], (
+        ("kafscale_share_partition_in_flight_records", "Records from a share partition's start offset to the end of what was acquired (available, acquired, acknowledged or archived ahead of the start)", "in_flight"),
+        ("kafscale_share_partition_acquired_records", "Records of a share partition held by consumers now (under an acquisition lock)", "acquired"),
+        ("kafscale_share_partition_start_offset", "A share partition's start offset (SPSO): every record below it is done with", "start_offset"),
+    ))
+
+
+def _row_gauges(label_names: list[str], rows, key_of, specs) -> list[GaugeMetricFamily]:
+    """One gauge family per (name, help, attribute) of `specs`, a sample per row."""
+    families = [(GaugeMetricFamily(name, doc, labels=label_names), attr) for name, doc, attr in specs]
+    for row in rows:
+        key = key_of(row)
+        for family, attr in families:
+            family.add_metric(key, getattr(row, attr))
+    return [family for family, _ in families]

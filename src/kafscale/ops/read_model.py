@@ -82,6 +82,37 @@ class OwnedPartition:
     segment_bytes: int  # their bytes in the object store (what DescribeLogDirs reports)
 
 
+class ShareCounts(Protocol):
+    """What the share partitions served here did (records; share/partition.py ShareCounters)."""
+
+    acquired: int
+    redelivered: int
+    acknowledged: dict[str, int]  # by acknowledge type: accept, release, reject, gap, renew
+    lock_timeouts: int
+    archived: dict[str, int]  # by why: rejected, delivery_limit, gap
+    released: dict[str, int]  # by why: session_closed, member_left
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionView:
+    """One share partition (a share group's view of a partition) served here."""
+
+    group: str
+    topic: str
+    partition: int
+    start_offset: int  # the SPSO
+    in_flight: int  # records from the start offset to the end of what was acquired
+    acquired: int  # ... held by a consumer now
+
+
+@dataclass(frozen=True, slots=True)
+class ShareState:
+    counts: ShareCounts
+    state_writes: int  # share-partition documents written to the metadata store
+    sessions: int  # open share sessions
+    partitions: list[SharePartitionView]
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerState:
     """One scrape's view of the broker."""
@@ -98,6 +129,7 @@ class BrokerState:
     partitions: list[OwnedPartition]  # the owned, loaded partition logs
     group_states: dict[str, str]  # group -> state (Kafka's spelling) of the groups in memory here
     metadata_snapshot_age_s: float | None  # None: no snapshot known
+    share: ShareState | None = None  # share groups' partitions served here
 
 
 class BrokerReadModel(Protocol):

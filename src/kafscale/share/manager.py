@@ -36,7 +36,7 @@ from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import group_config
 from kafscale.metadata.store import ConflictError
 from kafscale.protocol import records as batches
-from kafscale.share.partition import Ack, Acquired, LogBatch, SharePartition
+from kafscale.share.partition import Ack, Acquired, LogBatch, ShareCounters, SharePartition
 from kafscale.share.sessions import ShareSession, ShareSessionCache
 from kafscale.share.settings import ShareGroupSettings, ShareSettings
 from kafscale.storage.failures import STORE_FAILURES
@@ -79,7 +79,8 @@ class SharePartitionManager:
         self._timer_at: float | None = None
         self._tasks: set[asyncio.Task] = set()
         self._released: set[asyncio.Future] = set()  # long polls waiting for redeliverable records
-        self.writes = 0  # state documents written (bench/ reads it)
+        self.writes = 0  # state documents written (bench/ and /metrics read it)
+        self.counters = ShareCounters()  # of every share partition served here (/metrics)
         # A group's current member ids as stored by its coordinator (None: no such share
         # group); set by the broker. Holders of records that are not among them are released.
         self.members_of: Callable[[str], Awaitable[set[str] | None]] | None = None
@@ -116,7 +117,7 @@ class SharePartitionManager:
                 doc = None  # the state of a deleted topic of the same name: start over (over its version)
             if doc is None:
                 start = await self._start_offset(lg, settings.auto_offset_reset)
-                sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks)
+                sp = SharePartition(start, settings.delivery_count_limit, settings.partition_max_record_locks, self.counters)
                 try:
                     version = await self.metadata.put_share_state(group_id, topic, partition,
                                                                   dict(sp.to_doc(), topic_id=topic_id), version)
@@ -126,12 +127,14 @@ class SharePartitionManager:
                     doc, version = await self.metadata.get_share_state(group_id, topic, partition)
                     if doc is None:
                         raise
-                    sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks)
+                    sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks,
+                                                 self.counters)
                 else:
                     log.info("share group %s: %s-%d starts at offset %d (%s)", group_id, topic, partition, start,
                              settings.auto_offset_reset)
             else:
-                sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks)
+                sp = SharePartition.from_doc(doc, settings.delivery_count_limit, settings.partition_max_record_locks,
+                                             self.counters)
             entry = _Entry(sp, version, lg.leader_epoch, topic_id)
             self.partitions[key] = entry
             return entry
@@ -241,9 +244,9 @@ class SharePartitionManager:
 
     async def close_session(self, session: ShareSession) -> None:
         """A share session closed: the member's acquired records in its partitions go back."""
-        await self.member_left(*session.key, why="closed its session")
+        await self.member_left(*session.key, why="closed its session", cause="session_closed")
 
-    async def member_left(self, group_id: str, member_id: str, why: str = "left the group") -> int:
+    async def member_left(self, group_id: str, member_id: str, why: str = "left the group", cause: str = "member_left") -> int:
         """The member's acquired records in every share partition of the group served here
         go back at once, delivery counts kept (one that reached the limit is archived), as
         Kafka releases them when a member's share session ends; how many."""
@@ -252,6 +255,7 @@ class SharePartitionManager:
             if g == group_id:
                 async with entry.lock:
                     released += entry.sp.release_member(member_id)
+        self.counters.released[cause] += released
         if released:
             log.info("share group %s: member %s %s, %d records released", group_id, member_id, why, released)
             self._wake()

@@ -33,7 +33,7 @@ Apache Kafka's SharePartition is the reference:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from kafscale.errors import ErrorCode, KafkaError
@@ -56,6 +56,19 @@ class AckType(IntEnum):
 
 
 DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+
+
+@dataclass(slots=True)
+class ShareCounters:
+    """What share partitions did, summed over the ones that share this object (a broker's:
+    /metrics reads them). Records, not requests."""
+
+    acquired: int = 0  # acquisitions (each one delivery)
+    redelivered: int = 0  # ... of records delivered before
+    acknowledged: dict[str, int] = field(default_factory=lambda: {t.name.lower(): 0 for t in AckType})  # by type
+    lock_timeouts: int = 0  # acquisition locks that ran out
+    archived: dict[str, int] = field(default_factory=lambda: dict(rejected=0, delivery_limit=0, gap=0))  # by why
+    released: dict[str, int] = field(default_factory=lambda: dict(session_closed=0, member_left=0))  # by why (the driver's)
 
 
 @dataclass(slots=True)
@@ -91,12 +104,14 @@ class Ack:
 
 
 class SharePartition:
-    def __init__(self, start_offset: int, delivery_count_limit: int = 5, max_in_flight: int = 2_000):
+    def __init__(self, start_offset: int, delivery_count_limit: int = 5, max_in_flight: int = 2_000,
+                 counters: ShareCounters | None = None):
         self.spso = start_offset
         self.end = start_offset
         self.records: dict[int, InFlight] = {}
         self.delivery_count_limit = delivery_count_limit
         self.max_in_flight = max_in_flight
+        self.counters = counters if counters is not None else ShareCounters()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -117,6 +132,10 @@ class SharePartition:
 
     def in_flight(self) -> int:
         return self.end - self.spso
+
+    def acquired(self) -> int:
+        """Records held by a consumer now."""
+        return sum(1 for r in self.records.values() if r.state is RecordState.ACQUIRED)
 
     def counts(self) -> dict[str, int]:
         """Records in flight by state (gaps counted as archived)."""
@@ -174,6 +193,9 @@ class SharePartition:
     def _acquire_one(self, r: InFlight, member_id: str, deadline: float) -> None:
         r.state, r.member_id, r.deadline = RecordState.ACQUIRED, member_id, deadline
         r.delivery_count += 1
+        self.counters.acquired += 1
+        if r.delivery_count > 1:
+            self.counters.redelivered += 1
 
     def _ranges(self, offsets: list[int], cuts: set[int] = frozenset(), batch_size: int = 0) -> list[Acquired]:
         """Contiguous offsets of one delivery count as ranges; a range of `batch_size` or more
@@ -211,8 +233,10 @@ class SharePartition:
                                      f"offset {offset} is not acquired by member {member_id}")
                 planned.append((offset, kind))
         changed = False
+        by_type = self.counters.acknowledged
         for offset, kind in planned:
             r = self.records[offset]
+            by_type[AckType(kind).name.lower()] += 1
             if kind == AckType.RENEW:
                 r.deadline = now + lock_ms
                 continue
@@ -223,6 +247,7 @@ class SharePartition:
                 self._release(r)
             else:  # REJECT, GAP
                 self._finish(r, RecordState.ARCHIVED)
+                self.counters.archived["rejected" if kind == AckType.REJECT else "gap"] += 1
         self._advance()
         return changed
 
@@ -230,7 +255,11 @@ class SharePartition:
         r.state, r.member_id, r.deadline = state, None, 0.0
 
     def _release(self, r: InFlight) -> None:
-        self._finish(r, RecordState.ARCHIVED if r.delivery_count >= self.delivery_count_limit else RecordState.AVAILABLE)
+        if r.delivery_count >= self.delivery_count_limit:
+            self._finish(r, RecordState.ARCHIVED)
+            self.counters.archived["delivery_limit"] += 1
+        else:
+            self._finish(r, RecordState.AVAILABLE)
 
     def holders(self) -> set[str]:
         """The members holding acquired records."""
@@ -250,6 +279,7 @@ class SharePartition:
         due = [r for r in self.records.values() if r.state is RecordState.ACQUIRED and r.deadline <= now]
         for r in due:
             self._release(r)
+        self.counters.lock_timeouts += len(due)
         self._advance()
         return len(due)
 
@@ -298,8 +328,9 @@ class SharePartition:
         return dict(start_offset=self.spso, end_offset=self.end, records=runs)
 
     @classmethod
-    def from_doc(cls, doc: dict, delivery_count_limit: int = 5, max_in_flight: int = 2_000) -> "SharePartition":
-        sp = cls(doc["start_offset"], delivery_count_limit, max_in_flight)
+    def from_doc(cls, doc: dict, delivery_count_limit: int = 5, max_in_flight: int = 2_000,
+                 counters: ShareCounters | None = None) -> "SharePartition":
+        sp = cls(doc["start_offset"], delivery_count_limit, max_in_flight, counters)
         sp.end = doc.get("end_offset", sp.spso)
         for first, last, state, count in doc.get("records", []):
             if state == RecordState.AVAILABLE and count >= delivery_count_limit:
