@@ -22,6 +22,7 @@ from confluent_kafka.admin import (
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.raw import RawClient, decode_response, encode_request, error_code, req
+from tests.support.versions import api_range, broker_log_errors, each_version
 
 TOPIC_DEFAULTS = {
     "retention.ms": "604800000",
@@ -360,37 +361,9 @@ def test_api_versions_unsupported_version_gets_v0_error(broker):
 # error responses in every advertised version (Java clients use the newest ones)
 
 
-def api_range(api_key: int) -> tuple[int, int]:
-    from kafscale.broker.router import build_router
-
-    from kafscale.protocol.codec import kio_versions
-
-    a = build_router().apis[api_key]
-    return max(a.min_version, kio_versions(api_key)[0]), a.max_version  # old versions: test_old_versions.py
-
-
-def broker_log_errors(b, lines: int = 6) -> str:
-    """The last distinct ERROR / connection-closing lines of a broker's log."""
-    seen, out = set(), []
-    for line in reversed(b.log_text().splitlines()):
-        if ("ERROR" in line or "closing connection" in line or line.startswith("TypeError")) and line[24:] not in seen:
-            seen.add(line[24:])
-            out.append(line)
-            if len(out) == lines:
-                break
-    return "\n".join(reversed(out))
-
-
 def per_version(api_key: int, check, b=None) -> None:
     lo, hi = api_range(api_key)
-    failures = {}
-    for v in range(lo, hi + 1):
-        try:
-            check(v)
-        except Exception as e:  # noqa: BLE001 - collected and reported below
-            failures[v] = repr(e)[:200]
-    log = f"\nbroker log:\n{broker_log_errors(b)}" if failures and b is not None else ""
-    assert not failures, f"api {api_key}: failing versions {failures}{log}"
+    each_version(range(lo, hi + 1), check, b, f"api {api_key}: ")
 
 
 def _create_topics(bootstrap: str, v: int, name: str, configs: dict | None = None, validate_only: bool = False) -> int:

@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.raw import ConnectionClosed, RawClient, encode_request, error_code, req
+from tests.support.versions import api_range, each_version
 
 CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE = 2, 3, 10
 INVALID_TOPIC_EXCEPTION, UNSUPPORTED_FOR_MESSAGE_FORMAT, INVALID_RECORD = 17, 43, 87
@@ -327,40 +328,6 @@ def test_produce_batch_over_max_message_bytes(broker, healthy, topic_name):
 # unknown topics, partitions, names
 
 
-def api_range(api_key: int) -> tuple[int, int]:
-    from kafscale.broker.router import build_router
-
-    from kafscale.protocol.codec import kio_versions
-
-    a = build_router().apis[api_key]
-    return max(a.min_version, kio_versions(api_key)[0]), a.max_version  # old versions: test_old_versions.py
-
-
-def broker_log_errors(b, lines: int = 6) -> str:
-    """The last distinct ERROR / connection-closing lines of a broker's log."""
-    seen, out = set(), []
-    for line in reversed(b.log_text().splitlines()):
-        if ("ERROR" in line or "closing connection" in line or line.startswith("TypeError")) and line[24:] not in seen:
-            seen.add(line[24:])
-            out.append(line)
-            if len(out) == lines:
-                break
-    return "\n".join(reversed(out))
-
-
-def per_version(versions, check, b=None) -> None:
-    """Run check(v) for every version; report every failing version at once (with the
-    broker's recent errors, when a broker is given)."""
-    failures = {}
-    for v in versions:
-        try:
-            check(v)
-        except Exception as e:  # noqa: BLE001 - collected and reported below
-            failures[v] = repr(e)[:200]
-    log = f"\nbroker log:\n{broker_log_errors(b)}" if failures and b is not None else ""
-    assert not failures, f"failing versions: {failures}{log}"
-
-
 def test_unknown_topic_with_auto_create_off(broker_factory):
     b = broker_factory(extra_args=["--auto-create-topics", "false"])
     lo, hi = api_range(3)
@@ -372,7 +339,7 @@ def test_unknown_topic_with_auto_create_off(broker_factory):
             [t] = md.topics
             assert t.name == topic and error_code(t.error_code) == UNKNOWN_TOPIC_OR_PARTITION and len(t.partitions) == 0
 
-    per_version(range(lo, hi + 1), metadata, b)
+    each_version(range(lo, hi + 1), metadata, b)
     topic = "never-created"
     with RawClient(b.bootstrap) as c:
         r = c.produce(topic, 0, build_batch([(None, b"x")], timestamp=now_ms()))
@@ -412,7 +379,7 @@ def test_invalid_topic_name_metadata(broker, healthy, name):
             [t] = md.topics
             assert error_code(t.error_code) == INVALID_TOPIC_EXCEPTION and len(t.partitions) == 0
 
-    per_version(range(lo, hi + 1), metadata, broker)
+    each_version(range(lo, hi + 1), metadata, broker)
     healthy.check()
 
 
@@ -426,7 +393,7 @@ def test_invalid_topic_name_create_and_produce(broker, healthy):
             resp = c.request(19, v, req(19, v, topics=(ct,), timeout=5000, validate_only=False))
             assert error_code(resp.topics[0].error_code) == INVALID_TOPIC_EXCEPTION
 
-    per_version(range(lo, hi + 1), create, broker)
+    each_version(range(lo, hi + 1), create, broker)
     with RawClient(broker.bootstrap) as c:
         r = c.produce(name, 0, build_batch([(None, b"x")], timestamp=now_ms()))
         assert error_code(r.error_code) in (UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION)
@@ -469,7 +436,7 @@ def test_unknown_partition_every_version(broker, healthy, topic_name):
 
     for key, check, cap in ((0, produce, 12), (1, fetch, 12), (2, list_offsets, 99), (21, delete_records, 99), (23, epoch, 99)):
         lo, hi = api_range(key)
-        per_version(range(lo, min(hi, cap) + 1), check, broker)
+        each_version(range(lo, min(hi, cap) + 1), check, broker)
     with RawClient(broker.bootstrap) as c:
         assert c.list_offsets(topic_name, 0, LATEST).offset == 0
     healthy.check()

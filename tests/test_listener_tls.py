@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import urllib.request
 
 import pytest
@@ -22,7 +21,7 @@ from kafscale.broker.config import BrokerConfig
 from kafscale.security import certs
 from kafscale.security.tls import TlsConfigError, TlsSettings, listener_settings, parse_listener_ssl, password_env
 from tests.support.broker import BrokerProcess, free_port
-from tests.support.clients import confluent_roundtrip
+from tests.support.clients import confluent_roundtrip, kcat_roundtrip
 from tests.support.wait import wait_until
 from tests.test_tls_stores import handshake, write_encrypted_key
 
@@ -166,9 +165,7 @@ def test_kcat_on_both(two_listeners):
     mtls = ["-b", f"127.0.0.1:{internal}", "-X", "security.protocol=SSL", "-X", f"ssl.ca.location={p['int_ca']}",
             "-X", f"ssl.certificate.location={p['svc_cert']}", "-X", f"ssl.key.location={p['svc_key']}"]
     public = ["-b", f"127.0.0.1:{external}", "-X", "security.protocol=SSL", "-X", f"ssl.ca.location={p['pub_ca']}"]
-    subprocess.run(["kcat", "-P", *mtls, "-t", "lt-kcat"], input=b"one\ntwo\n", check=True, timeout=30)
-    out = subprocess.run(["kcat", "-C", *public, "-t", "lt-kcat", "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
-    assert out.stdout.split() == [b"one", b"two"]
+    assert kcat_roundtrip(mtls, "lt-kcat", public) == [b"one", b"two"]
 
 
 def test_one_listeners_certificate_reloads_alone(two_listeners):

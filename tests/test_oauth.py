@@ -18,6 +18,7 @@ from joserfc.jwk import RSAKey
 from kafscale.security.oauth import JwtSettings, JwtValidator, parse_client_message
 from kafscale.security.sasl import SaslError
 from tests.support.broker import BrokerProcess, free_port
+from tests.support.clients import kcat_roundtrip
 from tests.support.wait import wait_until
 
 KEY = RSAKey.generate_key(2048, parameters={"kid": "test-1"})
@@ -286,10 +287,7 @@ def test_kcat_oauthbearer(oauth_broker, jwks):
         "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{port}", "--sasl-mechanisms", "OAUTHBEARER",
         "--oauth-jwks", jwks, "--oauth-allow-unsecured", "true"]).start()
     try:
-        subprocess.run(["kcat", "-P", *_kcat_unsecured(port, "kcat-user"), "-t", "oauth-kcat"], input=b"one\ntwo\n", check=True, timeout=30)
-        out = subprocess.run(["kcat", "-C", *_kcat_unsecured(port, "kcat-user"), "-t", "oauth-kcat", "-e", "-f", "%s\n"],
-                             capture_output=True, check=True, timeout=30)
-        assert out.stdout.split() == [b"one", b"two"]
+        assert kcat_roundtrip(_kcat_unsecured(port, "kcat-user"), "oauth-kcat") == [b"one", b"two"]
         assert "authenticated User:kcat-user with SASL OAUTHBEARER" in dev.log_text()
     finally:
         dev.stop()

@@ -7,10 +7,8 @@ token) closes that connection with one log line; KIP-368 re-authentication."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -24,7 +22,7 @@ from kafscale.errors import ErrorCode
 from kafscale.security import certs
 from tests.support import raw
 from tests.support.broker import BrokerProcess, free_port
-from tests.support.clients import confluent_roundtrip
+from tests.support.clients import aiokafka_roundtrip, confluent_roundtrip, kafka_python_roundtrip, kcat_roundtrip
 from tests.support.wait import wait_until
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
@@ -88,49 +86,18 @@ def test_confluent_kafka_sasl_plaintext_scram(env):
 
 @pytest.mark.parametrize("mechanism, user, password", [("PLAIN", "alice", "alice-secret"), ("SCRAM-SHA-512", "carol", "carol-secret")])
 def test_kafka_python_sasl_ssl(env, mechanism, user, password):
-    from kafka import KafkaConsumer, KafkaProducer
-
     common = dict(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL", ssl_cafile=env["paths"]["ca"],
                   sasl_mechanism=mechanism, sasl_plain_username=user, sasl_plain_password=password)
-    topic = f"sasl-kp-{mechanism.lower()}"
-    p = KafkaProducer(**common)
-    for i in range(3):
-        p.send(topic, f"kp-{i}".encode()).get(20)
-    p.close()
-    c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
-    got = [m.value for _, m in zip(range(3), c)]
-    c.close()
-    assert got == [b"kp-0", b"kp-1", b"kp-2"]
+    assert kafka_python_roundtrip(f"sasl-kp-{mechanism.lower()}", **common) == [b"kp-0", b"kp-1", b"kp-2"]
 
 
 def test_aiokafka_sasl_ssl_scram_sha_256(env):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.helpers import create_ssl_context
 
-    async def run() -> list[bytes]:
-        common = dict(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL",
-                      ssl_context=create_ssl_context(cafile=env["paths"]["ca"]), sasl_mechanism="SCRAM-SHA-256",
-                      sasl_plain_username="bob", sasl_plain_password="bob-secret")
-        p = AIOKafkaProducer(**common)
-        await p.start()
-        try:
-            for i in range(3):
-                await p.send_and_wait("sasl-aiokafka", f"ak-{i}".encode())
-        finally:
-            await p.stop()
-        c = AIOKafkaConsumer("sasl-aiokafka", auto_offset_reset="earliest", **common)
-        await c.start()
-        try:
-            out = []
-            while len(out) < 3:
-                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 20)
-                for msgs in batch.values():
-                    out += [m.value for m in msgs]
-            return out
-        finally:
-            await c.stop()
-
-    assert asyncio.run(run()) == [b"ak-0", b"ak-1", b"ak-2"]
+    common = dict(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL",
+                  ssl_context=create_ssl_context(cafile=env["paths"]["ca"]), sasl_mechanism="SCRAM-SHA-256",
+                  sasl_plain_username="bob", sasl_plain_password="bob-secret")
+    assert aiokafka_roundtrip("sasl-aiokafka", **common) == [b"ak-0", b"ak-1", b"ak-2"]
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make test installs it)")
@@ -143,9 +110,7 @@ def test_kcat_sasl_ssl(env, mechanism, user, password):
     topic = f"sasl-kcat-{mechanism.lower()}"
     args = ["-b", f"127.0.0.1:{env['sasl_ssl']}", "-X", "security.protocol=SASL_SSL", "-X", f"ssl.ca.location={env['paths']['ca']}",
             "-X", f"sasl.mechanisms={mechanism}", "-X", f"sasl.username={user}", "-X", f"sasl.password={password}"]
-    subprocess.run(["kcat", "-P", *args, "-t", topic], input=b"one\ntwo\n", check=True, timeout=30)
-    out = subprocess.run(["kcat", "-C", *args, "-t", topic, "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
-    assert out.stdout.split() == [b"one", b"two"]
+    assert kcat_roundtrip(args, topic) == [b"one", b"two"]
 
 
 @pytest.mark.parametrize("mechanism, user", [("PLAIN", "alice"), ("SCRAM-SHA-256", "bob"), ("SCRAM-SHA-512", "carol"), ("SCRAM-SHA-512", "nobody")])
@@ -154,7 +119,10 @@ def test_wrong_password_fails_with_authentication_error(env, mechanism, user):
     failed_before = _metric(env, f'kafscale_sasl_authentications_total{{mechanism="{mechanism}",result="failed"}}')
     errors = []
     p = Producer({**_conf(env, mechanism, user, "wrong"), "error_cb": errors.append})
-    wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "an authentication error")
+    try:
+        wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "an authentication error")
+    finally:
+        p.close()  # a refused client left retrying slows every later login from this address
     assert any("Authentication failed" in e.str() for e in errors), [e.str() for e in errors]
     assert f"SASL {mechanism} authentication from 127.0.0.1" in b.log_text()
     wait_until(lambda: _metric(env, f'kafscale_sasl_authentications_total{{mechanism="{mechanism}",result="failed"}}') > failed_before, 10, "the failure counted")
@@ -164,10 +132,20 @@ def test_kafka_python_wrong_password(env):
     from kafka import KafkaProducer
     from kafka.errors import KafkaError as KPError
 
-    with pytest.raises(KPError):
-        KafkaProducer(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL", ssl_cafile=env["paths"]["ca"],
+    failed = 'kafscale_sasl_authentications_total{mechanism="SCRAM-SHA-512",result="failed"}'
+    failed_before = _metric(env, failed)
+    # With api_version given the constructor does not bootstrap (retrying the refusal for
+    # bootstrap_timeout_ms, 30 s: each retry one more refusal from this address, which
+    # slows every later login from it); the send fails instead, and the client is closed.
+    p = KafkaProducer(bootstrap_servers=f"127.0.0.1:{env['sasl_ssl']}", security_protocol="SASL_SSL", ssl_cafile=env["paths"]["ca"],
                       sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="carol", sasl_plain_password="nope",
-                      max_block_ms=5000).send("x", b"v").get(10)
+                      api_version=(2, 8), max_block_ms=5000)
+    try:
+        with pytest.raises(KPError):
+            p.send("x", b"v").get(10)
+    finally:
+        p.close(timeout=5)
+    assert _metric(env, failed) > failed_before  # refused by the broker, not timed out unanswered
 
 
 # -- bad input ----------------------------------------------------------------------------
@@ -262,7 +240,10 @@ def test_scram_credentials_admin(env):
     admin.alter_user_scram_credentials([UserScramCredentialDeletion("erin", ScramMechanism.SCRAM_SHA_512)])["erin"].result(10)
     errors = []
     p = Producer({**_conf(env, "SCRAM-SHA-512", "erin", "erin-pw"), "error_cb": errors.append})
-    wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "erin refused after deletion")
+    try:
+        wait_until(lambda: p.poll(0.2) is not None and any(e.code() == KafkaError._AUTHENTICATION for e in errors), 15, "erin refused after deletion")
+    finally:
+        p.close()  # (as above: no refused client left retrying)
 
 
 def test_users_add_cli(env, tmp_path):
@@ -277,9 +258,12 @@ def test_reauthentication_kip368(tmp_path):
     users = tmp_path / "users.txt"
     users.write_text("alice:alice-secret\n")
     plain, sasl = free_port(), free_port()
+    # librdkafka re-authenticates at 90% of the session: 4 s leave it 400 ms on a busy
+    # machine (1.5 s left 150 ms, and a loaded run saw the session expire first)
+    lifetime_s = 4.0
     b = BrokerProcess(port=plain, extra_args=[
         "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--connections-max-reauth-ms", "1500"]).start()
+        "--connections-max-reauth-ms", str(int(lifetime_s * 1000))]).start()
     try:
         conf = {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
                 "sasl.username": "alice", "sasl.password": "alice-secret"}
@@ -292,7 +276,7 @@ def test_reauthentication_kip368(tmp_path):
             sent.append(1)
             return "(re-authentication)" in b.log_text()
 
-        # librdkafka re-authenticates on its own before the 1.5 s session ends, and
+        # librdkafka re-authenticates on its own before the session ends, and
         # producing goes on over the same connection.
         wait_until(produce_one, 20, "a re-authentication while producing", interval=0.3)
         assert "expired" not in b.log_text()
@@ -300,8 +284,8 @@ def test_reauthentication_kip368(tmp_path):
         with raw.RawClient(f"127.0.0.1:{sasl}") as c:
             assert _handshake(c, "PLAIN").error_code == ErrorCode.none
             resp = _authenticate(c, b"\x00alice\x00alice-secret")
-            assert resp.session_lifetime.total_seconds() == 1.5
-            time.sleep(1.6)  # let the session end: the point of this check
+            assert resp.session_lifetime.total_seconds() == lifetime_s
+            time.sleep(lifetime_s + 0.1)  # let the session end: the point of this check
             c.send_request(3, 12, raw.req(3, 12, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False))
             assert c.wait_closed(5)
         wait_until(lambda: "expired (connections.max.reauth.ms)" in b.log_text(), 5, "the expiry logged")

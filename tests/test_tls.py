@@ -5,7 +5,6 @@ client on the plaintext port are one log line each; certificates reload without 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -19,7 +18,7 @@ from kafscale.security import certs
 from kafscale.security.principal import PrincipalMappingError, certificate_subject, from_certificate, map_name, parse_rules
 from kafscale.security.tls import ReloadingContext, TlsConfigError, TlsSettings
 from tests.support.broker import BrokerProcess, free_port
-from tests.support.clients import confluent_roundtrip
+from tests.support.clients import aiokafka_roundtrip, confluent_roundtrip, kafka_python_roundtrip, kcat_roundtrip
 from tests.support.wait import wait_until
 
 # -- pure parts ---------------------------------------------------------------------------
@@ -104,50 +103,18 @@ def test_confluent_kafka_over_ssl_and_mtls(tls_env):
 
 
 def test_kafka_python_over_ssl(tls_env):
-    from kafka import KafkaConsumer, KafkaProducer
-
     _b, tls, paths, _other = tls_env
     common = dict(bootstrap_servers=f"127.0.0.1:{tls}", security_protocol="SSL", ssl_cafile=paths["ca"],
                   ssl_certfile=paths["alice_cert"], ssl_keyfile=paths["alice_key"])
-    p = KafkaProducer(**common)
-    for i in range(3):
-        p.send("tls-kafka-python", f"kp-{i}".encode()).get(20)
-    p.close()
-    c = KafkaConsumer("tls-kafka-python", auto_offset_reset="earliest", consumer_timeout_ms=15000, **common)
-    got = [m.value for _, m in zip(range(3), c)]
-    c.close()
-    assert got == [b"kp-0", b"kp-1", b"kp-2"]
+    assert kafka_python_roundtrip("tls-kafka-python", **common) == [b"kp-0", b"kp-1", b"kp-2"]
 
 
 def test_aiokafka_over_ssl(tls_env):
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.helpers import create_ssl_context
 
     _b, tls, paths, _other = tls_env
-
-    async def run() -> list[bytes]:
-        ctx = create_ssl_context(cafile=paths["ca"])
-        p = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{tls}", security_protocol="SSL", ssl_context=ctx)
-        await p.start()
-        try:
-            for i in range(3):
-                await p.send_and_wait("tls-aiokafka", f"ak-{i}".encode())
-        finally:
-            await p.stop()
-        c = AIOKafkaConsumer("tls-aiokafka", bootstrap_servers=f"127.0.0.1:{tls}", security_protocol="SSL", ssl_context=ctx,
-                             auto_offset_reset="earliest")
-        await c.start()
-        try:
-            out = []
-            while len(out) < 3:
-                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 20)
-                for msgs in batch.values():
-                    out += [m.value for m in msgs]
-            return out
-        finally:
-            await c.stop()
-
-    assert asyncio.run(run()) == [b"ak-0", b"ak-1", b"ak-2"]
+    common = dict(bootstrap_servers=f"127.0.0.1:{tls}", security_protocol="SSL", ssl_context=create_ssl_context(cafile=paths["ca"]))
+    assert aiokafka_roundtrip("tls-aiokafka", **common) == [b"ak-0", b"ak-1", b"ak-2"]
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat not installed (make test installs it)")
@@ -155,9 +122,7 @@ def test_kcat_over_ssl(tls_env):
     _b, tls, paths, _other = tls_env
     args = ["-b", f"127.0.0.1:{tls}", "-X", "security.protocol=SSL", "-X", f"ssl.ca.location={paths['ca']}",
             "-X", f"ssl.certificate.location={paths['alice_cert']}", "-X", f"ssl.key.location={paths['alice_key']}"]
-    subprocess.run(["kcat", "-P", *args, "-t", "tls-kcat"], input=b"one\ntwo\n", check=True, timeout=30)
-    out = subprocess.run(["kcat", "-C", *args, "-t", "tls-kcat", "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
-    assert out.stdout.split() == [b"one", b"two"]
+    assert kcat_roundtrip(args, "tls-kcat") == [b"one", b"two"]
 
 
 def test_untrusted_certificates_fail_with_the_clients_error(tls_env):

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from kafscale.security import certs
 from kafscale.security.tls import ReloadingContext, TlsConfigError, TlsSettings, server_context
 from tests.support.broker import REPO, BrokerProcess, free_port
-from tests.support.clients import confluent_roundtrip
+from tests.support.clients import confluent_roundtrip, kcat_roundtrip
 from tests.support.wait import wait_until
 
 KEY_PW, STORE_PW, TRUST_PW = "k3y-pass-word", "st0re-pass-word", "tru5t-pass-word"
@@ -247,9 +247,7 @@ def test_kcat_and_keystore_reload(p12_broker, pki):
     b, tls, keystore = p12_broker
     args = ["-b", f"127.0.0.1:{tls}", "-X", "security.protocol=SSL", "-X", f"ssl.ca.location={pki['ca']}",
             "-X", f"ssl.certificate.location={pki['alice_cert']}", "-X", f"ssl.key.location={pki['alice_key']}"]
-    subprocess.run(["kcat", "-P", *args, "-t", "p12-kcat"], input=b"one\ntwo\n", check=True, timeout=30)
-    out = subprocess.run(["kcat", "-C", *args, "-t", "p12-kcat", "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
-    assert out.stdout.split() == [b"one", b"two"]
+    assert kcat_roundtrip(args, "p12-kcat") == [b"one", b"two"]
     # a new keystore (a certificate from another CA, same password) is served from the next handshake on
     alice = (pki["alice_cert"], pki["alice_key"])
     saved = open(keystore, "rb").read()

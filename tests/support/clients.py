@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import threading
 
 from confluent_kafka import Consumer, Producer
@@ -29,6 +31,56 @@ def confluent_roundtrip(conf: dict, topic: str, n: int = 3) -> list[bytes]:
     finally:
         c.close()
     return got
+
+
+def kafka_python_roundtrip(topic: str, n: int = 3, **conf) -> list[bytes]:
+    """kafka-python's producer sends kp-0..kp-{n-1} to `topic` under `conf` (connection
+    settings), its consumer of the same conf reads them back from the beginning."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    p = KafkaProducer(**conf)
+    for i in range(n):
+        p.send(topic, f"kp-{i}".encode()).get(20)
+    p.close()
+    c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=15000, **conf)
+    got = [m.value for _, m in zip(range(n), c)]
+    c.close()
+    return got
+
+
+def aiokafka_roundtrip(topic: str, n: int = 3, **conf) -> list[bytes]:
+    """aiokafka's producer sends ak-0..ak-{n-1} to `topic` under `conf` (connection
+    settings), its consumer of the same conf reads them back from the beginning."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    async def run() -> list[bytes]:
+        p = AIOKafkaProducer(**conf)
+        await p.start()
+        try:
+            for i in range(n):
+                await p.send_and_wait(topic, f"ak-{i}".encode())
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(topic, auto_offset_reset="earliest", **conf)
+        await c.start()
+        try:
+            out: list[bytes] = []
+            while len(out) < n:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 20)
+                out += [m.value for msgs in batch.values() for m in msgs]
+            return out
+        finally:
+            await c.stop()
+
+    return asyncio.run(run())
+
+
+def kcat_roundtrip(args: list[str], topic: str, read_args: list[str] | None = None) -> list[bytes]:
+    """kcat with connection `args` produces "one" and "two" to `topic`; kcat with
+    `read_args` (default: the same) reads the topic to its end."""
+    subprocess.run(["kcat", "-P", *args, "-t", topic], input=b"one\ntwo\n", check=True, timeout=30)
+    out = subprocess.run(["kcat", "-C", *(read_args or args), "-t", topic, "-e", "-f", "%s\n"], capture_output=True, check=True, timeout=30)
+    return out.stdout.split()
 
 
 class AckedLoad:
