@@ -278,10 +278,11 @@ def test_groups_list_describe_consumer_protocol(broker, topic_name):
         assert m["client"] == "member-k" and m["assignment"] == m["target_assignment"] == [f"{topic_name}-0", f"{topic_name}-1"]
         # epochs from the coordinator's ConsumerGroupDescribe: a stable member is at the group's epoch
         assert doc["group_epoch"] >= 1 and doc["assignment_epoch"] == doc["group_epoch"] and m["member_epoch"] == doc["group_epoch"]
+        assert m["member_protocol"] == "consumer"
         text = ok(cli(broker, "groups", "describe", group))
         assert "Protocol: consumer" in text and f"Group epoch: {doc['group_epoch']}   Target assignment epoch: {doc['group_epoch']}" in text
         [member_row] = [r for r in rows(text) if r and r[0] == m["member"]]
-        assert member_row[1:2] == [str(doc["group_epoch"])] and member_row[-2:] == [f"{topic_name}-0,{topic_name}-1"] * 2
+        assert member_row[1:3] == [str(doc["group_epoch"]), "consumer"] and member_row[-2:] == [f"{topic_name}-0,{topic_name}-1"] * 2
     finally:
         c.close()
 

@@ -5,6 +5,7 @@ and back while a producer runs, and the migration policy refusing it."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 
@@ -20,6 +21,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from tests.support.group_members import Ledger, Member  # noqa: E402
+from tests.test_admin_cli import cli, ok  # noqa: E402
 
 PARTITIONS = 4
 HEARTBEAT, DESCRIBE = 68, 69
@@ -140,6 +142,9 @@ def test_rolling_upgrade_to_the_consumer_protocol_and_back(migrating_broker, ass
         wait_until(lambda: split_between(b.member, a2.member) and reading(a2.member), 60,
                    "the classic and the consumer-protocol member sharing the partitions")
         assert group_type(bootstrap, group) == "consumer" and member_types(bootstrap, group) == [0, 1]
+        # kafscale groups describe tells the two kinds of member apart.
+        doc = json.loads(ok(cli(migrating_broker, "groups", "describe", group, "--json")))
+        assert sorted(m["member_protocol"] for m in doc["members"]) == ["classic", "consumer"]
 
         b.leave()  # a classic member leaving a consumer group
         b2 = start("b-consumer", "consumer")

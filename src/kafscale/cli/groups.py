@@ -110,17 +110,27 @@ def _latest(admin, args, tps) -> dict[tuple[str, int], int]:
 
 
 def _epochs(args, desc, group: str):
-    """(group epoch, target assignment epoch, {member id: member epoch}) of a consumer-protocol
-    group from its coordinator's ConsumerGroupDescribe (librdkafka's describe does not give
-    epochs); None, with a note why, when it cannot be asked."""
+    """(group epoch, target assignment epoch, {member id: (member epoch, its protocol)}) of a
+    consumer-protocol group from its coordinator's ConsumerGroupDescribe (librdkafka's
+    describe does not give epochs); the protocol ("classic" for a classic member inside the
+    group, KIP-848's migration) needs v1 (Kafka 4.0), else None. None, with a note why, when
+    it cannot be asked."""
     from kafscale.client import UnsupportedSecurity
     from kafscale.errors import ErrorCode
     from kafscale.protocol.api_keys import ApiKey
 
     node = desc.coordinator
     try:
-        [g] = _request(args, node.host, node.port, ApiKey.CONSUMER_GROUP_DESCRIBE, 0, group_ids=(group,),
-                       include_authorized_operations=False).groups
+        for version in (1, 0):
+            try:
+                [g] = _request(args, node.host, node.port, ApiKey.CONSUMER_GROUP_DESCRIBE, version, group_ids=(group,),
+                               include_authorized_operations=False).groups
+                break
+            except UnsupportedSecurity:
+                raise
+            except Exception:  # noqa: BLE001 - a broker before Kafka 4.0 has v0 only: ask that
+                if version == 0:
+                    raise
     except UnsupportedSecurity as e:
         note(f"member epochs not shown: the CLI cannot ask with {e}")
         return None
@@ -130,7 +140,9 @@ def _epochs(args, desc, group: str):
     if g.error_code != ErrorCode.none:
         note(f"member epochs not shown: the coordinator answered {ErrorCode(g.error_code).name.upper()}")
         return None
-    return g.group_epoch, g.assignment_epoch, {m.member_id: m.member_epoch for m in g.members}
+    kinds = {0: "classic", 1: "consumer"}
+    return g.group_epoch, g.assignment_epoch, {m.member_id: (m.member_epoch, kinds.get(getattr(m, "member_type", None)))
+                                               for m in g.members}
 
 
 def groups_describe(args) -> int:
@@ -171,7 +183,7 @@ def groups_describe(args) -> int:
     if epochs is not None:
         header = {"group_epoch": epochs[0], "assignment_epoch": epochs[1]}
         for m in members:
-            m["member_epoch"] = epochs[2].get(m["member"])
+            m["member_epoch"], m["member_protocol"] = epochs[2].get(m["member"], (None, None))
     if args.json:
         print_json({"group": args.name, "state": state, "protocol": protocol, **header, "assignor": desc.partition_assignor,
                     "coordinator": coordinator, "members": members, "partitions": rows, "total_lag": sum(r["lag"] or 0 for r in rows)})
@@ -186,8 +198,10 @@ def groups_describe(args) -> int:
     if protocol == "consumer" and members:
         # each member's epoch, what it holds and what the broker reconciles it to
         print()
-        table(["MEMBER", "EPOCH", "INSTANCE", "CLIENT", "HOST", "ASSIGNED", "TARGET"],
-              [[m["member"], "-" if m.get("member_epoch") is None else m["member_epoch"], m["instance"] or "-", m["client"], m["host"], ",".join(m["assignment"]) or "-",
+        # (PROTOCOL: classic for a classic member inside the consumer group, during a migration)
+        table(["MEMBER", "EPOCH", "PROTOCOL", "INSTANCE", "CLIENT", "HOST", "ASSIGNED", "TARGET"],
+              [[m["member"], "-" if m.get("member_epoch") is None else m["member_epoch"], m.get("member_protocol") or "-",
+                m["instance"] or "-", m["client"], m["host"], ",".join(m["assignment"]) or "-",
                 ",".join(m.get("target_assignment", m["assignment"])) or "-"] for m in members])
     print()
     table(["TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "MEMBER", "CLIENT", "HOST"],
