@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kafscale.metadata.kv import KV, KeyValue, Txn
@@ -14,8 +15,13 @@ class SqliteKV(KV):
 
     `synchronous=FULL`: every commit fsyncs the WAL before it returns, so what a commit
     says (a segment committed, hence a produce acknowledged) survives power loss, not only
-    a process crash (NORMAL would sync at checkpoints only). Calls are short and run inline
-    on the event loop.
+    a process crash (NORMAL would sync at checkpoints only).
+
+    Reads are short and run inline on the event loop. Commits run on a writer thread with
+    a connection of their own, so the loop does not stand still for the fsync, and as a
+    group commit: the transactions that arrive while one commit is on disk go together in
+    the next, each in a savepoint of its own (a failed compare undoes only its own), with
+    one COMMIT and one fsync for all (the partitions flushing at once share it).
     """
 
     def __init__(self, path: str | Path):
@@ -24,7 +30,11 @@ class SqliteKV(KV):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL)")
-        self._lock = asyncio.Lock()
+        self._writer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._writer.execute("PRAGMA synchronous=FULL")  # a per-connection setting
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
+        self._queued: list[tuple[Txn, asyncio.Future]] = []
+        self._committing = False
 
     async def get(self, key: str) -> KeyValue | None:
         row = self._db.execute("SELECT value, version FROM kv WHERE key = ?", (key,)).fetchone()
@@ -39,29 +49,84 @@ class SqliteKV(KV):
         return [KeyValue(k, bytes(v), ver) for k, v, ver in rows]
 
     async def commit(self, txn: Txn) -> bool:
-        db = self._db
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._queued.append((txn, done))
+        if not self._committing:
+            self._start_group(loop)
+        return await done
+
+    def _start_group(self, loop: asyncio.AbstractEventLoop) -> None:
+        group, self._queued = self._queued, []
+        self._committing = True
+        work = self._thread.submit(self._commit_group, [txn for txn, _ in group])
+        work.add_done_callback(lambda w: self._hand_back(loop, group, w))
+
+    def _hand_back(self, loop: asyncio.AbstractEventLoop, group: list, work) -> None:
+        try:
+            loop.call_soon_threadsafe(self._group_done, loop, group, work)
+        except RuntimeError:  # the loop is closed: nobody waits for these any more
+            self._committing = False
+
+    def _group_done(self, loop: asyncio.AbstractEventLoop, group: list, work) -> None:
+        self._committing = False
+        try:
+            results = work.result()
+        except BaseException as e:  # noqa: BLE001 - the whole group's outcome
+            results = [e] * len(group)
+        for (_, done), result in zip(group, results):
+            if done.done():
+                continue
+            if isinstance(result, BaseException):
+                done.set_exception(result)
+            else:
+                done.set_result(result)
+        if self._queued:
+            self._start_group(loop)
+
+    def _commit_group(self, txns: list[Txn]) -> list:
+        """On the writer thread: each txn's outcome (True, False for a failed compare, or
+        the exception it raised), all made durable by one COMMIT."""
+        db = self._writer
+        outcomes: list = []
         db.execute("BEGIN IMMEDIATE")
         try:
-            for key, expected in txn.compares:
-                row = db.execute("SELECT version FROM kv WHERE key = ?", (key,)).fetchone()
-                if (row[0] if row else 0) != expected:
-                    db.execute("ROLLBACK")
-                    return False
-            for prefix in txn.delete_prefixes:
-                db.execute("DELETE FROM kv WHERE key >= ? AND key < ?", (prefix, prefix + "\U0010ffff"))
-            for key in txn.deletes:
-                db.execute("DELETE FROM kv WHERE key = ?", (key,))
-            for key, value in txn.puts + txn.leased_puts:
-                db.execute(
-                    "INSERT INTO kv (key, value, version) VALUES (?, ?, 1) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = kv.version + 1",
-                    (key, value),
-                )
+            for txn in txns:
+                db.execute("SAVEPOINT txn")
+                try:
+                    ok = self._apply(db, txn)
+                except Exception as e:  # noqa: BLE001 - this txn's failure, not the group's
+                    ok = e
+                if ok is not True:
+                    db.execute("ROLLBACK TO txn")
+                db.execute("RELEASE txn")
+                outcomes.append(ok)
             db.execute("COMMIT")
-            return True
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
+        return outcomes
+
+    @staticmethod
+    def _apply(db: sqlite3.Connection, txn: Txn) -> bool:
+        for key, expected in txn.compares:
+            row = db.execute("SELECT version FROM kv WHERE key = ?", (key,)).fetchone()
+            if (row[0] if row else 0) != expected:
+                return False
+        for prefix in txn.delete_prefixes:
+            db.execute("DELETE FROM kv WHERE key >= ? AND key < ?", (prefix, prefix + "\U0010ffff"))
+        for key in txn.deletes:
+            db.execute("DELETE FROM kv WHERE key = ?", (key,))
+        for key, value in txn.puts + txn.leased_puts:
+            db.execute(
+                "INSERT INTO kv (key, value, version) VALUES (?, ?, 1) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = kv.version + 1",
+                (key, value),
+            )
+        return True
 
     async def close(self) -> None:
+        self._thread.shutdown(wait=True)  # commits under way end first
+        self._writer.close()
         self._db.close()

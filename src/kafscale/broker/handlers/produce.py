@@ -121,7 +121,14 @@ async def produce(ctx, req):
         return None
     waiters = [r for _, _, rs in by_topic for r in rs if r.waiter is not None]
     if waiters:
-        await asyncio.gather(*(r.waiter for r in waiters), return_exceptions=True)
+        for r in waiters:
+            # One by one: a flush answers all of a request's partitions in one pass, so the
+            # first await wakes this handler and the rest are done by then (gather would
+            # add a wake-up of the event loop to every acknowledgement).
+            try:
+                await r.waiter
+            except Exception:  # noqa: BLE001 - each partition's outcome is read below
+                pass
         for r in waiters:
             exc = r.waiter.exception()
             if exc is not None:
