@@ -326,3 +326,40 @@ async def test_coordinator_downgrades_when_the_last_consumer_member_times_out(st
         assert sorted(coord.groups["g"].members) == sorted(m.member_id for m in group.members.values() if m.uses_classic)
     finally:
         await coord.stop()
+
+
+async def test_classic_static_member_replacing_the_last_consumer_member_downgrades(store):
+    """A static member that left the consumer protocol (epoch -2) and comes back classic
+    takes its place and partitions, and the group is classic at once, without a rebalance."""
+    coord = coordinator(store)
+    await coord.start()
+    try:
+        [(a, _gen)] = await classic_members(coord, 1)
+        join = HeartbeatRequest(member_id="c", member_epoch=0, instance_id="ic", rebalance_timeout_ms=30_000,
+                                subscribed_topic_names=("t",), owned=frozenset())
+        r = await coord.consumer.heartbeat("g", join, lookup, list_names)
+        group = coord.consumer.groups["g"]
+        # a rejoins (giving up what c takes), c gets its share, then c leaves as a static member.
+        j = await coord.join("g", member_id=a, group_instance_id=None, client_id="cli", client_host="/h",
+                             session_timeout_ms=10_000, rebalance_timeout_ms=20_000, protocol_type="consumer",
+                             protocols=[("range", encode_subscription(["t"]))], require_known_member_id=False,
+                             lookup=lookup, list_names=list_names)
+        r = await coord.consumer.heartbeat("g", HeartbeatRequest(member_id="c", member_epoch=r.member_epoch, owned=frozenset()),
+                                           lookup, list_names)
+        held = {p for _t, p in group.members["c"].assigned}
+        assert held and j.error is E.none
+        await coord.consumer.heartbeat("g", HeartbeatRequest(member_id="c", member_epoch=-2, instance_id="ic"), lookup, list_names)
+        assert "g" in coord.consumer.groups  # a static member gone for now: still a consumer group
+        back = await coord.join("g", member_id="", group_instance_id="ic", client_id="cli", client_host="/h",
+                                session_timeout_ms=10_000, rebalance_timeout_ms=20_000, protocol_type="consumer",
+                                protocols=[("range", encode_subscription(["t"]))], require_known_member_id=False,
+                                lookup=lookup, list_names=list_names)
+        assert back.error is E.none and "g" not in coord.consumer.groups
+        classic = coord.groups["g"]
+        assert classic.state is GroupState.STABLE and classic.generation_id == back.generation_id
+        assert sorted(classic.members) == sorted([a, back.member_id]) and classic.static_members == {"ic": back.member_id}
+        s = await coord.sync("g", member_id=back.member_id, group_instance_id="ic", generation_id=back.generation_id,
+                             protocol_type="consumer", protocol_name="range", assignments={})
+        assert s.error is E.none and {p for _t, p in parse_assignment(s.assignment)} == held
+    finally:
+        await coord.stop()

@@ -105,7 +105,7 @@ class ConsumerGroupCoordinator(GroupDriver):
             if req.member_epoch == LEAVE_EPOCH:
                 leaving = group.leaving(req)
                 if migration.downgrade_allowed(self.policy, group, leaving.member_id):
-                    await self._downgrade(group, leaving.member_id, "it left")
+                    await self._downgrade(group, leaving.member_id, f"member {leaving.member_id} left")
                     return HeartbeatResult(member_id=leaving.member_id, member_epoch=LEAVE_EPOCH)
             topics = await self._topics(group, lookup, list_names, req.subscribed_topic_names, req.subscribed_topic_regex)
             before = (group.state, group.group_epoch)
@@ -150,6 +150,7 @@ class ConsumerGroupCoordinator(GroupDriver):
             names = ()  # (refused by the group's join)
         topics = await self._topics(group, lookup, list_names, names)
         before = (group.state, group.group_epoch)
+        replaced = migration.replaced_by_classic(self.policy, group, request["group_instance_id"], member_id)
         try:
             result = group.classic_join(self.parent.clock(), topics=topics, racks=self.partition_racks(topics), **request)
         except KafkaError as e:
@@ -159,6 +160,8 @@ class ConsumerGroupCoordinator(GroupDriver):
         finally:
             await self._settle(group)
         self._log_epoch(group, before)
+        if replaced is not None and result.error is ErrorCode.none:
+            await self._downgrade(group, None, f"static member {replaced} replaced by the classic member {result.member_id}")
         return result
 
     async def classic_sync(self, group: ConsumerGroup, request: dict) -> SyncResult:
@@ -189,13 +192,14 @@ class ConsumerGroupCoordinator(GroupDriver):
 
     # -- migration --------------------------------------------------------------------------------
 
-    async def _downgrade(self, group: ConsumerGroup, leaving_member_id: str, why: str) -> None:
-        """The last consumer-protocol member leaves: the group becomes a classic group of the
-        remaining (classic) members, rebalancing (call with the group's lock held)."""
+    async def _downgrade(self, group: ConsumerGroup, leaving_member_id: str | None, why: str) -> None:
+        """The last consumer-protocol member leaves (None: was replaced by a classic static
+        member): the group becomes a classic group of the remaining (classic) members,
+        rebalancing if one left (call with the group's lock held)."""
         classic = migration.to_classic_group(group, leaving_member_id, self.parent.group_config, self.parent.clock())
-        log.info("consumer group %s: member %s, its last member using the consumer protocol, left (%s); "
-                 "the group is a classic group again, generation %d, %d members (group.consumer.migration.policy=%s)",
-                 group.group_id, leaving_member_id, why, classic.generation_id, len(classic.members), self.policy.value)
+        log.info("consumer group %s: its last member using the consumer protocol is gone (%s); the group is a "
+                 "classic group again, generation %d, %d members (group.consumer.migration.policy=%s)",
+                 group.group_id, why, classic.generation_id, len(classic.members), self.policy.value)
         # Kafka's tombstones of the consumer group's records, then the classic group's record.
         await self.parent._write_records(group.group_id, consumer_records.changes(
             group.group_id, self._docs.get(group.group_id), None))
@@ -208,7 +212,7 @@ class ConsumerGroupCoordinator(GroupDriver):
         for member_id, why in group.expired(now):
             removed.append(member_id)
             if migration.downgrade_allowed(self.policy, group, member_id):
-                await self._downgrade(group, member_id, why)
+                await self._downgrade(group, member_id, f"member {member_id} removed: {why}")
                 return removed
             group.remove_member(member_id)
             log.info("%s %s: member %s removed (%s)", self.kind, group.group_id, member_id, why)

@@ -14,7 +14,9 @@ convertToConsumerGroup / convertToClassicGroup):
   classic members remain, the group becomes a classic group if the policy allows
   downgrades: the remaining members, Stable at the group epoch as generation, each with its
   target assignment, and a rebalance starts at once (their heartbeats say
-  REBALANCE_IN_PROGRESS and they rejoin as a classic group).
+  REBALANCE_IN_PROGRESS and they rejoin as a classic group). Likewise, without a
+  rebalance, when a classic static member joining takes the instance id of the last
+  consumer-protocol member (it takes that member's place and assignment).
 - An empty group of either kind is simply replaced by the other kind, whatever the policy.
 """
 
@@ -85,6 +87,19 @@ def downgrade_allowed(policy: MigrationPolicy, group: ConsumerGroup, leaving_mem
     return bool(others) and all(m.uses_classic for m in others)
 
 
+def replaced_by_classic(policy: MigrationPolicy, group: ConsumerGroup, instance_id: str | None, member_id: str) -> str | None:
+    """The member id of the group's last consumer-protocol member when a classic JoinGroup
+    (a static member joining anew) takes its instance id: the group then becomes a classic
+    group at once, with the joining member in its place (Kafka's
+    validateOnlineDowngradeWithReplacedMemberId); None otherwise."""
+    if instance_id is None or member_id or not policy.downgrades:
+        return None
+    old = group.static_member(instance_id)
+    if old is None or old.uses_classic:
+        return None
+    return old.member_id if all(m.uses_classic for m in group.members.values() if m is not old) else None
+
+
 def to_consumer_group(classic: Group, config: ConsumerGroupConfig, topics: dict[str, tuple[str, int]],
                       now: float) -> ConsumerGroup:
     """The consumer group a classic group becomes. `topics`: name -> (topic id, partition
@@ -115,17 +130,19 @@ def to_consumer_group(classic: Group, config: ConsumerGroupConfig, topics: dict[
     return group
 
 
-def to_classic_group(group: ConsumerGroup, leaving_member_id: str, config: GroupConfig, now: float) -> Group:
+def to_classic_group(group: ConsumerGroup, leaving_member_id: str | None, config: GroupConfig, now: float) -> Group:
     """The classic group a consumer group becomes when `leaving_member_id`, its last
     consumer-protocol member, leaves: the other members (all classic), Stable at the group
-    epoch with their target assignments, and already preparing a rebalance."""
+    epoch with their target assignments, and already preparing a rebalance. With no member
+    leaving (a classic static member replaced the last consumer-protocol one), Stable."""
     names = {tid: name for name, (tid, _n) in group.topics.items()}
     members = [
         ClassicMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.classic.session_timeout_ms,
                       m.rebalance_timeout_ms, CONSUMER_PROTOCOL_TYPE, list(m.classic.protocols))
         for m in group.members.values() if m.member_id != leaving_member_id
     ]
-    classic = Group.converted(group.group_id, config, now, generation_id=group.group_epoch, members=members)
+    classic = Group.converted(group.group_id, config, now, generation_id=group.group_epoch, members=members,
+                              rebalance=leaving_member_id is not None)
     for m in classic.members.values():
         # In the version of the member's subscription for the protocol the group selected.
         target = group.target.get(m.member_id, frozenset())

@@ -856,18 +856,19 @@ class Group:
 
     @classmethod
     def converted(cls, group_id: str, config: GroupConfig, now: float, *, generation_id: int,
-                  members: list[Member]) -> "Group":
+                  members: list[Member], rebalance: bool = True) -> "Group":
         """A consumer group turned classic (KIP-848's downgrade, `migration.py`): Stable at
         `generation_id` with these members (the driver sets their assignments), the protocol
-        selected by vote, and a rebalance prepared at once, so the members' heartbeats say
-        REBALANCE_IN_PROGRESS and they rejoin as a classic group."""
+        selected by vote, and (`rebalance`) a rebalance prepared at once, so the members'
+        heartbeats say REBALANCE_IN_PROGRESS and they rejoin as a classic group."""
         group = cls.restored(group_id, config, now, generation_id=generation_id, protocol_type=CONSUMER_PROTOCOL_TYPE,
                              protocol_name=None, state_timestamp=now, members=members, leader_id=None)
         group.protocol_name = group._select_protocol()
         group.subscribed_topics = group._compute_subscribed_topics()
-        group._begin(now)
-        group._prepare_rebalance()
-        group._take_effects()  # (nobody is parked yet)
+        if rebalance:
+            group._begin(now)
+            group._prepare_rebalance()
+            group._take_effects()  # (nobody is parked yet)
         return group
 
 
