@@ -334,6 +334,9 @@ def test_etcd_down_answers_retriable_errors():
         prefix = f"/fi-{uuid.uuid4().hex[:8]}"
         b = BrokerProcess(extra_args=[
             "--metadata", etcd.url, "--metadata-prefix", prefix, "--lease-ttl-s", "600",
+            # each request below waits out the etcd calls' budget (5 s by default): 2 s still
+            # leaves a busy machine's etcd time to answer before the stop
+            "--metadata-timeout-ms", "2000",
             "--default-partitions", "4", "--merge-interval-ms", "0", "--retention-check-interval-ms", "3600000",
         ]).start()  # fmt: skip
         try:

@@ -42,7 +42,7 @@ class Broker:
     def __init__(self, config: BrokerConfig):
         self.config = config
         # Both timed for ops' latency histograms (ops/metrics.py, through HookPoints).
-        self.metadata = MetadataStore(TimedKV(open_kv(config.metadata_url, config.data_dir, config.metadata_prefix)))
+        self.metadata = MetadataStore(TimedKV(open_kv(config.metadata_url, config.data_dir, config.metadata_prefix, config.metadata_timeout_ms / 1000)))
         self.store = TimedObjectStore(open_store(config.storage_url))
         self.listeners, advertised = config.resolved_listeners()
         first = advertised[0]

@@ -62,6 +62,7 @@ class BrokerConfig:
     namespace: str = field(default="default", metadata={"help": "first component of every object key"})
     metadata: str = field(default="embedded", metadata={"help": "metadata store: embedded or etcd://host:port[,host:port]"})
     metadata_prefix: str = field(default="/kafscale", metadata={"help": "key prefix in etcd"})
+    metadata_timeout_ms: int = field(default=5000, metadata={"help": "longest wait for one etcd call, failover and retries included; past it the request answers a retriable error"})
     metadata_backup: str = field(default="", metadata={"help": "object store URL for metadata snapshots, e.g. a separate backup bucket s3://backups/kafscale (default: the --storage store); snapshots are under <namespace>/~metadata/ there"})
     metadata_snapshot_interval_ms: int = field(default=60_000, metadata={"help": "how often one broker of the cluster writes a metadata snapshot (also soon after topic, ACL, user, quota or group config changes; 0: never)"})
     metadata_snapshots_keep: int = field(default=10, metadata={"help": "metadata snapshots kept; older ones are deleted"})
@@ -148,6 +149,8 @@ class BrokerConfig:
         self.storage_url = StorageURL.parse(self.storage)
         self.metadata_url = MetadataURL.parse(self.metadata)
         self.metadata_backup_url = StorageURL.parse(self.metadata_backup) if self.metadata_backup else None
+        if self.metadata_timeout_ms <= 0:
+            raise ValueError(f"--metadata-timeout-ms must be positive, not {self.metadata_timeout_ms}")
         if self.min_flush_interval_ms < 0:
             # A local directory makes an upload cheap, so acknowledge at once. On S3 every
             # upload is billed (one PUT: the segment; a second for its index only from
