@@ -211,3 +211,44 @@ def test_share_offsets_authorization(acl_broker):
         assert error_code(alter(c, "other-acl", "seen-acl", {0: 0}).error_code) == ErrorCode.group_authorization_failed.value
         # delete: DELETE on the group (not held)
         assert error_code(delete(c, "sg-acl", "seen-acl").error_code) == ErrorCode.group_authorization_failed.value
+
+
+def test_groups_describe_shows_in_flight_and_acquired_records():
+    """`kafscale groups describe` of a share group: per partition the records in flight and
+    acquired now, from the /metrics of the partition's owner (only it knows what is acquired)."""
+    from tests.support.broker import BrokerProcess, free_port
+    from tests.test_share_consumer import ARGS
+
+    http = f"127.0.0.1:{free_port()}"
+    b = BrokerProcess(extra_args=[*ARGS, "--http", http]).start()
+    c = None
+    try:
+        topic, group = names("inflight")
+        create_topic(b.bootstrap, topic, 1)
+        # a lock longer than the test: the held records stay acquired
+        set_group_configs(b.bootstrap, group, share_auto_offset_reset="earliest", share_record_lock_duration_ms="60000")
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        for i in range(20):
+            p.produce(topic, value=b"f-%d" % i)
+        assert p.flush(20) == 0
+        c = consumer(b.bootstrap, group, topic, explicit=True)
+        held: list = []
+        wait_until(lambda: held.extend(m for m in c.poll(0.3) if m.error() is None) or len(held) >= 20, 30, "20 records")
+        for m in held:
+            if m.offset() < 5:
+                c.acknowledge(m)
+        c.commit_sync(10)
+        # 0-4 accepted: the start offset is 5, 15 records in flight and all 15 acquired
+        d = json.loads(ok(cli(b, "groups", "describe", group, "--json", "--metrics", f"http://{http}")))
+        assert [(r["partition"], r["start_offset"], r["lag"], r["in_flight"], r["acquired"]) for r in d["partitions"]] == [
+            (0, 5, 15, 15, 15)]
+        text = ok(cli(b, "groups", "describe", group, "--metrics", f"http://{http}"))
+        header, row = [line.split() for line in text.splitlines() if line.startswith(("TOPIC", topic))]
+        assert header[-2:] == ["IN-FLIGHT", "ACQUIRED"] and row[-2:] == ["15", "15"]
+        # no /metrics to read: unknown, said so
+        blind = cli(b, "groups", "describe", group, "--json", "--metrics-port-offset", "-1")
+        assert [(r["in_flight"], r["acquired"]) for r in json.loads(ok(blind))["partitions"]] == [(None, None)]
+    finally:
+        if c is not None:
+            c.close()
+        b.stop()

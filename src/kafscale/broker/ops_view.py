@@ -72,9 +72,11 @@ class BrokerOpsView:
         )
 
     def _share(self) -> ShareState:
-        shares = self._broker.shares
+        shares, owned = self._broker.shares, self._broker.logs.logs
         views = []
         for (group, topic, partition), entry in list(shares.partitions.items()):
+            if (topic, partition) not in owned:
+                continue  # moved away: its new owner reports it (this copy is dropped soon)
             sp = entry.sp
             views.append(SharePartitionView(group, topic, partition, sp.spso, sp.in_flight(), sp.acquired()))
         return ShareState(shares.counters, shares.writes, len(shares.sessions.sessions), views)

@@ -90,14 +90,16 @@ def console(args) -> int:
     return 0
 
 
-def add_metrics_options(p) -> None:
-    """Where the brokers' /metrics are (kafscale/console/metrics.py says how they are found)."""
+def add_metrics_options(p, interval: bool = True) -> None:
+    """Where the brokers' /metrics are (kafscale/console/metrics.py says how they are found);
+    `interval`: and how often to scrape them (not for one-shot commands)."""
     m = p.add_argument_group("broker metrics")
     m.add_argument("--metrics", action="append", default=[], metavar="URL[,URL]",
                    help="ops endpoints of the brokers, e.g. http://broker-0:9093 (repeatable); default: each broker's Kafka host at its Kafka port + --metrics-port-offset")
     m.add_argument("--metrics-port-offset", type=int, default=1,
                    help="ops port = Kafka port + this, when --metrics is not given (default 1: 9092 -> 9093; -1: read no metrics)")
-    m.add_argument("--metrics-interval", type=float, default=5.0, help="seconds between scrapes of every broker's /metrics (default 5)")
+    if interval:
+        m.add_argument("--metrics-interval", type=float, default=5.0, help="seconds between scrapes of every broker's /metrics (default 5)")
     m.add_argument("--metrics-basic-auth", metavar="USER:PASSWORD", default=os.environ.get("KAFSCALE_METRICS_BASIC_AUTH", ""),
                    help="credentials for brokers started with --http-basic-auth (prefer the env KAFSCALE_METRICS_BASIC_AUTH)")
 
@@ -106,7 +108,8 @@ def metrics_reader(args):
     from kafscale.console.metrics import MetricsReader
 
     urls = [u for u in ",".join(args.metrics).split(",") if u.strip()]
-    return MetricsReader(urls, None if args.metrics_port_offset < 0 else args.metrics_port_offset, args.metrics_interval, args.metrics_basic_auth)
+    return MetricsReader(urls, None if args.metrics_port_offset < 0 else args.metrics_port_offset,
+                         getattr(args, "metrics_interval", 5.0), args.metrics_basic_auth)
 
 
 def cluster(args):

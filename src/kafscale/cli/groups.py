@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 
 from kafscale.cli.common import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, CliError, admin_client, alter_config_overrides, await_result, command_family, fetch_metadata, kafka_error, leaf, list_offsets, note, nothing_to_change, parse_time, print_json, table, topic_meta
+from kafscale.cli.console import add_metrics_options
 
 
 def _state(state) -> str:
@@ -149,7 +150,8 @@ def groups_describe(args) -> int:
     admin = admin_client(args)
     desc, share = _describe_group_or_share(admin, args, args.name)
     if share is not None:
-        return _print_share_group(args, *share)
+        topics = {t.topic_name for t in share[2].topics}
+        return _print_share_group(args, *share, live=_share_partitions_live(admin, args, args.name, topics))
     state = _state(desc.state)
     committed = _committed(admin, args, args.name)
     if state in ("Dead", "Unknown") and not desc.members and not committed:
@@ -335,7 +337,8 @@ def groups_alter_config(args) -> int:
 def add_commands(subparsers) -> None:
     gs = command_family(subparsers, "groups", "list, describe, delete consumer groups; reset their offsets; their configs")
     leaf(gs, "list", groups_list, "list consumer groups with their states")
-    leaf(gs, "describe", groups_describe, "members, committed offsets and lag of a group", subject="GROUP")
+    p = leaf(gs, "describe", groups_describe, "members, committed offsets and lag of a group (of a share group: start offsets, lag, in-flight records)", subject="GROUP")
+    add_metrics_options(p, interval=False)  # a share group's in-flight records: its partitions' owners' /metrics
     leaf(gs, "delete", groups_delete, "delete an empty group and its committed offsets", subject="GROUP")
     p = leaf(gs, "reset-offsets", groups_reset_offsets, "move an empty group's committed offsets (dry run unless --execute)", subject="GROUP")
     p.add_argument("--topic", required=True, help="TOPIC, or TOPIC:P1,P2 for some partitions")
@@ -407,9 +410,46 @@ def _share_group_if_any(admin, args, group: str):
         return None
 
 
-def _print_share_group(args, c, g, offsets) -> int:
+def _share_partitions_live(admin, args, group: str, topics: set[str]) -> dict[tuple[str, int], tuple[int, int]] | None:
+    """(topic, partition) -> (in-flight, acquired) records of a share group's partitions, from
+    the /metrics of the brokers owning them (kafscale_share_partition_*: only the owner knows
+    which records are acquired); None when no broker's /metrics could be read."""
+    import asyncio
+    import logging
+
+    from kafscale.cli.console import metrics_reader
+
+    reader = metrics_reader(args)
+    brokers = [{"id": b.id, "host": b.host, "port": b.port} for b in fetch_metadata(admin, args).brokers.values()]
+    quiet = logging.getLogger("kafscale.console")  # an endpoint not answering is the note below, not a warning per broker
+    level = quiet.level
+
+    async def scrape():
+        try:
+            return await reader.scrape(brokers)
+        finally:
+            await reader.close()
+
+    quiet.setLevel(logging.ERROR)
+    try:
+        stats = asyncio.run(scrape())
+    finally:
+        quiet.setLevel(level)
+    if not any(st.up for st in stats.values()):
+        return None
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for topic in topics:
+        flight = reader.per_partition("kafscale_share_partition_in_flight_records", topic, group=group)
+        held = reader.per_partition("kafscale_share_partition_acquired_records", topic, group=group)
+        out.update({(topic, p): (int(n), int(held.get(p, 0))) for p, n in flight.items()})
+    return out
+
+
+def _print_share_group(args, c, g, offsets, live=None) -> int:
     """A share group as Kafka's kafka-share-groups.sh --describe shows it: members with their
-    assignments, and per partition the share-partition start offset and lag (-1: unknown)."""
+    assignments, and per partition the share-partition start offset and lag (-1: unknown),
+    and the records in flight and acquired now (`live`, from the owners' /metrics: None
+    unknown; a partition no owner reports has no share state loaded, nothing acquired)."""
     coordinator = c.node_id
     members = [{"member": m.member_id, "epoch": m.member_epoch, "client": m.client_id, "host": m.client_host, "rack": m.rack_id,
                 "subscribed": list(m.subscribed_topic_names),
@@ -418,6 +458,9 @@ def _print_share_group(args, c, g, offsets) -> int:
     rows = sorted(({"topic": t.topic_name, "partition": p.partition_index, "leader_epoch": p.leader_epoch,
                     "start_offset": p.start_offset, "lag": p.lag} for t in offsets.topics for p in t.partitions),
                   key=lambda r: (r["topic"], r["partition"]))
+    for r in rows:
+        flight, held = (None, None) if live is None else live.get((r["topic"], r["partition"]), (None, 0))
+        r.update(in_flight=flight, acquired=held)
     if args.json:
         print_json({"group": g.group_id, "state": g.group_state, "protocol": "share", "group_epoch": g.group_epoch,
                     "assignment_epoch": g.assignment_epoch, "assignor": g.assignor_name, "coordinator": coordinator,
@@ -430,6 +473,12 @@ def _print_share_group(args, c, g, offsets) -> int:
         table(["MEMBER", "EPOCH", "CLIENT", "HOST", "ASSIGNED"],
               [[m["member"], m["epoch"], m["client"], m["host"], ",".join(m["assignment"]) or "-"] for m in members])
     print()
-    table(["TOPIC", "PARTITION", "LEADER-EPOCH", "START-OFFSET", "LAG"],
-          [[r["topic"], r["partition"], r["leader_epoch"], r["start_offset"], "-" if r["lag"] < 0 else r["lag"]] for r in rows])
+    def shown(n):
+        return "-" if n is None or n < 0 else n
+
+    table(["TOPIC", "PARTITION", "LEADER-EPOCH", "START-OFFSET", "LAG", "IN-FLIGHT", "ACQUIRED"],
+          [[r["topic"], r["partition"], r["leader_epoch"], r["start_offset"], shown(r["lag"]), shown(r["in_flight"]),
+            shown(r["acquired"])] for r in rows])
+    if live is None:
+        note("in-flight and acquired records not shown: no broker's /metrics answered (--metrics, --metrics-port-offset)")
     return EXIT_OK

@@ -199,6 +199,11 @@ class MetricsReader:
         st.history.append((now, _derive(prev, (now, samples)) if prev else {}))
         return st
 
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
     async def scrape(self, brokers: list[dict]) -> dict[str, BrokerStats]:
         urls = self.urls_for(brokers)
         await asyncio.gather(*(self.scrape_one(u) for u in urls))
@@ -217,15 +222,17 @@ class MetricsReader:
                 out[derived[url]["id"]] = st
         return out
 
-    def per_partition(self, name: str, topic: str) -> dict[int, float]:
+    def per_partition(self, name: str, topic: str, **match: str) -> dict[int, float]:
         """partition -> value of a per-partition gauge (kafscale_partition_segments, ...) for
-        `topic`, from the last scrape of every broker: each reports the partitions it owns."""
+        `topic` (and the other labels of `match`: group=...), from the last scrape of every
+        broker: each reports the partitions it owns."""
         out: dict[int, float] = {}
         for st in self.stats.values():
             if not st.up:
                 continue
             for labels, v in st.last.get(name, ()):
-                if labels.get("topic") == topic and labels.get("partition", "").isdigit():
+                if labels.get("topic") == topic and labels.get("partition", "").isdigit() and \
+                        all(labels.get(k) == want for k, want in match.items()):
                     out[int(labels["partition"])] = v
         return out
 
