@@ -363,3 +363,34 @@ async def test_classic_static_member_replacing_the_last_consumer_member_downgrad
         assert s.error is E.none and {p for _t, p in parse_assignment(s.assignment)} == held
     finally:
         await coord.stop()
+
+
+async def test_a_mixed_group_survives_a_coordinator_move(store):
+    """Another coordinator loading the group from the store (a failover) keeps its classic
+    members: their metadata, epochs and assignments, and they keep heartbeating and syncing."""
+    coord = coordinator(store)
+    await coord.start()
+    try:
+        [(a, _gen)] = await classic_members(coord, 1)
+        join = HeartbeatRequest(member_id="c", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",),
+                                owned=frozenset())
+        await coord.consumer.heartbeat("g", join, lookup, list_names)
+        j = await coord.join("g", member_id=a, group_instance_id=None, client_id="cli", client_host="/h",
+                             session_timeout_ms=10_000, rebalance_timeout_ms=20_000, protocol_type="consumer",
+                             protocols=[("range", encode_subscription(["t"]))], require_known_member_id=False,
+                             lookup=lookup, list_names=list_names)
+        before = coord.consumer.groups["g"].members[a]
+    finally:
+        await coord.stop()
+    other = coordinator(store)
+    await other.start()
+    try:
+        assert await other.heartbeat("g", member_id=a, group_instance_id=None, generation_id=j.generation_id) is E.none
+        group = other.consumer.groups["g"]
+        after = group.members[a]
+        assert (after.classic, after.member_epoch, after.assigned) == (before.classic, before.member_epoch, before.assigned)
+        s = await other.sync("g", member_id=a, group_instance_id=None, generation_id=j.generation_id,
+                             protocol_type="consumer", protocol_name="range", assignments={})
+        assert s.error is E.none and {("t", p) for _t, p in before.assigned} == set(parse_assignment(s.assignment))
+    finally:
+        await other.stop()
