@@ -185,7 +185,7 @@ class KafScaleBatchReader(DataSourceReader):
     def plan(self) -> tuple[dict[TopicPartition, PartitionRange], list[seg.SegmentSlice]]:
         cfg = self.cfg
 
-        async def go(store):
+        async def attempt(store, _fresh: bool):
             skipped = seg.SkipReport()
             listing, bounds, _ = await listing_and_bounds(store, cfg, skipped)
             start = await resolve(store, cfg, listing, bounds, is_start=True)
@@ -207,7 +207,7 @@ class KafScaleBatchReader(DataSourceReader):
                     r.end = max(r.start, min(r.end, stable))
             return ranges, await _plan_slices(store, cfg, listing, ranges, aborted, skipped)
 
-        return seg.run_with_store(cfg.storage, go)
+        return seg.run_with_store(cfg.storage, _relisting(attempt))
 
     def partitions(self) -> list[InputPartition]:
         return _input_partitions(self.cfg, *self.plan())
@@ -246,11 +246,11 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return self._initial
         cfg = self.cfg
 
-        async def go(store):
+        async def attempt(store, _fresh: bool):
             listing, bounds, _ = await listing_and_bounds(store, cfg, require_all=False)
             return await resolve(store, cfg, listing, bounds, is_start=True, streaming=True)
 
-        start = offsets_json(seg.run_with_store(cfg.storage, go))
+        start = offsets_json(seg.run_with_store(cfg.storage, _relisting(attempt)))
         if start or cfg.starting == "earliest":
             self._initial = start  # (no partition yet: asked again until the topics appear)
         return start
@@ -324,7 +324,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         marker yet (found from `start`, else from the earliest)."""
         cfg = self.cfg
 
-        async def go(store):
+        async def attempt(store, _fresh: bool):
             listing, bounds, gone = await listing_and_bounds(store, cfg, require_all=False, known=list(start or {}), cache=self._metas)
             self._snapshot = (listing, bounds, gone)
             latest = {tp: b.end for tp, b in bounds.items()}
@@ -335,7 +335,7 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     latest[tp] = max(latest[tp], begin)
             return latest, {tp: b.start for tp, b in bounds.items()}, gone
 
-        return seg.run_with_store(cfg.storage, go)
+        return seg.run_with_store(cfg.storage, _relisting(attempt))
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         cfg = self.cfg
@@ -346,12 +346,13 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         planned, self._planned = self._planned, None
 
-        async def go(store):
+        async def attempt(store, fresh: bool):
             skipped = seg.SkipReport()
-            if planned is not None and planned[0] == start and planned[1] == end and planned[2] is not None:
+            if not fresh and planned is not None and planned[0] == start and planned[1] == end and planned[2] is not None:
                 # the micro-batch latestOffset() just planned: its listing holds every
                 # segment up to `end` (one listing per trigger, not two; a segment merged
-                # away since is re-planned when read)
+                # away since is re-planned when read, and one gone before planning, from a
+                # new listing)
                 listing, bounds, gone = planned[2]
             else:  # a micro-batch replayed from the checkpoint after a restart
                 listing, bounds, gone = await listing_and_bounds(store, cfg, require_all=False, known=list(end_pos), cache=self._metas)
@@ -378,13 +379,35 @@ class KafScaleStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     aborted[tp] = tuple(a for a in aborted[tp] if a[1] < r.end)
             return ranges, await _plan_slices(store, cfg, listing, ranges, aborted, skipped, cache=self._metas)
 
-        return _input_partitions(cfg, *seg.run_with_store(cfg.storage, go))
+        return _input_partitions(cfg, *seg.run_with_store(cfg.storage, _relisting(attempt)))
 
     def read(self, partition: InputPartition) -> Iterator:
         return _read(self.cfg, partition)
 
     def commit(self, end: dict) -> None:
         pass  # segments are immutable and owned by the broker: nothing to release
+
+
+# Plans made from a new listing because an object listed for the previous one was gone.
+LISTING_ATTEMPTS = 3
+
+
+def _relisting(plan):
+    """What run_with_store runs for `plan(store, fresh)`: it, and again from a new listing
+    (fresh True) while an object it listed is gone by the time planning reads it
+    (seg.ListingChanged: moved by a merge, a rewrite of write-ahead objects or retention
+    since the listing, which only a listing older than the broker's --merge-grace-ms sees)."""
+
+    async def go(store):
+        for attempt in range(LISTING_ATTEMPTS):
+            try:
+                return await plan(store, attempt > 0)
+            except seg.ListingChanged as e:
+                if attempt == LISTING_ATTEMPTS - 1:
+                    raise
+                log.info("planning again from a new listing: %s", e)
+
+    return go
 
 
 async def _plan_slices(store, cfg: SourceConfig, listing, ranges: dict[TopicPartition, PartitionRange], aborted: dict[TopicPartition, tuple], skipped: seg.SkipReport, cache=None) -> list[seg.SegmentSlice]:

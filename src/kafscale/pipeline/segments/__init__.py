@@ -31,6 +31,7 @@ from kafscale.pipeline.segments.decode import Chunk, Columns
 from kafscale.pipeline.segments.errors import (
     CorruptSegmentError,
     DataLossError,
+    ListingChanged,
     PipelineError,
     SkipReport,
     TopicNotFoundError,
@@ -67,6 +68,7 @@ __all__ = [
     "DEFAULT_ARROW_BATCH_ROWS",
     "DEFAULT_MAX_PARTITION_BYTES",
     "DataLossError",
+    "ListingChanged",
     "EARLIEST",
     "END_OF_LOG",
     "LATEST",

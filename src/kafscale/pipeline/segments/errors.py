@@ -48,6 +48,11 @@ class DataLossError(PipelineError):
     pass
 
 
+class ListingChanged(PipelineError):
+    """A listed object is gone: its offsets moved since the listing (a merge, a rewrite of
+    write-ahead objects or a retention past its grace period). Plan again from a new listing."""
+
+
 @dataclass(slots=True)
 class SkipReport:
     """What a read skipped because of damage (only with failOnCorruption=false).

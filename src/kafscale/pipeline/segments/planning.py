@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kafscale.pipeline.segments.errors import CorruptSegmentError, DataLossError, SkipReport
 from kafscale.pipeline.segments.listing import PartitionRange, TopicListing, TopicPartition
-from kafscale.pipeline.segments.segment_meta import MetaCache, SegmentMeta, fetch_metas
+from kafscale.pipeline.segments.segment_meta import MetaCache, SegmentMeta, listed_metas
 from kafscale.storage.objectstore import ObjectStore
 
 EARLIEST = -2  # Spark Kafka source convention in offset JSON
@@ -237,7 +237,7 @@ async def plan_slices(
         if r.end <= r.start:
             return []
         segs = listing.segments.get(tp, [])
-        metas = await fetch_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption, cache=cache, listed=segs, indexed=listing.indexed)
+        metas = await listed_metas(store, candidate_keys(segs, r.start, r.end), fail_on_corruption=fail_on_corruption, cache=cache, listed=segs, indexed=listing.indexed)
         if skipped is not None:
             bases = [b for b, _ in segs]
             for m in metas:

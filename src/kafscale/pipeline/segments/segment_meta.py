@@ -9,7 +9,7 @@ import bisect
 import logging
 from dataclasses import dataclass
 
-from kafscale.pipeline.segments.errors import CorruptSegmentError, SkipReport
+from kafscale.pipeline.segments.errors import CorruptSegmentError, ListingChanged, SkipReport
 from kafscale.pipeline.segments.listing import PartitionRange, TopicListing, TopicPartition
 from kafscale.pipeline.segments.runner import METADATA_CONCURRENCY, gather_limited
 from kafscale.storage import segment
@@ -195,6 +195,18 @@ async def fetch_metas(
         if m.corrupt is None:
             cache.metas[m.key] = m
     return [found[k] for _, k in segs if k in found]
+
+
+async def listed_metas(store: ObjectStore, segs: list[tuple[int, str]], **kwargs) -> list[SegmentMeta]:
+    """`fetch_metas` of listed segments that must all be there, as a plan needs them: one
+    gone since the listing raises ListingChanged (left out, its offsets would read as lost
+    between two segments, or silently not at all after the last one)."""
+    metas = await fetch_metas(store, segs, **kwargs)
+    if len(metas) < len(segs):
+        found = {m.key for m in metas}
+        gone = [k for _, k in segs if k not in found]
+        raise ListingChanged(f"{gone[0]} (and {len(gone) - 1} more) gone since the listing")
+    return metas
 
 
 async def partition_bounds(

@@ -4,10 +4,11 @@ transactions were aborted."""
 from __future__ import annotations
 
 from kafscale.pipeline.segments.planning import candidate_keys, cover
-from kafscale.pipeline.segments.segment_meta import fetch_metas
+from kafscale.pipeline.segments.errors import ListingChanged
+from kafscale.pipeline.segments.segment_meta import listed_metas
 from kafscale.protocol import records
 from kafscale.storage import segment
-from kafscale.storage.objectstore import ObjectStore
+from kafscale.storage.objectstore import ObjectNotFound, ObjectStore
 
 
 END_OF_LOG = 1 << 62  # an end offset past every segment (transaction_outcomes to the end)
@@ -25,13 +26,16 @@ async def transaction_outcomes(
     """
     if end <= start:
         return end, ()
-    metas = await fetch_metas(store, candidate_keys(segs, start, end), fail_on_corruption=fail_on_corruption)
+    metas = await listed_metas(store, candidate_keys(segs, start, end), fail_on_corruption=fail_on_corruption)
     open_first: dict[int, int] = {}  # producer id -> first offset of its undecided data in range
     aborted: list[tuple[int, int, int]] = []
     for m, a, b in cover(metas, start, end, fail_on_data_loss=False):
         if m.corrupt is not None:
             continue
-        data = memoryview(await store.get(m.key))
+        try:
+            data = memoryview(await store.get(m.key))
+        except ObjectNotFound:
+            raise ListingChanged(f"{m.key} gone since the listing") from None
         body_end = len(data) - segment.FOOTER_SIZE
         for pos, h in records.iter_batches(data, segment.HEADER_SIZE, body_end):
             if h.last_offset < a or h.base_offset >= b or h.producer_id < 0 or not h.is_transactional:
