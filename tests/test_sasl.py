@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -252,6 +253,41 @@ def test_users_add_cli(env, tmp_path):
     subprocess.run([sys.executable, "-m", "kafscale", "users", "add", "frank", "--mechanism", "SCRAM-SHA-512", "--password-file", str(pw),
                     "--bootstrap", env["broker"].bootstrap], check=True, timeout=60, capture_output=True)
     assert len(confluent_roundtrip(_conf(env, "SCRAM-SHA-512", "frank", "frank-secret"), "sasl-frank", 1)) == 1
+
+
+def test_failing_client_does_not_lock_out_its_host(tmp_path):
+    """Kafka holds back the answer of a failed authentication, not the next attempt from the
+    address: while a failing connection from 127.0.0.1 waits out its (doubled) delay, a
+    correct authentication from the same host is answered at once."""
+    users = tmp_path / "users.txt"
+    users.write_text("alice:alice-secret\n")
+    plain, sasl_plain = free_port(), free_port()
+    b = BrokerProcess(port=plain, extra_args=[
+        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl_plain}",
+        "--sasl-users-file", str(users), "--sasl-failed-authentication-delay-ms", "1500"]).start()
+    bootstrap = f"127.0.0.1:{sasl_plain}"
+    try:
+        with raw.RawClient(bootstrap) as first:  # the address's first failure: answered after 1.5 s
+            assert _handshake(first, "PLAIN").error_code == ErrorCode.none
+            assert _authenticate(first, b"\x00alice\x00wrong").error_code == ErrorCode.sasl_authentication_failed
+        with raw.RawClient(bootstrap, timeout=30) as failing, raw.RawClient(bootstrap) as good:
+            assert _handshake(failing, "PLAIN").error_code == ErrorCode.none
+            failing.send_request(SASL_AUTHENTICATE, 2, raw.req(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00alice\x00wrong-again"))
+            # the second failure's answer is held back 3 s; the correct client does not queue behind it
+            assert _handshake(good, "PLAIN").error_code == ErrorCode.none
+            assert _authenticate(good, b"\x00alice\x00alice-secret").error_code == ErrorCode.none
+            assert good.metadata(None).brokers
+            failing.sock.setblocking(False)
+            try:
+                pending = failing.sock.recv(1, socket.MSG_PEEK) == b""  # b"": closed without an answer
+            except BlockingIOError:
+                pending = True
+            failing.sock.settimeout(failing.timeout)
+            assert pending, "the failing connection was answered before the correct one finished"
+            _corr, answer = raw.decode_response(SASL_AUTHENTICATE, 2, failing.recv_frame())
+            assert answer.error_code == ErrorCode.sasl_authentication_failed
+    finally:
+        b.stop()
 
 
 def test_reauthentication_kip368(tmp_path):

@@ -65,12 +65,6 @@ class Authenticator:
     async def step(self, session: SaslSession, token: bytes, peer: str, address: str) -> tuple[bytes, str | None]:
         """One client token -> (reply token, None) or (b"", failure message). The session
         records success (principal, lifetime); the caller closes the connection on failure."""
-        if session.exchange is None:
-            # An address that failed lately waits for its turn once per authentication (at
-            # its first token), not at every step of a multi-step exchange such as SCRAM's.
-            wait = self.limiter.slot(address, time.monotonic())
-            if wait > 0:
-                await asyncio.sleep(wait)
         mechanism = session.mechanism or "?"
         try:
             if mechanism == "PLAIN":
@@ -83,7 +77,7 @@ class Authenticator:
                         log.warning("SASL OAUTHBEARER from %s: expected %%x01 after the error challenge", peer, extra={"peer": peer})
                     session.failed = True
                     message, session.exchange = session.exchange.message, None
-                    return b"", message
+                    return await self._refusal(address, message)
                 try:
                     reply, user = b"", await self._oauth(session, token)
                 except InvalidToken as e:
@@ -107,7 +101,7 @@ class Authenticator:
                 if str(e) == "invalid credentials" else f"Authentication failed: {e}")
             session.failed = True
             self._failed(mechanism, peer, address, e)
-            return b"", message
+            return await self._refusal(address, message)
         except MetadataUnavailable as e:
             session.failed = True
             log.warning("SASL %s authentication from %s: the credential store is unavailable: %s", mechanism, peer, e, extra={"peer": peer})
@@ -119,6 +113,16 @@ class Authenticator:
                  " (re-authentication)" if session.reauthentications else "", extra={"peer": peer})
         session.reauthentications += 1
         return reply, None
+
+    async def _refusal(self, address: str, message: str) -> tuple[bytes, str]:
+        """A failed authentication's answer, held back by the address's failure limiter, as
+        Kafka delays the answer of a failed authentication (connection.failed.authentication.delay.ms).
+        Only failures wait: holding back every attempt from the address locked a correct client
+        out behind a failing one on the same host (each of its attempts timed out in the queue)."""
+        wait = self.limiter.slot(address, time.monotonic())
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return b"", message
 
     def _failed(self, mechanism: str, peer: str, address: str, reason: Exception) -> None:
         """One failed authentication: slower next attempts from the address, one log line, counted."""

@@ -133,12 +133,12 @@ class SaslSession:
 
 @dataclass
 class FailureLimiter:
-    """Slows authentication down for addresses that failed recently.
+    """Slows failed authentications down for addresses that failed recently.
 
-    Each failure from an address doubles the least gap between that address's next
-    attempts (from `base_s`, up to `max_s`); `slot(address)` says how long an attempt must
-    wait for its turn, so parallel connections from one address are served one at a time.
-    A success forgets the address; so does a quiet period of `forget_s`."""
+    Each failure from an address doubles the least gap between that address's failure
+    answers (from `base_s`, up to `max_s`); `slot(address)` says how long a failure's answer
+    must wait for its turn, so parallel failing connections from one address are answered
+    one at a time. A success forgets the address; so does a quiet period of `forget_s`."""
 
     base_s: float = 0.1
     max_s: float = 5.0
