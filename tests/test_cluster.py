@@ -877,9 +877,55 @@ def test_write_ahead_objects_with_ownership_moving_mid_flush(cluster_factory, ba
     finally:
         load.stop()
     verify(cl, topic, parts, load)
+    keys = _bucket_keys(cl, moto)
+    assert any("/~wal/" in k and k.endswith(".wal") for k in keys)
+    assert not [k for k in keys if k.endswith(".kfs") and f"/{topic}/" in k]  # no partition uploaded a segment of its own
+
+
+def _bucket_keys(cl: KCluster, moto) -> list[str]:
+    """Every key in the cluster's bucket, listed at moto."""
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
-    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=cl.bucket) for o in page.get("Contents", [])]
-    assert any("/~wal/" in k and k.endswith(".wal") for k in keys)
-    assert not [k for k in keys if k.endswith(".kfs") and f"/{topic}/" in k]  # no partition uploaded a segment of its own
+    return [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=cl.bucket) for o in page.get("Contents", [])]
+
+
+def test_write_ahead_objects_with_a_broker_killed_and_one_joining_while_the_data_moves(cluster_factory, backends):
+    """Write-ahead objects on (issue #32) with their rewrite into segment objects running
+    (pieces rewritten after 1 s, objects deleted from 8 s on): while an acks=all producer
+    writes to every partition, a broker is killed -9 (its partitions move to the survivors
+    under flushes in flight, with pieces it wrote and never rewrote), then a new broker
+    joins and takes its share from the owners (graceful hand-overs, the same). Every
+    acknowledged record is read back once at its acknowledged offset, nothing is stored
+    twice; the data went through write-ahead objects into segment objects, and every
+    write-ahead object left when the producer stopped, the killed broker's included, is
+    deleted by the brokers still running."""
+    _etcd, moto = backends
+    cl = cluster_factory("waj", broker_args=("--write-ahead-objects", "true", "--merge-interval-ms", "200", "--merge-grace-ms", "1000",
+                                             "--segment-max-age-ms", "1000", "--write-ahead-orphan-age-ms", "8000"))  # fmt: skip
+    topic, parts = f"waj-{cl.tag}", 12
+    cl.create_topic(topic, parts)
+    cl.wait_owned(topic, parts)
+    load = Load(cl.bootstrap, topic)
+    load.start()
+    try:
+        wait_until(lambda: load.n_acked() >= 300, 30, "the producer to get going")
+        victim = cl.owners(topic)[0][0]
+        killed_at = time.monotonic()
+        cl.brokers[victim].kill9()
+        cl.wait_owned(topic, parts, timeout=cl.ttl + 10, by=set(cl.live()))
+        wait_until(lambda: len(load.acked_since(killed_at)) >= 300, 30, "records acknowledged after the kill -9 hand-over")
+        joined_at = time.monotonic()
+        cl.start_broker(3)
+        owned = wait_until(lambda: (lambda own: own if sum(1 for n, _ in own.values() if n == 3) == parts // 3 else None)(cl.owners(topic)), 30,
+                           "the joining broker to take its share")  # fmt: skip
+        wait_until(lambda: len(load.acked_since(joined_at)) >= 300, 30, "records acknowledged after the join")
+    finally:
+        load.stop()
+    late = load.acked_since(joined_at)
+    assert any(load.acked[v][0] in {p for p, (n, _) in owned.items() if n == 3} for v in late), "nothing went to the joined broker's partitions"
+    verify(cl, topic, parts, load)
+    left = {k for k in _bucket_keys(cl, moto) if "/~wal/" in k}
+    wait_until(lambda: not left & set(_bucket_keys(cl, moto)), 60, "every write-ahead object left at the end rewritten and deleted", interval=0.5)
+    assert any(k.endswith(".kfs") and f"/{topic}/" in k for k in _bucket_keys(cl, moto))
+    verify(cl, topic, parts, load)  # and read back from segment objects only
