@@ -394,3 +394,31 @@ async def test_a_mixed_group_survives_a_coordinator_move(store):
         assert s.error is E.none and {("t", p) for _t, p in before.assigned} == set(parse_assignment(s.assignment))
     finally:
         await other.stop()
+
+
+async def test_an_empty_consumer_group_gives_way_to_a_classic_group(store):
+    """Whatever the policy: a classic member joining an empty consumer group makes it a
+    classic group (its consumer group records tombstoned), and the offsets stay."""
+    from kafscale.groups.consumer_group import is_consumer_group_doc
+    from kafscale.metadata.store import CommittedOffset
+
+    written = []
+    coord = coordinator(store, policy="disabled", written=written)
+    await coord.start()
+    try:
+        join = HeartbeatRequest(member_id="c", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",),
+                                owned=frozenset())
+        await coord.consumer.heartbeat("g", join, lookup, list_names)
+        await coord.commit_offsets("g", member_id="c", group_instance_id=None, generation_id=1,
+                                   offsets={("t", 0): CommittedOffset(7)}, api_version=9)
+        await coord.consumer.heartbeat("g", HeartbeatRequest(member_id="c", member_epoch=-1), lookup, list_names)
+        del written[:]
+        [(member, _gen)] = await classic_members(coord, 1)
+        assert "g" not in coord.consumer.groups and coord.groups["g"].state is GroupState.STABLE
+        assert not is_consumer_group_doc(await store.get_group("g"))
+        assert (await store.fetch_offsets("g"))[("t", 0)].offset == 7
+        # Tombstones of the consumer group's records (no member left: target epoch, subscription
+        # metadata, group epoch), then the classic group's GroupMetadata records.
+        assert written[:3] == [(6, True), (4, True), (3, True)] and set(written[3:]) == {(2, False)}
+    finally:
+        await coord.stop()

@@ -207,6 +207,14 @@ class ConsumerGroupCoordinator(GroupDriver):
         self.parent._install(classic)
         await self.parent._persist(classic)
 
+    async def drop_empty(self, group: ConsumerGroup) -> None:
+        """An empty consumer group gives way to a classic group of the same id (its offsets
+        stay): Kafka's tombstones of its records; the classic group's document replaces its
+        own (call with the group's lock held)."""
+        await self.parent._write_records(group.group_id, consumer_records.changes(
+            group.group_id, self._docs.get(group.group_id), None))
+        self.forget(group.group_id)
+
     async def _expire(self, group: ConsumerGroup, now: float) -> list[str]:
         removed = []
         for member_id, why in group.expired(now):

@@ -226,7 +226,7 @@ class GroupCoordinator:
                     return await self.consumer.classic_join(consumer, request, lookup, list_names)
                 if not request["member_id"]:
                     # An empty consumer group is replaced by a classic group (as Kafka); offsets stay.
-                    self.consumer.forget(group_id)
+                    await self.consumer.drop_empty(consumer)
             group = None if replaced else await self._load(group_id)
             created = False
             if group is None:
