@@ -218,6 +218,44 @@ async def test_a_partition_fenced_mid_flush_fails_only_its_own_waiters(tmp_path)
     await mgr.stop()
 
 
+class _ListingStore(LocalObjectStore):
+    """A file store that notes the prefixes it lists."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.listed: list[str] = []
+
+    async def list(self, prefix):
+        self.listed.append(prefix)
+        return await super().list(prefix)
+
+
+async def test_the_first_owner_loads_without_listing_and_a_reload_still_recovers(tmp_path):
+    """A partition this broker is the first ever to own (its etcd takeover wrote leader epoch 1
+    and its id) loads without listing its prefix: nobody flushed it before. Loaded again
+    in the same epoch (after a flush whose commit failed, the log is forgotten), it lists
+    and adopts the segment that reached the store but not the metadata."""
+    store = _ListingStore(tmp_path / "objects")
+    mgr = _manager(tmp_path, store=store)
+    await mgr.metadata.create_topic(TopicMeta("first", 2))
+    for p in (0, 1):
+        st = await mgr.metadata.get_partition("first", p)
+        await mgr.metadata.update_partition(st, leader_epoch=1, owner=0 if p == 0 else 5)  # 1: another broker's before
+    await mgr.get_log("first", 0)
+    await mgr.get_log("first", 1)
+    prefix = lambda p: segment.partition_prefix("default", "first", p)  # noqa: E731
+    assert not any(x.startswith(prefix(0)) for x in store.listed), store.listed
+    assert any(x.startswith(prefix(1)) for x in store.listed), "a partition another broker owned before is listed"
+    # the upload of a flush whose commit never happened, then the log forgotten (as after a failed flush)
+    enc = _enc(0, [b"uploaded", b"not committed"], created_ms=int(time.time() * 1000))
+    await store.create(segment.segment_key("default", "first", 0, 0), enc.parts)
+    mgr.forget("first", 0)
+    lg = await mgr.get_log("first", 0)
+    assert any(x.startswith(prefix(0)) for x in store.listed)
+    assert lg.high_watermark == 2 and await _read_all(lg) == [(0, b"uploaded"), (1, b"not committed")]
+    await mgr.stop()
+
+
 # -- the rewrite into spec segments and the cleanup, in process --------------------------
 
 

@@ -80,6 +80,7 @@ class LogManager:
         self.namespace = config.namespace
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
+        self._loaded_before: set[tuple[str, int]] = set()  # partitions a load of this process began for
         self.topics = TopicCache(metadata)
         self._readers: dict[tuple[str, int], "FlushedPartition"] = {}
         self._retention_task: asyncio.Task | None = None
@@ -268,7 +269,8 @@ class LogManager:
             self.reader.drop(topic, partition)  # views cached while another broker owned it
             producers = ProducerStateTable()
             await rebuild_producer_state(self.reader, topic, partition, st.segments, producers)
-            st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers, topic_id=meta.topic_id)
+            if not self._first_writer(st):
+                st = await recover(self.store, self.metadata, self.namespace, st, self.merger.schedule_delete, producers, topic_id=meta.topic_id)
             lg = PartitionLog(
                 meta, st, producers, config=self.config, store=self.store, metadata=self.metadata, reader=self.reader,
                 metrics=self.metrics, owns=self.cluster.owns, forget=self.forget, write_ahead=self.write_ahead,
@@ -276,6 +278,18 @@ class LogManager:
         except STORE_FAILURES as e:
             raise store_failure(e, f"loading {topic}-{partition}") from e
         return lg
+
+    def _first_writer(self, st: PartitionState) -> bool:
+        """Whether this load is the first by the first broker ever to own the partition:
+        this broker took it at leader epoch 1 (only a takeover on etcd names an owner, and
+        each bumps the epoch) and has not loaded it before. Nobody has flushed it then, so
+        no object waits under its prefix for recovery to adopt or sweep, and its load skips
+        the listing (a LIST a partition: 1,024 when a broker takes a new topic of 1,024).
+        A later load (a reload after a failed flush, a restart, another owner) lists."""
+        key = (st.topic, st.partition)
+        first = st.owner == self.cluster.local.node_id and st.leader_epoch == 1 and key not in self._loaded_before
+        self._loaded_before.add(key)
+        return first
 
     async def load_owned(self) -> None:
         """Load every partition this broker owns but has not loaded yet (retention does, each round)."""
