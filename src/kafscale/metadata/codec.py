@@ -5,7 +5,7 @@ restore benchmark), so a restored key reads back exactly as the broker wrote it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import fields
 
 from kafscale.metadata.segments import SegmentInfo
 
@@ -15,8 +15,13 @@ def encode(doc) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+_SEGMENT_FIELDS = tuple(f.name for f in fields(SegmentInfo))
+
+
 def encode_segment(seg: SegmentInfo) -> bytes:
-    d = asdict(seg)
+    # The fields by hand, not dataclasses.asdict: that deep-copies every value (a third of
+    # a write-ahead flush's Python time over 1,024 partitions); tuples write as JSON arrays.
+    d = {name: getattr(seg, name) for name in _SEGMENT_FIELDS}
     for name in ("aborted", "open_txns", "cleaned"):
         if not d[name]:
             del d[name]  # the common case stays as compact as before transactions and compaction
