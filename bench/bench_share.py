@@ -1,7 +1,8 @@
 """Share groups (KIP-932): records/s acknowledged by 1, 2 and 4 confluent-kafka
 ShareConsumers on one partition, against a classic consumer reading the same topic, and
 what the acknowledgements cost the stores: metadata writes and object-store PUTs per 1,000
-acknowledged records (from the broker's /metrics).
+acknowledged records, and the broker's CPU time per 1,000 (from the broker's /metrics: a
+figure the load of a shared machine moves less than records/s).
 
     .venv/bin/python bench/bench_share.py [--records 20000] [--size 100] [--s3]
 
@@ -28,16 +29,19 @@ from tests.support.broker import BrokerProcess, free_port  # noqa: E402
 
 
 def store_calls(http_port: int) -> dict[str, float]:
-    """Calls so far: metadata commits and gets, object-store puts and gets."""
+    """Calls so far: metadata commits and gets, object-store puts and gets; and the broker
+    process's CPU seconds."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    out = {"metadata commit": 0.0, "metadata get": 0.0, "object put": 0.0, "object get": 0.0}
+    out = {"metadata commit": 0.0, "metadata get": 0.0, "object put": 0.0, "object get": 0.0, "cpu": 0.0}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "kafscale_metadata_request_duration_seconds_count" and s.labels.get("op") in ("commit", "get"):
                 out[f"metadata {s.labels['op']}"] += s.value
             elif s.name == "kafscale_object_store_request_duration_seconds_count" and s.labels.get("op") in ("put", "get"):
                 out[f"object {s.labels['op']}"] += s.value
+            elif s.name == "kafscale_process_cpu_seconds_total":
+                out["cpu"] = s.value
     return out
 
 
@@ -160,7 +164,7 @@ def main() -> None:
             print(f"{f'{consumers} share consumer(s)':<22} {args.records / seconds:9.0f} records/s acknowledged"
                   f"  (read {counts});  per 1,000 acknowledgements: {per_k['metadata commit']:.1f} metadata writes,"
                   f" {per_k['metadata get']:.1f} metadata reads, {per_k['object put']:.1f} object PUTs,"
-                  f" {per_k['object get']:.1f} object GETs", flush=True)
+                  f" {per_k['object get']:.1f} object GETs, {per_k['cpu'] * 1000:.0f} ms broker CPU", flush=True)
     finally:
         b.stop()
         for s in servers:

@@ -187,11 +187,13 @@ class SharePartitionManager:
                 logged = _deliverable(chunks, found, aborted)
             else:
                 logged = [LogBatch(h.base_offset, h.last_offset, not h.is_control) for _, h, _ in found]
+            now = self.clock()
             async with entry.lock:
-                acquired = sp.acquire(member_id, self.clock(), settings.record_lock_duration_ms, logged, max_records,
+                acquired = sp.acquire(member_id, now, settings.record_lock_duration_ms, logged, max_records,
                                       lg.log_start_offset, record_limit, batch_size)
             if acquired:
-                self._arm(sp.next_deadline())
+                # (earlier deadlines are armed already; the timer finds the next one when it fires)
+                self._arm(now + settings.record_lock_duration_ms)
                 self._check_members_soon()
                 return FetchResult(_covering(chunks, found, acquired), acquired)
         return FetchResult()

@@ -56,6 +56,7 @@ class AckType(IntEnum):
 
 
 DONE = (RecordState.ACKNOWLEDGED, RecordState.ARCHIVED)
+_ACK_NAMES = {int(t): t.name.lower() for t in AckType}
 
 
 @dataclass(slots=True)
@@ -178,12 +179,17 @@ class SharePartition:
                 break  # no new records beyond the in-flight limit
             start = max(batch.base_offset, self.end)
             if batch.deliverable:
-                for offset in range(start, batch.last_offset + 1):
-                    r = InFlight(RecordState.AVAILABLE)
-                    if not (record_limit and len(got) >= max_records):
-                        self._acquire_one(r, member_id, deadline)
-                        got.append(offset)
-                    self.records[offset] = r
+                # (per record only what must be: this loop sees every record a share group reads)
+                stop = batch.last_offset + 1
+                if record_limit:
+                    stop = min(stop, start + max(max_records - len(got), 0))
+                records = self.records
+                for offset in range(start, stop):
+                    records[offset] = InFlight(RecordState.ACQUIRED, 1, member_id, deadline)
+                got.extend(range(start, stop))
+                self.counters.acquired += max(stop - start, 0)
+                for offset in range(max(start, stop), batch.last_offset + 1):
+                    records[offset] = InFlight(RecordState.AVAILABLE)
             # (gaps before the batch and an undeliverable batch stay out of `records`: archived)
             self.end = batch.last_offset + 1
         self._advance()
@@ -200,14 +206,21 @@ class SharePartition:
     def _ranges(self, offsets: list[int], cuts: set[int] = frozenset(), batch_size: int = 0) -> list[Acquired]:
         """Contiguous offsets of one delivery count as ranges; a range of `batch_size` or more
         ends before the next offset in `cuts` (a stored batch's first offset)."""
-        out: list[Acquired] = []
-        for o in sorted(offsets):
-            count = self.records[o].delivery_count if o in self.records else 1
-            if (out and out[-1].last_offset == o - 1 and out[-1].delivery_count == count
-                    and not (o in cuts and o - out[-1].first_offset >= batch_size)):
-                out[-1] = Acquired(out[-1].first_offset, o, count)
-            else:
-                out.append(Acquired(o, o, count))
+        if not offsets:
+            return []
+        offsets.sort()  # (acquired in order: linear)
+        records, out = self.records, []
+        first = prev = offsets[0]
+        count = records[first].delivery_count if first in records else 1
+        for o in offsets[1:]:
+            c = records[o].delivery_count if o in records else 1
+            if o == prev + 1 and c == count and not (o in cuts and o - first >= batch_size):
+                prev = o
+                continue
+            out.append(Acquired(first, prev, count))
+            first = prev = o
+            count = c
+        out.append(Acquired(first, prev, count))
         return out
 
     # -- acknowledgement ------------------------------------------------------------------------
@@ -216,38 +229,40 @@ class SharePartition:
         """Apply one partition's acknowledgements, all or nothing; INVALID_RECORD_STATE (or
         INVALID_REQUEST for a malformed batch) changes nothing. RENEW moves a held record's
         lock deadline to `now + lock_ms`. Whether anything to persist changed (RENEW alone: no)."""
-        planned: list[tuple[int, int]] = []
+        planned: list[tuple[InFlight, int]] = []
+        records = self.records
         for ack in acks:
-            n = ack.last_offset - ack.first_offset + 1
-            if n <= 0 or not ack.types or (len(ack.types) != 1 and len(ack.types) != n):
+            first, types = ack.first_offset, ack.types
+            n = ack.last_offset - first + 1
+            if n <= 0 or not types or (len(types) != 1 and len(types) != n):
                 raise KafkaError(ErrorCode.invalid_request,
-                                 f"acknowledgement batch {ack.first_offset}-{ack.last_offset} is malformed")
-            for i in range(n):
-                offset = ack.first_offset + i
-                kind = ack.types[0] if len(ack.types) == 1 else ack.types[i]
-                if kind not in AckType._value2member_map_:
+                                 f"acknowledgement batch {first}-{ack.last_offset} is malformed")
+            for kind in set(types):
+                if kind not in _ACK_NAMES:
                     raise KafkaError(ErrorCode.invalid_request, f"unknown acknowledge type {kind}")
-                r = self.records.get(offset)
+            for i in range(n):
+                r = records.get(first + i)
                 if r is None or r.state is not RecordState.ACQUIRED or r.member_id != member_id:
                     raise KafkaError(ErrorCode.invalid_record_state,
-                                     f"offset {offset} is not acquired by member {member_id}")
-                planned.append((offset, kind))
+                                     f"offset {first + i} is not acquired by member {member_id}")
+                planned.append((r, types[0] if len(types) == 1 else types[i]))
         changed = False
-        by_type = self.counters.acknowledged
-        for offset, kind in planned:
-            r = self.records[offset]
-            by_type[AckType(kind).name.lower()] += 1
+        by_type = dict.fromkeys(_ACK_NAMES, 0)
+        for r, kind in planned:
+            by_type[kind] += 1
             if kind == AckType.RENEW:
                 r.deadline = now + lock_ms
                 continue
             changed = True
             if kind == AckType.ACCEPT:
-                self._finish(r, RecordState.ACKNOWLEDGED)
+                r.state, r.member_id, r.deadline = RecordState.ACKNOWLEDGED, None, 0.0
             elif kind == AckType.RELEASE:
                 self._release(r)
             else:  # REJECT, GAP
                 self._finish(r, RecordState.ARCHIVED)
                 self.counters.archived["rejected" if kind == AckType.REJECT else "gap"] += 1
+        for kind, k in by_type.items():
+            self.counters.acknowledged[_ACK_NAMES[kind]] += k
         self._advance()
         return changed
 
