@@ -6,6 +6,7 @@ and back while a producer runs, and the migration policy refusing it."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 
@@ -17,7 +18,7 @@ from tests.support.raw import RawClient, error_code, req
 from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from tests.support.group_members import Ledger, Member  # noqa: E402
@@ -77,6 +78,7 @@ class Producing(threading.Thread):
     def stop(self) -> list[int]:
         self.stopping.set()
         self.join(60)
+        self.producer = None  # (destroyed now, not after its broker stopped)
         return list(self.acked)
 
 
@@ -204,6 +206,20 @@ def test_policy_refuses_the_upgrade():
                                                 server_assignor=None, topic_partitions=()))
             assert error_code(r.error_code) == ErrorCode.group_id_not_found.value
             assert r.error_message == f"Group {group} is not a consumer group."
+            # librdkafka takes it, as from Kafka, as a fatal error for the application.
+            refused = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+                                "logger": logging.getLogger("librdkafka")})
+            refused.subscribe([topic])
+            try:
+                def fatal():
+                    m = refused.poll(0.2)
+                    return m.error() if m is not None and m.error() is not None else None
+
+                err = wait_until(fatal, 30, "the consumer-protocol member's error")
+                assert err.code() == confluent_kafka.KafkaError._FATAL and "group id does not exist" in err.str()
+                assert not refused.assignment()
+            finally:
+                refused.close()
             before = len(ledger.read)
             wait_until(lambda: len(ledger.read) >= before + 20, 30, "the classic member still reading")
             assert group_type(bootstrap, group) == "classic" and ledger.split() == [4]
