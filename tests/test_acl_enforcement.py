@@ -197,6 +197,7 @@ def test_denied_topics_refused_one_by_one_and_the_rest_served(secured):
     """Kafka authorizes Produce, Fetch, ListOffsets ... topic by topic: carol (ALL on logs-*)
     naming logs-app and orders in one request gets logs-app served and orders refused."""
     import datetime
+    import time
 
     from kafscale.protocol.records import build_batch, decode_records, iter_batches
     from tests.support.raw import error_code, req
@@ -206,7 +207,7 @@ def test_denied_topics_refused_one_by_one_and_the_rest_served(secured):
     with _raw_as(sasl, "admin") as c:
         orders_end = c.list_offsets("orders", 0, -1).offset
     with _raw_as(sasl, "carol") as c:
-        batch = build_batch([(b"k", b"both-topics")])
+        batch = build_batch([(b"k", b"both-topics")], timestamp=int(time.time() * 1000))  # (1970 is retention's to delete before the fetch)
         topics = tuple(req(0, 9, "TopicProduceData", name=t, partition_data=(req(0, 9, "PartitionProduceData", index=0, records=batch),))
                        for t in ("logs-app", "orders"))
         resp = c.request(0, 9, req(0, 9, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=10), topic_data=topics))

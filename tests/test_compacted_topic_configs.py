@@ -365,15 +365,22 @@ def test_null_key_refused_in_an_old_message_format(broker, admin, topic_name, ap
     from kafka import KafkaProducer
 
     create(admin, topic_name, {"cleanup.policy": "compact"})
-    p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=api_version, retries=0, linger_ms=200)
+    # the two records one batch under load too: a linger no busy machine outlasts, then flush()
+    p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=api_version, retries=0, linger_ms=10_000)
+
+    def sent(*futures):
+        p.flush(15)
+        return futures
+
     try:
-        keyless = [p.send(topic_name, key=b"k", value=b"v", partition=0), p.send(topic_name, key=None, value=b"v", partition=0)]
-        for f in keyless:
+        for f in sent(p.send(topic_name, key=b"k", value=b"v", partition=0), p.send(topic_name, key=None, value=b"v", partition=0)):
             with pytest.raises(kafka.errors.InvalidRecordError):
                 f.get(15)
         assert end_offsets(broker.bootstrap, topic_name) == (0, 0)
-        assert p.send(topic_name, key=b"k", value=b"v", partition=0).get(15).offset == 0
-        assert p.send(topic_name, key=b"j", value=None, partition=0).get(15).offset == 1
+        [k] = sent(p.send(topic_name, key=b"k", value=b"v", partition=0))
+        assert k.get(15).offset == 0
+        [j] = sent(p.send(topic_name, key=b"j", value=None, partition=0))
+        assert j.get(15).offset == 1
     finally:
         p.close()
 

@@ -37,7 +37,7 @@ def test_byte_rate_and_request_quotas_throttle_and_mute(qb):
     assert alter(qb.bootstrap, {"client-id": "slow-producer"}, {"producer_byte_rate": 1000}) == (0, None)
     assert alter(qb.bootstrap, {"client-id": "slow-consumer"}, {"consumer_byte_rate": 1000}) == (0, None)
     assert alter(qb.bootstrap, {"client-id": "busy"}, {"request_percentage": 0.01}) == (0, None)
-    big = build_batch([(None, b"x" * 50_000)])
+    big = build_batch([(None, b"x" * 50_000)], timestamp=int(time.time() * 1000))  # read back below: 1970 is retention's to delete
     with RawClient(qb.bootstrap, client_id="free") as c:
         c.metadata([topic])
         p = req(0, 9, "PartitionProduceData", index=0, records=big)
