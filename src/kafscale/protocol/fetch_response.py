@@ -71,13 +71,13 @@ class FetchResponse:
         head += _I32.pack(self.throttle_time_ms)
         if v >= 7:
             head += _I16.pack(self.error_code) + _I32.pack(self.session_id)
-        head += _array_len(len(self.responses), flexible)
+        head += array_len(len(self.responses), flexible)
         for t in self.responses:
             if v >= 13:
                 head += (t.topic_id or uuid.UUID(int=0)).bytes
             else:
-                head += _string(t.topic or "", flexible)
-            head += _array_len(len(t.partitions), flexible)
+                head += string(t.topic or "", flexible)
+            head += array_len(len(t.partitions), flexible)
             for p in t.partitions:
                 head += _PARTITION_HEAD.pack(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset)
                 if v < 5:
@@ -86,7 +86,7 @@ class FetchResponse:
                 if aborted is None:
                     head += b"\0" if flexible else _I32.pack(-1)
                 else:
-                    head += _array_len(len(aborted), flexible)
+                    head += array_len(len(aborted), flexible)
                     for pid, first in aborted:
                         head += _ABORTED.pack(pid, first)
                         if flexible:
@@ -111,10 +111,10 @@ class FetchResponse:
         return out
 
 
-def _array_len(n: int, flexible: bool) -> bytes:
+def array_len(n: int, flexible: bool) -> bytes:
     return uvarint(n + 1) if flexible else _I32.pack(n)
 
 
-def _string(s: str, flexible: bool) -> bytes:
+def string(s: str, flexible: bool) -> bytes:
     b = s.encode()
     return (uvarint(len(b) + 1) if flexible else _I16.pack(len(b))) + b

@@ -24,6 +24,7 @@ from kafscale.metadata.internal_topics import is_internal
 from kafscale.protocol import legacy_records, produce_request, records
 from kafscale.protocol.api_keys import ApiKey
 from kafscale.protocol.build import make, nested, response
+from kafscale.protocol.produce_response import PartitionAnswer, ProduceAnswer, TopicAnswer
 from kafscale.storage.failures import StorageError
 
 log = logging.getLogger("kafscale.produce")
@@ -135,6 +136,15 @@ async def produce(ctx, req):
                 r.error = exc.error_code if isinstance(exc, StorageError) else ErrorCode.kafka_storage_error
                 r.message = str(exc)
                 r.base_offset = -1
+    if ctx.wire_version is None:  # encoded by hand (protocol/produce_response.py)
+        return ProduceAnswer(ctx.version, [
+            TopicAnswer(name, topic_id, [
+                PartitionAnswer(r.index, r.error, r.base_offset, r.append_time, r.log_start, r.record_errors, r.message if r.error else None)
+                for r in results
+            ])
+            for name, topic_id, results in by_topic
+        ])  # fmt: skip
+    # An older version than kio's: kio's response, which protocol/legacy.py converts.
     cls = response(ApiKey.PRODUCE, ctx.version)
     topic_cls = nested(cls, "TopicProduceResponse")
     part_cls = nested(cls, "PartitionProduceResponse")
