@@ -249,6 +249,7 @@ def run_case(shared: B.Shared, broker_name: str, write_ahead: str | None, rate_m
             return res
         begin = requests.mark()
         res["load_before"] = os.getloadavg()
+        log(f"warm-up done in {res['warm_up_s']:.1f} s; offering {rate_mb:g} MB/s for {args.seconds:g} s (broker pid {getattr(broker, 'pid', '-')})")
         res.update(producer.run(rate_mb, args.seconds, args.drain))
         producer.close()
         producer = None  # librdkafka's handle goes before the broker does (no reconnect noise)
