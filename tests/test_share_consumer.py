@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from tests.support.broker import BrokerProcess
+from tests.support.broker import REPO, BrokerProcess
 from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -403,10 +403,11 @@ def test_a_member_leaving_the_group_gives_its_records_back_at_once(sbroker):
     produce(bootstrap, topic, [f"l-{i}".encode() for i in range(10)])
     # 1. a leaves the group with the 10 records acquired
     a = consumer(bootstrap, group, topic, explicit=True)
-    b = consumer(bootstrap, group, topic)
+    b = None
     try:
         held: list = []
         wait_until(lambda: held.extend(records(a)) or len(held) >= 10, 30, "the records at a")
+        b = consumer(bootstrap, group, topic)
         a.unsubscribe()
         again: dict[int, int] = {}
         wait_until(lambda: again.update({m.offset(): m.delivery_count() for m in records(b)}) or len(again) >= 10, 30,
@@ -414,12 +415,13 @@ def test_a_member_leaving_the_group_gives_its_records_back_at_once(sbroker):
         assert again == {m.offset(): 2 for m in held}
         b.commit_sync(10)
     finally:
-        b.close()
+        if b is not None:
+            b.close()
         a.close()
     # 2. a frozen consumer (no heartbeats, connections open) times out of the group after 3 s
     produce(bootstrap, topic, [f"m-{i}".encode() for i in range(5)])
     frozen = subprocess.Popen([sys.executable, "-m", "tests.support.share_holder", bootstrap, group, topic, "5"],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
     c = None
     try:
         assert select.select([frozen.stdout], [], [], 60)[0], "the holder process holding 5 records"
