@@ -107,7 +107,9 @@ def read_all(
         conf.update({"fetch.max.bytes": fetch_max_bytes, "max.partition.fetch.bytes": fetch_max_bytes, "message.max.bytes": min(fetch_max_bytes, 1000)})
     c = Consumer(conf)
     try:
-        _low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        # the first request after a restart loads the partition (on S3 a listing and reads): a
+        # busy machine takes more than a few seconds
+        _low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
         c.assign([TopicPartition(topic, 0, 0)])
         got: list[tuple[int, bytes, bytes | None]] = []
         deadline = time.monotonic() + timeout
