@@ -678,8 +678,10 @@ def test_joining_broker_takes_its_share(cluster_factory):
     print(f"broker 3 owns {mine} {joined:.1f}s after it started")
     late = load.acked_since(t1)
     assert any(load.acked[v][0] in mine for v in late), "nothing produced after the join went to the new broker's partitions"
-    # Partitions moved by a graceful hand-over: no producer should wait long.
-    verify(cl, topic, parts, load, max_latency=8, bootstrap=new.bootstrap)
+    # Partitions moved by a graceful hand-over: no producer waits anywhere near its
+    # message.timeout.ms (20 s), past which librdkafka would resend (a loaded 2-core machine
+    # has seen 10 s while the new broker loads its partitions).
+    verify(cl, topic, parts, load, max_latency=15, bootstrap=new.bootstrap)
 
 
 def test_watches_see_hand_overs_long_before_the_resync(cluster_factory, backends):
