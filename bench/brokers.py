@@ -61,6 +61,86 @@ def proc_status_kib(pid: int, key: str) -> int | None:
     return None
 
 
+def smaps_breakdown(pid: int) -> dict[str, float]:
+    """Resident MiB of a process by kind of mapping (/proc/PID/smaps): the main malloc heap,
+    other anonymous memory (thread arenas, large malloc chunks mmapped on their own, thread
+    stacks), and file-backed pages (the interpreter, shared libraries)."""
+    out = {"heap": 0.0, "anon_arena_64m": 0.0, "anon_other": 0.0, "file": 0.0, "anon_mappings": 0}
+    kind = None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 5)
+            if "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                name = head[5].strip() if len(head) > 5 else ""
+                if name == "[heap]":
+                    kind = "heap"
+                elif name == "" or name.startswith("[anon"):
+                    # glibc reserves a thread arena as a 64 MiB-aligned block (split into
+                    # a used part and a PROT_NONE rest)
+                    kind = "anon_arena_64m" if lo % (64 << 20) == 0 or (hi - lo) == (64 << 20) else "anon_other"
+                    out["anon_mappings"] += 1
+                elif name.startswith("["):
+                    kind = "anon_other"
+                else:
+                    kind = "file"
+            elif head[0] == "Rss:" and kind is not None:
+                out[kind] += int(head[1]) / 1024
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+class RssProbe:
+    """Samples a process's RSS every `period` s in a thread; at each new peak (by 2 MiB or
+    more) records the phase set by the caller and the resident memory by kind of mapping."""
+
+    # gauges of our broker's /metrics read at each new peak: what it says it holds
+    GAUGES = ("kafscale_cache_bytes", "kafscale_request_memory_bytes", "kafscale_connections")
+
+    def __init__(self, pid: int, period: float = 0.05, metrics_url: str | None = None):
+        self.pid = pid
+        self.metrics_url = metrics_url
+        self.period = period
+        self.phase = "start"
+        self.peak_mib = 0.0
+        self.at_peak: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-probe", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        page_mib = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        while not self._stop.wait(self.period):
+            try:
+                with open(f"/proc/{self.pid}/statm") as f:
+                    rss = int(f.read().split()[1]) * page_mib
+                if rss >= self.peak_mib + 2:
+                    self.peak_mib = rss
+                    self.at_peak = {"rss_mib": round(rss, 1), "phase": self.phase, **smaps_breakdown(self.pid), **self._gauges()}
+            except (OSError, ValueError, IndexError):
+                return
+
+    def _gauges(self) -> dict:
+        if not self.metrics_url:
+            return {}
+        import urllib.request
+
+        out = {}
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as resp:
+                for line in resp.read().decode().splitlines():
+                    name, _, value = line.partition(" ")
+                    if name in self.GAUGES:
+                        out[name.removeprefix("kafscale_").replace("_bytes", "_mib")] = round(float(value) / (1 << 20), 1) if name.endswith("_bytes") else float(value)
+        except OSError:
+            pass
+        return out
+
+    def close(self) -> dict:
+        self._stop.set()
+        self._thread.join(2)
+        return self.at_peak
+
+
 # --------------------------------------------------------------------------- PUT counters
 
 _IN_CLOSE_WRITE = 0x00000008
@@ -252,6 +332,8 @@ class BenchBroker:
         """Bytes of segment (.kfs) objects in the store now (ours only)."""
         return None
 
+    metrics_url: str | None = None  # ours: the broker's /metrics
+
     def decompressions(self) -> int | None:
         """Record batches the broker decompressed so far (ours only: /metrics)."""
         return None
@@ -283,6 +365,7 @@ class KafscaleBroker(BenchBroker):
         super().__init__(shared, case_id)
         self.s3 = s3
         self.extra_args = list(extra_args or [])  # broker flags of a variant under test
+        self.extra_env: dict[str, str] = {}  # environment of a variant under test
         self.bp: BrokerProcess | None = None
 
     def start(self) -> None:
@@ -303,7 +386,9 @@ class KafscaleBroker(BenchBroker):
             self.counter = InotifyPutCounter(objects)
         self.http_port = free_port()
         extra += ["--http", f"127.0.0.1:{self.http_port}"]  # for kafscale_decompressions_total
+        self.metrics_url = f"http://127.0.0.1:{self.http_port}/metrics"
         extra += self.extra_args
+        env.update(self.extra_env)
         self.bp = BrokerProcess(data_dir=str(self.workdir), extra_args=extra, env=env)
         try:
             self.bp.start()

@@ -165,12 +165,24 @@ def _get(q, kind_prefix: str, timeout: float, broker) -> dict:
                 raise RuntimeError(f"broker exited:\n{broker.log_tail()}")
 
 
+def as_variant(broker, args, label: str) -> None:
+    """Our broker with --broker-arg flags, and traced with --tracemalloc."""
+    if broker.side != "ours":
+        return
+    broker.extra_args += args.broker_arg
+    if args.tracemalloc:
+        out = Path(args.tracemalloc) / f"{broker.name}-{label}.txt"
+        path = os.pathsep.join(p for p in [str(HERE / "rss_trace"), os.environ.get("PYTHONPATH", "")] if p)
+        broker.extra_env = {"KAFSCALE_BENCH_TRACEMALLOC": str(out), "PYTHONPATH": path}
+
+
 def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, idx: int) -> dict:
     import brokers as B
     import numpy as np
 
     case_id = f"c{idx}-{int(time.time())}"
     broker = B.BROKERS[broker_name](shared, case_id)
+    as_variant(broker, args, f"{size}-{compression}-{case_id}")
     res = {"broker": broker_name, "side": broker.side, "storage": broker.storage, "size": size, "compression": compression}
     procs = []
     marks = {"begin": time.perf_counter()}
@@ -232,6 +244,9 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
                 f.write("5")
         except OSError:
             pass
+        probe = B.RssProbe(broker.pid, metrics_url=broker.metrics_url) if args.rss_detail else None
+        if probe:
+            probe.phase = "saturated"
         t0 = time.perf_counter()
         starts[0].set()
         sat = collect(1)
@@ -246,6 +261,8 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
         marks["saturated_done"] = time.perf_counter()
 
         # Phase 2, paced at --rate-mb: produce and end-to-end latency.
+        if probe:
+            probe.phase = "paced"
         lat_from.value = time.time_ns()
         starts[1].set()
         paced = collect(2)
@@ -257,6 +274,8 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
         marks["paced_done"] = time.perf_counter()
 
         # Catch-up: a fresh consumer reads everything from offset 0.
+        if probe:
+            probe.phase = "catch-up"
         cpu2 = B.cpu_seconds(broker.pid)
         cu = ctx.Process(target=loadgen.catchup_consumer_proc, args=(cfg, q), daemon=True)
         cu.start()
@@ -264,6 +283,9 @@ def run_case(ctx, shared, broker_name: str, size: int, compression: str, args, i
         catch = _get(q, "catchup", args.catchup_seconds + 60, broker)
         cpu3 = B.cpu_seconds(broker.pid)
         hwm_kib = B.proc_status_kib(broker.pid, "VmHWM")
+        if probe:
+            res["rss_at_peak"] = probe.close()
+            log(f"  RSS at the probe's peak: {res['rss_at_peak']}")
         marks["catchup_done"] = time.perf_counter()
         decompressions = broker.decompressions()  # over all three phases: produce and fetch
 
@@ -353,6 +375,7 @@ def run_single(ctx, shared, broker_name: str, args, idx: int) -> dict:
     import numpy as np
 
     broker = B.BROKERS[broker_name](shared, f"s{idx}-{int(time.time())}")
+    as_variant(broker, args, f"single-{idx}")
     res = {"broker": broker_name, "side": broker.side, "storage": broker.storage, "records": args.single_records}
     proc = None
     try:
@@ -652,12 +675,16 @@ def parse_args(argv=None):
     ap.add_argument("--repeat", type=int, help="rounds over all cases; the table shows medians and the spread of per-round ratios (default 3; quick 1)")
     ap.add_argument("--single-records", type=int, default=100_000, help="records of the single-producer case (0: skip it)")
     ap.add_argument("--only-single", action="store_true", help="run the single-producer case only")
+    ap.add_argument("--broker-arg", action="append", default=[], help="extra flag for our brokers (repeatable), e.g. --broker-arg=--cache-bytes=67108864")
+    ap.add_argument("--rss-detail", action="store_true", help="sample our broker's RSS every 50 ms and record, at its peak, the phase and the resident memory by kind of mapping")
+    ap.add_argument("--tracemalloc", metavar="DIR", help="trace our broker's Python allocations (slow) and write, per case, what it held at its peak into DIR (bench/rss_trace)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest"), help="path prefix for .json and .png")
     args = ap.parse_args(argv)
     q = args.quick
     args.sizes = [int(s) for s in (args.sizes or ("1024" if q else "100,1024,16384")).split(",")]
     args.compression = (args.compression or "none,lz4").split(",")
     args.brokers = [b for b in args.brokers.split(",") if b]
+    args.broker_arg = [a for arg in args.broker_arg for a in arg.split("=", 1)]
     unknown = set(args.brokers) - set(B.BROKERS)
     if unknown:
         ap.error(f"unknown brokers {sorted(unknown)}")

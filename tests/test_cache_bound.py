@@ -7,10 +7,17 @@ nearly twice its budget. Measured with tracemalloc on real views of real batches
 
 from __future__ import annotations
 
+import os
+import time
 import tracemalloc
+import urllib.request
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.protocol.records import build_batch
 from kafscale.storage.cache import SegmentCache, SegmentView
+from tests.support.broker import free_port
 
 MiB = 1024 * 1024
 
@@ -37,3 +44,68 @@ def test_cache_of_tiny_batches_stays_within_its_budget():
     assert held <= budget * 1.05, f"cache holds {held / MiB:.2f} MiB for a budget of {budget / MiB:.0f} MiB"
     view = cache.get(("t", 0, 39 * 2000))
     assert view is not None and view.read(39 * 2000 + 5, 1000, True)  # the table still finds batches
+
+
+def test_cache_gives_way_to_segment_data_held_outside_it():
+    held = [0]
+    cache = SegmentCache(4 * MiB, held_outside=lambda: held[0])
+    segments = [tiny_batch_segment(i * 2000, 2000) for i in range(12)]  # 12 x 340 KB
+    for i, seg in enumerate(segments[:8]):
+        cache.put(("t", 0, i * 2000), SegmentView(i * 2000, seg))
+    assert 2 * MiB < cache.bytes <= 4 * MiB
+    held[0] = 3 * MiB  # produce requests waiting to become durable
+    for i, seg in enumerate(segments[8:], start=8):
+        cache.put(("t", 0, i * 2000), SegmentView(i * 2000, seg))
+        assert cache.bytes + held[0] <= 4 * MiB
+    held[0] = 8 * MiB  # more than the whole budget: the newest view alone stays
+    cache.put(("t", 1, 0), SegmentView(0, segments[0]))
+    assert cache.contains(("t", 1, 0)) and not cache.contains(("t", 0, 11 * 2000))
+    assert cache.bytes < 1 * MiB
+
+
+def _gauge(url: str, name: str, labels: str = "") -> float:
+    """The value of one sample of /metrics (`labels` as printed there, e.g. '{op="get"}')."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + labels + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name}{labels} not in /metrics")
+
+
+def test_cache_bytes_stay_within_cache_bytes_under_a_fetch_load_that_overflows_it(broker_factory, topic_name):
+    """A broker with a 1 MiB cache serves two consumers reading 4 MiB from the start: the
+    segments are loaded from the store and evicted again, and the cache's accounted bytes
+    never pass --cache-bytes whenever they are looked at."""
+    port = free_port()
+    b = broker_factory(extra_args=["--cache-bytes", str(MiB), "--http", f"127.0.0.1:{port}"])
+    url = f"http://127.0.0.1:{port}/metrics"
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 2, 1, config={"segment.bytes": str(256 * 1024)})])[topic_name].result(30)
+    value = os.urandom(1000)
+    now_ms = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5})
+    n = 4096
+    for i in range(n):
+        p.produce(topic_name, value, key=str(i).encode(), partition=i % 2, timestamp=now_ms)
+        p.poll(0)
+    assert p.flush(60) == 0
+    assert _gauge(url, "kafscale_cache_max_bytes") == MiB
+    gets_before = _gauge(url, "kafscale_object_store_requests_total", '{op="get"}')
+    for reader in range(2):
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": f"{topic_name}-{reader}", "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False, "fetch.max.bytes": 1024 * 1024, "message.max.bytes": 1024 * 1024, "max.partition.fetch.bytes": 64 * 1024})
+        c.assign([TopicPartition(topic_name, part, 0) for part in range(2)])
+        got = 0
+        deadline = time.monotonic() + 60
+        try:
+            while got < n and time.monotonic() < deadline:
+                for m in c.consume(200, 1.0):
+                    assert m.error() is None, m.error()
+                    assert m.value() == value
+                    got += 1
+                assert _gauge(url, "kafscale_cache_bytes") <= MiB
+        finally:
+            c.close()
+        assert got == n
+    # the 4 MiB did not fit: the readers' segments came from the store, again and again
+    assert _gauge(url, "kafscale_object_store_requests_total", '{op="get"}') - gets_before >= 16

@@ -92,6 +92,9 @@ class Broker:
             window_ms=max(1, config.quota_window_size_seconds) * 1000, samples=max(2, config.quota_window_num),
         )
         self.server = KafkaServer(self, config)
+        # Produce requests wait in memory until durable: the segment cache gives way to them
+        # (one budget, --cache-bytes, for segment data written and read; storage/cache.py).
+        self.logs.cache.held_outside = lambda: self.server.request_memory
         self.server.close_hooks.append(self.shares.connection_closed)
         self.backup_store = open_store(config.metadata_backup_url) if config.metadata_backup_url else self.store
         self.snapshots = SnapshotWriter(

@@ -1,0 +1,60 @@
+"""Python allocations of a broker at its peak, for bench/run.py --tracemalloc (not loaded otherwise).
+
+Put on the broker's PYTHONPATH with KAFSCALE_BENCH_TRACEMALLOC=<output file>: a thread takes a
+tracemalloc snapshot whenever the traced total has grown by 4 MiB over the last snapshot, and
+the broker writes the last one (the peak) at exit, grouped by the first frame in kafscale's own
+code (and, separately, by the innermost frame). Tracing slows the broker several times over:
+use it to see what is held, not for the other figures.
+"""
+
+import os
+
+_OUT = os.environ.get("KAFSCALE_BENCH_TRACEMALLOC")
+
+if _OUT:
+    import atexit
+    import threading
+    import tracemalloc
+
+    tracemalloc.start(int(os.environ.get("KAFSCALE_BENCH_TRACEMALLOC_FRAMES", "12")))
+    _state = {"snapshot": None, "peak": 0}
+
+    def _watch() -> None:
+        import time
+
+        while True:
+            time.sleep(0.25)
+            current, _ = tracemalloc.get_traced_memory()
+            if current >= _state["peak"] + (4 << 20):
+                _state["peak"] = current
+                _state["snapshot"] = tracemalloc.take_snapshot()
+
+    def _ours(tb) -> str:
+        for frame in tb:  # most recent first
+            if "/kafscale/" in frame.filename:
+                return f"{frame.filename.rsplit('/kafscale/', 1)[1]}:{frame.lineno}"
+        return f"(outside kafscale) {tb[0].filename.rsplit('/', 1)[-1]}:{tb[0].lineno}"
+
+    def _dump() -> None:
+        snap = _state["snapshot"]
+        if snap is None:
+            return
+        by_ours: dict[str, list[int]] = {}
+        by_inner: dict[str, list[int]] = {}
+        total = 0
+        for stat in snap.statistics("traceback"):
+            total += stat.size
+            for table, key in ((by_ours, _ours(stat.traceback)), (by_inner, f"{stat.traceback[0].filename.rsplit('/', 2)[-2:]} :{stat.traceback[0].lineno}")):
+                row = table.setdefault(key, [0, 0])
+                row[0] += stat.size
+                row[1] += stat.count
+        with open(_OUT, "w") as f:
+            f.write(f"traced at the peak snapshot: {total / 2**20:.1f} MiB\n\nby the first frame in kafscale:\n")
+            for key, (size, count) in sorted(by_ours.items(), key=lambda kv: -kv[1][0])[:40]:
+                f.write(f"{size / 2**20:9.2f} MiB {count:9d} blocks  {key}\n")
+            f.write("\nby the innermost frame:\n")
+            for key, (size, count) in sorted(by_inner.items(), key=lambda kv: -kv[1][0])[:40]:
+                f.write(f"{size / 2**20:9.2f} MiB {count:9d} blocks  {key}\n")
+
+    threading.Thread(target=_watch, name="tracemalloc-peak", daemon=True).start()
+    atexit.register(_dump)
