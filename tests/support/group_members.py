@@ -6,6 +6,7 @@ offset, member). Members use either group protocol (`group.protocol` classic or 
 from __future__ import annotations
 
 import threading
+import time
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
@@ -21,21 +22,55 @@ class Ledger:
         self.read: list[tuple[int, int, str]] = []  # (partition, offset, member)
         self.revoked: dict[str, list[int]] = {}
         self.errors: list[str] = []
+        # (len(read) once confirmed, partition, committed offset) of each commit answered without error
+        self.commits: list[tuple[int, int, int]] = []
+        # reads of a partition the member did not hold by its callbacks: (partition, offset, member, holder)
+        self.unheld_reads: list[tuple[int, int, str, str | None]] = []
+        self.events: list[tuple[float, str, str, list[int]]] = []  # (time, member, callback, partitions): diagnostics
 
     def assigned(self, name: str, partitions) -> None:
         with self.lock:
+            self.events.append((time.time(), name, "assign", sorted(p.partition for p in partitions)))
             for p in partitions:
                 holder = self.owner.get(p.partition)
                 if holder is not None and holder != name:
                     self.violations.append(f"partition {p.partition} given to {name} while {holder} holds it")
                 self.owner[p.partition] = name
 
-    def released(self, name: str, partitions) -> None:
+    def released(self, name: str, partitions, how: str = "revoke") -> None:
         with self.lock:
+            self.events.append((time.time(), name, how, sorted(p.partition for p in partitions)))
             for p in partitions:
                 if self.owner.get(p.partition) == name:
                     del self.owner[p.partition]
                 self.revoked.setdefault(name, []).append(p.partition)
+
+    def record_reads(self, name: str, msgs) -> None:
+        with self.lock:
+            for m in msgs:
+                self.read.append((m.partition(), m.offset(), name))
+                if self.owner.get(m.partition()) != name:
+                    self.unheld_reads.append((m.partition(), m.offset(), name, self.owner.get(m.partition())))
+
+    def committed(self, partitions) -> None:
+        with self.lock:
+            self.commits += [(len(self.read), tp.partition, tp.offset) for tp in partitions or ()
+                             if tp.error is None and tp.offset >= 0]
+
+    def read_after_commit(self) -> list[tuple[int, int, str, int]]:
+        """Records read again after a commit past them had been confirmed:
+        (partition, offset, member, committed offset then)."""
+        with self.lock:
+            commits, reads = sorted(self.commits), list(self.read)
+        out, done, i = [], {}, 0
+        for n, (p, off, name) in enumerate(reads):
+            while i < len(commits) and commits[i][0] <= n:
+                _, cp, co = commits[i]
+                done[cp] = max(done.get(cp, 0), co)
+                i += 1
+            if off < done.get(p, 0):
+                out.append((p, off, name, done[p]))
+        return out
 
     def split(self) -> list[int]:
         """How many partitions each member holds, sorted, once every partition is held."""
@@ -76,14 +111,13 @@ class Member(threading.Thread):
         c, ledger = self.consumer, self.ledger
         c.subscribe([self.topic], on_assign=lambda _c, ps: ledger.assigned(self.member, ps),
                     on_revoke=lambda _c, ps: ledger.released(self.member, ps),
-                    on_lost=lambda _c, ps: ledger.released(self.member, ps))
+                    on_lost=lambda _c, ps: ledger.released(self.member, ps, "lost"))
         try:
             while not self.stopping.is_set():
                 msgs = c.consume(100, 0.2)
                 got = [m for m in msgs if m.error() is None]
                 ledger.errors += [f"{self.member}: {m.error()}" for m in msgs if m.error() is not None]
-                with ledger.lock:
-                    ledger.read += [(m.partition(), m.offset(), self.member) for m in got]
+                ledger.record_reads(self.member, got)
                 if got:
                     self.commit()
         finally:
@@ -96,7 +130,7 @@ class Member(threading.Thread):
         last = None
         for _ in range(50):
             try:
-                self.consumer.commit(asynchronous=False)
+                self.ledger.committed(self.consumer.commit(asynchronous=False))
                 return
             except KafkaException as e:
                 if e.args[0].code() == KafkaError._NO_OFFSET:
