@@ -42,6 +42,9 @@ READ_BUFFER_BYTES = 256 * 1024
 LARGE_FRAME_FIRST_BYTES = 1024 * 1024
 READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffer back
 MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the OS (memory.py)
+# Least request memory whatever --cache-bytes: a segment (4 MiB) being uploaded and the next
+# one filling, for each of a few partitions written at full speed.
+REQUEST_MEMORY_FLOOR = 32 * 1024 * 1024
 MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
 # Why a connection does not read (any of them pauses it).
 PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH, PAUSE_THROTTLE, PAUSE_SERIAL, PAUSE_FAILED = 1, 2, 4, 8, 16, 32, 64
@@ -428,6 +431,11 @@ class KafkaServer:
         self.connections: set[KafkaConnection] = set()
         self.connections_per_address: dict[str, int] = {}
         self.request_memory = 0  # bytes reserved by requests being read or handled
+        # Requests share the segment cache's budget (it gives way to them: storage/cache.py),
+        # so they also stay within --cache-bytes, or REQUEST_MEMORY_FLOOR for a smaller cache:
+        # with a 64 MiB cache, saturated S3 producers still kept 211 MiB of requests waiting.
+        limit = config.max_request_memory
+        self.request_memory_limit = min(limit, max(config.cache_bytes, REQUEST_MEMORY_FLOOR)) if limit > 0 else 0
         self._memory_waiters: deque[KafkaConnection] = deque()
         self._memory_wake_scheduled = False
         self._servers: list[asyncio.AbstractServer] = []
@@ -533,7 +541,7 @@ class KafkaServer:
         """Reserve a frame's declared size before reading or handling it. False (and the
         connection is queued) when it does not fit the budget; one frame alone always fits,
         so a frame larger than the budget is not stuck forever."""
-        limit = self.config.max_request_memory
+        limit = self.request_memory_limit
         if limit > 0 and self.request_memory > 0 and self.request_memory + nbytes > limit:
             self._memory_waiters.append(conn)
             return False
