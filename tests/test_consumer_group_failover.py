@@ -86,10 +86,11 @@ def test_consumer_group_survives_a_kill9_of_its_coordinator(etcd_server, moto_se
             members[-1].start()
         wait_until(lambda: settled(cl, group, ledger, types), 60, "the group Stable, two partitions a member")
         # What the members' joining did is test_consumer_group_protocol's; from here on the
-        # failover's. (Under a load of 10-17, librdkafka members of a cluster have been seen
-        # getting a partition a few ms before its previous holder's revoke callback ran, at
-        # the join; to be explained.)
-        joined = (len(ledger.violations), len(ledger.unheld_reads))
+        # failover's. (At the join, under load, librdkafka 2.16 can take partitions it has
+        # just given up: its first assignment arrives before the topic's metadata, it
+        # heartbeats an empty owned list (a release, as Kafka reads it), then applies that
+        # first assignment anyway while the broker gives the partitions to the others.)
+        joined = (len(ledger.violations), len(ledger.unheld_reads), len(ledger.read))
         wait_until(lambda: ledger.commits and len(ledger.read) >= 300, 30, "the members reading and committing")
 
         victim = find_coordinator(cl.brokers[0], group)
@@ -132,6 +133,6 @@ def test_consumer_group_survives_a_kill9_of_its_coordinator(etcd_server, moto_se
     assert not ledger.violations[joined[0]:], ledger.violations[joined[0]:]
     unheld = ledger.unheld_reads[joined[1]:]
     assert not unheld, f"records read by a member not holding their partition: {unheld[:10]}"
-    again = ledger.read_after_commit()
+    again = ledger.read_after_commit(since=joined[2])
     assert not again, f"records read again after their commit was confirmed: {again[:10]}"
     assert not load.errors and not load.unflushed, (load.errors[:5], load.unflushed)

@@ -57,9 +57,9 @@ class Ledger:
             self.commits += [(len(self.read), tp.partition, tp.offset) for tp in partitions or ()
                              if tp.error is None and tp.offset >= 0]
 
-    def read_after_commit(self) -> list[tuple[int, int, str, int]]:
-        """Records read again after a commit past them had been confirmed:
-        (partition, offset, member, committed offset then)."""
+    def read_after_commit(self, since: int = 0) -> list[tuple[int, int, str, int]]:
+        """Records read again after a commit past them had been confirmed (among the reads
+        from number `since` on): (partition, offset, member, committed offset then)."""
         with self.lock:
             commits, reads = sorted(self.commits), list(self.read)
         out, done, i = [], {}, 0
@@ -68,7 +68,7 @@ class Ledger:
                 _, cp, co = commits[i]
                 done[cp] = max(done.get(cp, 0), co)
                 i += 1
-            if off < done.get(p, 0):
+            if n >= since and off < done.get(p, 0):
                 out.append((p, off, name, done[p]))
         return out
 
