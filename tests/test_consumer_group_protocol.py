@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 from tests.support.broker import BrokerProcess
 from tests.support.group_members import Ledger, Member
 from tests.support.raw import RawClient, error_code, req
+from tests.test_groups_unit import subscription
 from tests.support.wait import wait_until
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -256,8 +257,7 @@ def test_heartbeat_errors_with_kafkas_codes(cgbroker):
         assert (group, "consumer", "consumer") in [(x.group_id, x.protocol_type, x.group_type) for x in r.groups]
         r = c.request(16, 5, req(16, 5, states_filter=(), types_filter=("classic",)))
         assert group not in [x.group_id for x in r.groups]
-        [d] = c.request(15, 5, req(15, 5, groups=(group,), include_authorized_operations=False)).groups
-        assert error_code(d.error_code) == ErrorCode.group_id_not_found.value
+        # (DescribeGroups of a consumer group: test_describe_groups_answers_as_kafka)
         # A classic JoinGroup joins the consumer group (KIP-848's migration), of the embedded
         # consumer protocol only, as Kafka.
         r = c.request(11, 9, req(11, 9, group_id=group, session_timeout=10_000, rebalance_timeout=10_000, member_id="",
@@ -276,6 +276,61 @@ def test_heartbeat_errors_with_kafkas_codes(cgbroker):
         # Once empty (m3 expires only after its session): DeleteGroups refuses, then OffsetDelete works.
         r = c.request(42, 2, req(42, 2, groups_names=(group,)))
         assert error_code(r.results[0].error_code) == ErrorCode.non_empty_group.value
+
+
+def describe_groups(c: RawClient, version: int, *groups: str):
+    return c.request(15, version, req(15, version, groups=groups, include_authorized_operations=True)).groups
+
+
+def test_describe_groups_answers_as_kafka(cgbroker):
+    """DescribeGroups (API 15) describes classic groups only, as Kafka 4's coordinator: a
+    consumer-protocol group, also one with classic members (a mixed group), and an unknown
+    group are Dead, from v6 with GROUP_ID_NOT_FOUND and Kafka's message, before v6 with no
+    error; authorized operations only for a group answered without error (so before v6 too)."""
+    bootstrap = cgbroker.bootstrap
+    topic, group = f"kip848-dg-{uuid.uuid4().hex[:8]}", f"dg-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic)
+    missing = f"none-{group}"
+    with RawClient(bootstrap) as c:
+        assert error_code(join(c, group, "m1", topic).error_code) == 0
+
+        def answers(version: int) -> list[tuple]:
+            return [(d.group_id, error_code(d.error_code), getattr(d, "error_message", None), d.group_state,
+                     d.protocol_type, len(d.members), getattr(d, "authorized_operations", None))
+                    for d in describe_groups(c, version, group, missing)]
+
+        unset = -2147483648  # Kafka's "not given" for authorized operations
+        assert answers(0) == [(group, 0, None, "Dead", "", 0, None), (missing, 0, None, "Dead", "", 0, None)]
+        got = answers(5)  # (no error: the operations are given, as Kafka does)
+        assert [g[:6] for g in got] == [(group, 0, None, "Dead", "", 0), (missing, 0, None, "Dead", "", 0)]
+        assert unset not in [g[6] for g in got]
+        assert answers(6) == [
+            (group, ErrorCode.group_id_not_found.value, f"Group {group} is not a classic group.", "Dead", "", 0, unset),
+            (missing, ErrorCode.group_id_not_found.value, f"Group {missing} not found.", "Dead", "", 0, unset)]
+        # A classic member joins: a mixed group, still not a classic group for DescribeGroups.
+        protocols = (req(11, 9, "JoinGroupRequestProtocol", name="range", metadata=subscription(topic)),)
+        r = c.request(11, 9, req(11, 9, group_id=group, session_timeout=30_000, rebalance_timeout=30_000, member_id="c1",
+                                 group_instance_id=None, protocol_type="consumer", reason=None, protocols=protocols))
+        assert error_code(r.error_code) == 0
+        [d] = c.request(DESCRIBE, 1, req(DESCRIBE, 1, group_ids=(group,), include_authorized_operations=False)).groups
+        assert sorted(m.member_type for m in d.members) == [0, 1]  # classic and consumer members
+        [d5] = describe_groups(c, 5, group)
+        [d6] = describe_groups(c, 6, group)
+        assert (error_code(d5.error_code), d5.group_state, d5.members) == (0, "Dead", ())
+        assert (error_code(d6.error_code), d6.error_message, d6.group_state) == (
+            ErrorCode.group_id_not_found.value, f"Group {group} is not a classic group.", "Dead")
+        assert d6.authorized_operations == unset
+        # A classic group is described, with its operations.
+        classic = f"dgc-{uuid.uuid4().hex[:8]}"
+        r = c.request(11, 9, req(11, 9, group_id=classic, session_timeout=30_000, rebalance_timeout=30_000, member_id="",
+                                 group_instance_id=None, protocol_type="consumer", reason=None, protocols=protocols))
+        r = c.request(11, 9, req(11, 9, group_id=classic, session_timeout=30_000, rebalance_timeout=30_000,
+                                 member_id=r.member_id, group_instance_id=None, protocol_type="consumer", reason=None,
+                                 protocols=protocols))
+        assert error_code(r.error_code) == 0
+        [d6] = describe_groups(c, 6, classic)
+        assert (error_code(d6.error_code), d6.protocol_type, len(d6.members)) == (0, "consumer", 1)
+        assert d6.group_state in ("PreparingRebalance", "CompletingRebalance", "Stable") and d6.authorized_operations != unset
 
 
 def commit(c: RawClient, group: str, member_id: str, epoch: int, topic: str) -> int:

@@ -479,28 +479,30 @@ async def describe_groups(ctx, req):
                 out.append(entry)
                 continue
             described = await groups.describe(group_id)
-        except KafkaError as e:  # a consumer-protocol group: Kafka answers GROUP_ID_NOT_FOUND
-            entry.update(error_code=e.code, error_message=e.message)
-            out.append(entry)
-            continue
+            not_found = None if described is not None else f"Group {group_id} not found."
+        except KafkaError as e:
+            if e.code is not ErrorCode.group_id_not_found:
+                entry.update(error_code=e.code, error_message=e.message)
+                out.append(entry)
+                continue
+            described, not_found = None, e.message  # a consumer-protocol (mixed too) or share group
         except STORE_DOWN:
             entry.update(error_code=ErrorCode.coordinator_not_available)
             out.append(entry)
             continue
-        if include_ops:
-            # Kafka reports the principal's operations on the group, known or not.
+        if not_found is not None:
+            # Kafka: an unknown group and a group of another type are Dead; from v6 with
+            # GROUP_ID_NOT_FOUND and why, before v6 with no error.
+            entry.update(group_state="Dead", error_code=ErrorCode.none)
+            if ctx.version >= 6:
+                entry.update(error_code=ErrorCode.group_id_not_found, error_message=not_found)
+        else:
+            entry.update(error_code=ErrorCode.none, **described)
+        if include_ops and entry["error_code"] is ErrorCode.none:
+            # Kafka reports the principal's operations on a group it answers without error.
             authz = getattr(ctx.broker, "authorizer", None)  # None: a broker assembled without one (unit tests)
             entry["authorized_operations"] = GROUP_OPERATIONS if authz is None else authz.authorized_operations(
                 ctx.principal, _client_host(ctx.peer).lstrip("/"), Res.GROUP, group_id)
-        if described is None:
-            if ctx.version >= 6:
-                entry.update(error_code=ErrorCode.group_id_not_found,
-                             error_message=f"Group {group_id} not found.")
-            else:
-                # Before v6 Kafka describes an unknown group as Dead with no error.
-                entry.update(error_code=ErrorCode.none, group_state="Dead")
-        else:
-            entry.update(error_code=ErrorCode.none, **described)
         out.append(entry)
     return build(cls, throttle_time=0, groups=out)
 
