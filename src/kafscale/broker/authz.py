@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.metadata.refresh import reload_every
 from kafscale.security.acl import OPERATIONS_OF, WILDCARD_PRINCIPAL, AclBinding, Authorizer, Operation, Permission, ResourceType, parse_super_users
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class BrokerAuthorizer:
         if not self.enabled:
             return
         await self.reload()
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop(), name="acl-refresh")
+        self._task = asyncio.get_running_loop().create_task(reload_every(max(0.05, self.config.acl_refresh_ms / 1000), self.reload, "ACL", log), name="acl-refresh")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -56,16 +56,6 @@ class BrokerAuthorizer:
                 log.warning("ignoring a stored ACL this broker cannot read: %r (%s)", doc, e)
         if set(bindings) != set(self.current.bindings):
             self.current = Authorizer(bindings, self.super_users, self.config.allow_everyone_if_no_acl_found)
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.05, self.config.acl_refresh_ms / 1000))
-            try:
-                await self.reload()
-            except MetadataUnavailable as e:
-                log.debug("ACL refresh: %s", e)
-            except Exception:  # noqa: BLE001 - keep the last bindings, try again
-                log.exception("ACL refresh failed")
 
     def authorize(self, principal: str, host: str, operation: Operation, resource_type: ResourceType, name: str, log_denial: bool = True) -> bool:
         if not self.enabled:

@@ -22,6 +22,7 @@ import time
 from kafscale.broker.quota_sensor import Rate, quota_entity, throttle_ms
 from kafscale.metadata.quotas import CLIENT_ID, USER
 from kafscale.metadata.kv import MetadataUnavailable
+from kafscale.metadata.refresh import reload_every
 from kafscale.protocol.api_keys import ApiKey
 
 log = logging.getLogger("kafscale.quotas")
@@ -53,7 +54,7 @@ class QuotaManager:
             await self.reload()
         except MetadataUnavailable as e:
             log.warning("client quotas not loaded yet: %s", e)
-        self._task = asyncio.get_running_loop().create_task(self._refresh_loop(), name="quota-refresh")
+        self._task = asyncio.get_running_loop().create_task(reload_every(self.refresh_s, self.reload, "quota", log), name="quota-refresh")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -64,16 +65,6 @@ class QuotaManager:
         if quotas != self.quotas:
             self.quotas = quotas
             self._sensors.clear()  # new bounds: measure afresh, as Kafka re-creates sensors
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            try:
-                await self.reload()
-            except MetadataUnavailable as e:
-                log.debug("quota refresh: %s", e)
-            except Exception:  # noqa: BLE001 - keep the last quotas, try again
-                log.exception("quota refresh failed")
 
     def applies(self, user: str | None, client_id: str | None) -> bool:
         """Whether any quota applies to this client (its connections are then served one

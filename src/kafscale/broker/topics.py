@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable
 
 from kafscale.errors import ErrorCode, KafkaError
 from kafscale.metadata import topic_config
@@ -143,8 +143,7 @@ async def ensure_internal_topics(broker: "BrokerServices") -> TopicMeta | None:
                 await _clear_prefix(broker, OFFSETS_TOPIC, dry_run=False)
                 await broker.metadata.create_topic(meta)
                 log.info("created internal topic %s with %d partitions", OFFSETS_TOPIC, meta.partitions)
-                await _mark_changed(broker, meta)
-                broker.logs.topic_changed(meta)
+                await _changed(broker, meta)
             except TopicExistsError:
                 meta = await broker.metadata.get_topic(OFFSETS_TOPIC)
     except _STORE_DOWN as e:
@@ -194,48 +193,53 @@ async def delete(broker: "BrokerServices", name: str) -> TopicMeta:
 
 
 async def add_partitions(broker: "BrokerServices", name: str, count: int, validate_only: bool) -> TopicMeta:
-    try:
-        return await _add_partitions(broker, name, count, validate_only)
-    except _STORE_DOWN as e:
-        raise _unavailable(e) from None
+    return await _store_up(_add_partitions(broker, name, count, validate_only))
 
 
 async def _add_partitions(broker: "BrokerServices", name: str, count: int, validate_only: bool) -> TopicMeta:
-    check_not_internal(name, "add partitions to")
-    meta = await broker.logs.topics.get(name, refresh=True)
-    if meta is None:
-        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
+    meta = await _existing(broker, name)
     if count <= meta.partitions:
         raise TopicError(ErrorCode.invalid_partitions, f"topic {name!r} has {meta.partitions} partitions; the new count must be larger, not {count}")
     if count > MAX_PARTITIONS:
         raise TopicError(ErrorCode.invalid_partitions, f"at most {MAX_PARTITIONS} partitions")
     if validate_only:
         return meta
-    meta = await broker.metadata.add_partitions(name, count)
-    await _mark_changed(broker, meta)
-    broker.logs.topic_changed(meta)
-    return meta
+    return await _changed(broker, await broker.metadata.add_partitions(name, count))
 
 
 async def alter_configs(broker: "BrokerServices", name: str, change, validate_only: bool) -> TopicMeta:
     """`change(old_configs) -> new_configs`; validated before anything is stored."""
-    try:
-        return await _alter_configs(broker, name, change, validate_only)
-    except _STORE_DOWN as e:
-        raise _unavailable(e) from None
+    return await _store_up(_alter_configs(broker, name, change, validate_only))
 
 
 async def _alter_configs(broker: "BrokerServices", name: str, change, validate_only: bool) -> TopicMeta:
-    meta = await broker.logs.topics.get(name, refresh=True)
-    if meta is None:
-        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
+    meta = await _existing(broker, name)
     try:
         new = {k: v for k, v in topic_config.normalize(change(dict(meta.configs)), broker.config.kafka_static_configs()).items() if v is not None}
     except topic_config.InvalidConfigError as e:
         raise TopicError(ErrorCode.invalid_config, str(e)) from None
     if validate_only:
         return meta
-    meta = await broker.metadata.set_topic_configs(name, new)
+    return await _changed(broker, await broker.metadata.set_topic_configs(name, new))
+
+
+async def _store_up(change: Awaitable[TopicMeta]) -> TopicMeta:
+    """An admin change, a store failure under it answered as unavailable."""
+    try:
+        return await change
+    except _STORE_DOWN as e:
+        raise _unavailable(e) from None
+
+
+async def _existing(broker: "BrokerServices", name: str) -> TopicMeta:
+    meta = await broker.logs.topics.get(name, refresh=True)
+    if meta is None:
+        raise TopicError(ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist")
+    return meta
+
+
+async def _changed(broker: "BrokerServices", meta: TopicMeta) -> TopicMeta:
+    """A topic whose partitions or configs changed: its marker follows, the logs learn it."""
     await _mark_changed(broker, meta)
     broker.logs.topic_changed(meta)
     return meta

@@ -179,39 +179,40 @@ def _kafka_name(limits_field: str) -> str:
     return limits_field.replace("_", ".")
 
 
+def _bounded(group_type: str, setting: str, least: int, doc: str) -> GroupConfigDef:
+    """An INT group config `<group_type>.<setting>` whose default is the broker's
+    group.<group_type>.<setting> and whose bounds are the broker's group.<group_type>.min.<setting>
+    and max.<setting> (Kafka's naming; `setting` as a GroupLimits field part)."""
+    return GroupConfigDef(f"{group_type}.{_kafka_name(setting)}", INT, f"group_{group_type}_{setting}", None, _at_least(least), doc,
+                          Bounds(f"group_{group_type}_min_{setting}", f"group_{group_type}_max_{setting}"))
+
+
 _NO_STREAMS = " KafScale has no streams groups (KIP-1071): stored and reported, no effect."
 
 # In Kafka's definition order: values are parsed, and the first bad one reported, in this order.
 GROUP_CONFIGS: dict[str, GroupConfigDef] = {
     d.name: d
     for d in [
-        GroupConfigDef("consumer.session.timeout.ms", INT, "group_consumer_session_timeout_ms", None, _at_least(1),
-                       "A consumer-protocol (KIP-848) member of this group that sends no heartbeat for this long is removed from it.",
-                       Bounds("group_consumer_min_session_timeout_ms", "group_consumer_max_session_timeout_ms")),
-        GroupConfigDef("consumer.heartbeat.interval.ms", INT, "group_consumer_heartbeat_interval_ms", None, _at_least(1),
-                       "How often consumer-protocol (KIP-848) members of this group heartbeat; given to them in every heartbeat response.",
-                       Bounds("group_consumer_min_heartbeat_interval_ms", "group_consumer_max_heartbeat_interval_ms")),
-        GroupConfigDef("share.session.timeout.ms", INT, "group_share_session_timeout_ms", None, _at_least(1),
-                       "A member of this share group that sends no heartbeat for this long is removed from it.",
-                       Bounds("group_share_min_session_timeout_ms", "group_share_max_session_timeout_ms")),
-        GroupConfigDef("share.heartbeat.interval.ms", INT, "group_share_heartbeat_interval_ms", None, _at_least(1),
-                       "How often members of this share group heartbeat.",
-                       Bounds("group_share_min_heartbeat_interval_ms", "group_share_max_heartbeat_interval_ms")),
-        GroupConfigDef("share.record.lock.duration.ms", INT, "group_share_record_lock_duration_ms", None, _at_least(1000),
-                       "How long a record delivered to a member of this share group stays locked to it; unacknowledged when the lock expires, it is delivered again.",
-                       Bounds("group_share_min_record_lock_duration_ms", "group_share_max_record_lock_duration_ms")),
+        _bounded("consumer", "session_timeout_ms", 1,
+                 "A consumer-protocol (KIP-848) member of this group that sends no heartbeat for this long is removed from it."),
+        _bounded("consumer", "heartbeat_interval_ms", 1,
+                 "How often consumer-protocol (KIP-848) members of this group heartbeat; given to them in every heartbeat response."),
+        _bounded("share", "session_timeout_ms", 1,
+                 "A member of this share group that sends no heartbeat for this long is removed from it."),
+        _bounded("share", "heartbeat_interval_ms", 1,
+                 "How often members of this share group heartbeat."),
+        _bounded("share", "record_lock_duration_ms", 1000,
+                 "How long a record delivered to a member of this share group stays locked to it; unacknowledged when the lock expires, it is delivered again."),
         GroupConfigDef("share.auto.offset.reset", STRING, None, "latest", _auto_offset_reset,
                        "Where a share-partition of this group starts when it has no state yet: earliest (the log start), latest (the log end) or "
                        "by_duration:<ISO-8601 duration, PnDTnHnMn.nS> (the first record at or after now minus the duration; not negative)."),
         GroupConfigDef("share.isolation.level", STRING, None, "read_uncommitted", _one_of("read_committed", "read_uncommitted"),
                        "read_committed: this share group delivers transactional records only once their transaction commits, and never aborted ones; "
                        "read_uncommitted: every record. Records outside transactions are delivered in both."),
-        GroupConfigDef("streams.session.timeout.ms", INT, "group_streams_session_timeout_ms", None, _at_least(1),
-                       "Session timeout of streams-group members." + _NO_STREAMS,
-                       Bounds("group_streams_min_session_timeout_ms", "group_streams_max_session_timeout_ms")),
-        GroupConfigDef("streams.heartbeat.interval.ms", INT, "group_streams_heartbeat_interval_ms", None, _at_least(1),
-                       "Heartbeat interval of streams-group members." + _NO_STREAMS,
-                       Bounds("group_streams_min_heartbeat_interval_ms", "group_streams_max_heartbeat_interval_ms")),
+        _bounded("streams", "session_timeout_ms", 1,
+                 "Session timeout of streams-group members." + _NO_STREAMS),
+        _bounded("streams", "heartbeat_interval_ms", 1,
+                 "Heartbeat interval of streams-group members." + _NO_STREAMS),
         GroupConfigDef("streams.num.standby.replicas", INT, "group_streams_num_standby_replicas", None, _at_least(0),
                        "Standby replicas of each streams task." + _NO_STREAMS,
                        Bounds(None, "group_streams_max_standby_replicas")),

@@ -290,21 +290,20 @@ def _metadata_url(raw, storage: StorageURL) -> str | None:
 
 def _check_batch(cfg: SourceConfig) -> None:
     if cfg.starting_timestamp is None and cfg.starting_by_timestamp is None:
-        if cfg.starting == "latest":
-            raise ValueError("startingOffsets=latest is not allowed in a batch query (it would read nothing): use earliest, offsets or a timestamp")
-        if isinstance(cfg.starting, dict):
-            for t, ps in cfg.starting.items():
-                for p, off in ps.items():
-                    if off == LATEST:
-                        raise ValueError(f"startingOffsets for {t}/{p} is -1 (latest), which is not allowed in a batch query")
+        _refuse_empty_bound("startingOffsets", cfg.starting, "latest", LATEST, "earliest, offsets or a timestamp")
     if cfg.ending_timestamp is None and cfg.ending_by_timestamp is None:
-        if cfg.ending == "earliest":
-            raise ValueError("endingOffsets=earliest is not allowed in a batch query (it would read nothing): use latest or offsets")
-        if isinstance(cfg.ending, dict):
-            for t, ps in cfg.ending.items():
-                for p, off in ps.items():
-                    if off == EARLIEST:
-                        raise ValueError(f"endingOffsets for {t}/{p} is -2 (earliest), which is not allowed in a batch query")
+        _refuse_empty_bound("endingOffsets", cfg.ending, "earliest", EARLIEST, "latest or offsets")
+
+
+def _refuse_empty_bound(option: str, spec, word: str, sentinel: int, instead: str) -> None:
+    """A batch query's bound that would make it read nothing (`word`, or `sentinel` for a partition)."""
+    if spec == word:
+        raise ValueError(f"{option}={word} is not allowed in a batch query (it would read nothing): use {instead}")
+    if isinstance(spec, dict):
+        for t, ps in spec.items():
+            for p, off in ps.items():
+                if off == sentinel:
+                    raise ValueError(f"{option} for {t}/{p} is {sentinel} ({word}), which is not allowed in a batch query")
 
 
 def _subscribed(cfg: SourceConfig, topic: str) -> bool:

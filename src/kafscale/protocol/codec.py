@@ -121,16 +121,20 @@ def decode_body(api_key: int, version: int, payload: memoryview, offset: int) ->
 def encode_response(api_key: int, version: int, correlation_id: int, response: Any) -> list[bytes]:
     """Frame a response: returns buffers to write as they are (length prefix first)."""
     flexible_header = api_key != ApiKey.API_VERSIONS and bool(response.__flexible__)
+    header = _I32.pack(correlation_id) + (b"\0" if flexible_header else b"")  # flexible: no tagged fields in it
+    return [_frame(header, response)]
+
+
+def _frame(header: bytes, entity: Any) -> bytes:
+    """Length prefix, `header`, then `entity` as kio writes it."""
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
-    buf.write(_I32.pack(correlation_id))
-    if flexible_header:
-        buf.write(b"\0")  # no tagged fields in the response header
-    _writer(type(response))(buf, response)
+    buf.write(header)
+    _writer(type(entity))(buf, entity)
     out = buf.getbuffer()
     _I32.pack_into(out, 0, len(out) - 4)
     del out
-    return [buf.getvalue()]
+    return buf.getvalue()
 
 
 def encode_entity(entity: Any) -> bytes:
@@ -166,22 +170,15 @@ class EncodedResponse:
 def encode_request(api_key: int, version: int, correlation_id: int, client_id: str | None, body: Any) -> bytes:
     """Frame a request (header v1, or v2 for flexible versions), as a broker sends one to
     another broker (the transaction coordinator's WriteTxnMarkers)."""
-    flexible = bool(type(body).__flexible__)
-    buf = io.BytesIO()
-    buf.write(b"\0\0\0\0")
-    buf.write(_I16I16I32.pack(api_key, version, correlation_id))
+    header = _I16I16I32.pack(api_key, version, correlation_id)
     if client_id is None:
-        buf.write(struct.pack(">h", -1))
+        header += struct.pack(">h", -1)
     else:
         raw = client_id.encode()
-        buf.write(struct.pack(">h", len(raw)) + raw)
-    if flexible:
-        buf.write(b"\0")  # no tagged fields in the request header
-    _writer(type(body))(buf, body)
-    out = buf.getbuffer()
-    _I32.pack_into(out, 0, len(out) - 4)
-    del out
-    return buf.getvalue()
+        header += struct.pack(">h", len(raw)) + raw
+    if type(body).__flexible__:
+        header += b"\0"  # no tagged fields in the request header
+    return _frame(header, body)
 
 
 def decode_response(api_key: int, version: int, payload: bytes) -> tuple[int, Any]:
