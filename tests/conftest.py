@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.support.servers", "tests.support.broker", "tests.support.spark"]
+pytest_plugins = ["tests.support.bytecode", "tests.support.servers", "tests.support.broker", "tests.support.spark"]
