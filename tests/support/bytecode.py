@@ -2,10 +2,11 @@
 
 With PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it), every
 `python -m kafscale` a test starts compiled all of kafscale's modules again, about a
-third of a broker's CPU time to listening, hundreds of times per run. For the session
-those processes share a cache in a temp dir instead (PYTHONPYCACHEPREFIX): the first
-process to import a module writes it, the source tree stays untouched. Nothing changes
-when bytecode may be written anyway, or a cache prefix is already chosen.
+third of a broker's CPU time to listening, hundreds of times per run. Those processes
+share a cache instead (PYTHONPYCACHEPREFIX) in pytest's cache dir, kept from run to run
+(`--cache-clear` empties it): the first process to import a module writes it there, the
+source tree and the venvs stay untouched. Nothing changes when bytecode may be written
+anyway, or a cache prefix is already chosen.
 Registered for pytest through `pytest_plugins` in tests/conftest.py.
 """
 
@@ -15,22 +16,24 @@ import os
 import shutil
 import tempfile
 
-_cache_dir: str | None = None
+_temp_dir: str | None = None
 
 
 def pytest_configure(config) -> None:
-    global _cache_dir
+    global _temp_dir
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    _cache_dir = tempfile.mkdtemp(prefix="kafscale-pycache-")
-    os.environ["PYTHONPYCACHEPREFIX"] = _cache_dir
+    cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
+    if cache is not None:
+        path = str(cache.mkdir("pycache"))
+    else:
+        path = _temp_dir = tempfile.mkdtemp(prefix="kafscale-pycache-")
+    os.environ["PYTHONPYCACHEPREFIX"] = path
     del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 def pytest_unconfigure(config) -> None:
-    global _cache_dir
-    if _cache_dir is not None:
-        os.environ.pop("PYTHONPYCACHEPREFIX", None)
-        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
-        shutil.rmtree(_cache_dir, ignore_errors=True)
-        _cache_dir = None
+    global _temp_dir
+    if _temp_dir is not None:
+        shutil.rmtree(_temp_dir, ignore_errors=True)
+        _temp_dir = None
