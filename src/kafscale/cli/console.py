@@ -121,8 +121,7 @@ def cluster(args):
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("console", help="web console for a cluster (topics, groups, lag, records, ACLs, live charts)",
                               description="Serve a web console that talks to the cluster as a Kafka client and reads the brokers' /metrics.")
-    g = p.add_argument_group("connection")
-    add_connection_options(g)
+    add_connection_options(p.add_argument_group("connection"))
     w = p.add_argument_group("console")
     w.add_argument("--listen", default=os.environ.get("KAFSCALE_CONSOLE_LISTEN", "127.0.0.1:8080"),
                    help="HOST:PORT the console serves on (env KAFSCALE_CONSOLE_LISTEN, default 127.0.0.1:8080)")

@@ -46,8 +46,7 @@ def mcp(args) -> int:
 def add_commands(subparsers) -> None:
     p = subparsers.add_parser("mcp", help="MCP server for agents: cluster status, topics, records, groups and lag, broker metrics",
                               description="Serve MCP tools over stdio (default) or streamable HTTP; read-only unless --allow-writes.")
-    g = p.add_argument_group("connection")
-    add_connection_options(g)
+    add_connection_options(p.add_argument_group("connection"))
     s = p.add_argument_group("MCP")
     s.add_argument("--transport", choices=["stdio", "http"], default="stdio", help="stdio (launched by the client) or http (streamable HTTP at /mcp)")
     s.add_argument("--listen", default="127.0.0.1:8090", help="HOST:PORT for --transport http (default 127.0.0.1:8090)")

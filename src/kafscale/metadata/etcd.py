@@ -181,16 +181,18 @@ class EtcdKV(KV):
     # -- KV contract -----------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
+        kv = await self._get_one(key)
+        return None if kv is None else KeyValue(key, bytes(kv.value), kv.version)
+
+    async def _get_one(self, key: str):
+        """etcd's record of `key` (value, version, lease), or None."""
         req = rpc.RangeRequest(key=self._k(key))
 
         async def go(ch, timeout):
             return await rpc.KVStub(ch).Range(req, timeout=timeout)
 
         resp = await self._call(f"get {key}", go)
-        if not resp.kvs:
-            return None
-        kv = resp.kvs[0]
-        return KeyValue(key, bytes(kv.value), kv.version)
+        return resp.kvs[0] if resp.kvs else None
 
     async def range(self, prefix: str) -> list[KeyValue]:
         return (await self._range_at_revision(prefix))[1]
@@ -335,15 +337,10 @@ class EtcdKV(KV):
         """(lease id, the lease's granted TTL in seconds) of the lease `key` is attached to;
         None when the key is absent; (0, 0) when it has no lease; (id, 0) when the lease is
         already gone (the key's deletion is on its way)."""
-        req = rpc.RangeRequest(key=self._k(key))
-
-        async def get(ch, timeout):
-            return await rpc.KVStub(ch).Range(req, timeout=timeout)
-
-        resp = await self._call(f"get {key}", get)
-        if not resp.kvs:
+        kv = await self._get_one(key)
+        if kv is None:
             return None
-        lease_id = resp.kvs[0].lease
+        lease_id = kv.lease
         if not lease_id:
             return 0, 0
 

@@ -18,7 +18,7 @@ imported.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -289,17 +289,12 @@ class _LiveCollector(Collector):
         yield CounterMetricFamily("kafscale_compaction_records_removed", "Records removed by log compaction (superseded, aborted, keyless, tombstones past their delete horizon, markers)", value=compaction.records_removed)
         yield CounterMetricFamily("kafscale_compaction_recompressions", "Compressed batches log compaction decompressed and compressed again (not in kafscale_decompressions_total)", value=compaction.recompressions)
         yield GaugeMetricFamily("kafscale_compaction_key_map_peak_entries", "Most keys one compaction pass held in its key map (budget: --compaction-key-map-bytes)", value=compaction.key_map_peak_entries)
-        ops = CounterMetricFamily("kafscale_object_store_requests", "Object-store requests issued by the log manager, by operation", labels=["op"])
-        ops.add_metric(["put"], counted.puts)
-        ops.add_metric(["get"], counted.gets)
-        yield ops
+        yield _by_label(CounterMetricFamily, "kafscale_object_store_requests", "Object-store requests issued by the log manager, by operation", "op", (("put", counted.puts), ("get", counted.gets)))
         yield CounterMetricFamily("kafscale_decompressions", "Compressed record batches decompressed by this broker process (0 from produce and fetch, which store and serve batches as the client compressed them, except produce to topics with message.timestamp.*.max.ms set, whose record timestamps are checked; ListOffsets by timestamp decompresses the batch holding the answer)", value=records.decompressions)
         yield CounterMetricFamily("kafscale_schema_check_decompressions", "Compressed record batches produce decompressed to check the schema ids of records sent to topics with confluent.key/value.schema.validation (0 unless compressed batches go to such topics)", value=records.schema_check_decompressions)
         yield CounterMetricFamily("kafscale_key_check_decompressions", "Compressed record batches produce decompressed to check that every record sent to a compacted topic has a key (Kafka's rule; 0 unless compressed batches go to topics with cleanup.policy compact)", value=records.key_check_decompressions)
-        conversions = CounterMetricFamily("kafscale_record_conversions", "Record sets re-encoded between message formats by this broker process: 'up' a Produce v0-v2 message set (magic 0/1) into a v2 batch on append, 'down' a stored v2 batch into a message set for a Fetch v0-v3 (the only re-encoding the broker does)", labels=["direction"])
-        conversions.add_metric(["up"], legacy_records.up_conversions)
-        conversions.add_metric(["down"], legacy_records.down_conversions)
-        yield conversions
+        yield _by_label(CounterMetricFamily, "kafscale_record_conversions", "Record sets re-encoded between message formats by this broker process: 'up' a Produce v0-v2 message set (magic 0/1) into a v2 batch on append, 'down' a stored v2 batch into a message set for a Fetch v0-v3 (the only re-encoding the broker does)",
+                        "direction", (("up", legacy_records.up_conversions), ("down", legacy_records.down_conversions)))
 
         cache = st.cache
         yield CounterMetricFamily("kafscale_cache_hits", "Segment cache lookups that found the segment", value=cache.hits)
@@ -310,10 +305,7 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("kafscale_connections", "Open Kafka client connections", value=st.connections)
         yield GaugeMetricFamily("kafscale_request_memory_bytes", "Bytes of requests being read or handled (budget: --max-request-memory)", value=st.request_memory)
         if st.authorization_denials is not None:
-            denials = CounterMetricFamily("kafscale_authorization_denials", "Requests refused by the ACL authorizer, by operation", labels=["operation"])
-            for op, n in sorted(st.authorization_denials.items()):
-                denials.add_metric([op], n)
-            yield denials
+            yield _by_label(CounterMetricFamily, "kafscale_authorization_denials", "Requests refused by the ACL authorizer, by operation", "operation", sorted(st.authorization_denials.items()))
         if st.tls is not None:
             yield CounterMetricFamily("kafscale_tls_handshake_failures", "TLS handshakes that failed (plaintext clients, untrusted certificates, timeouts)", value=st.tls.handshake_failures)
             yield CounterMetricFamily("kafscale_tls_reloads", "Times changed TLS files were loaded without restart", value=st.tls.reloads)
@@ -355,12 +347,9 @@ class _LiveCollector(Collector):
         by_state: dict[str, int] = {}
         for s in states.values():
             by_state[s] = by_state.get(s, 0) + 1
-        groups = GaugeMetricFamily("kafscale_consumer_groups", "Consumer groups coordinated here, by state", labels=["state"])
         for s in ("Empty", "Stable", "PreparingRebalance", "CompletingRebalance", "Dead"):
             by_state.setdefault(s, 0)
-        for s, n in sorted(by_state.items()):
-            groups.add_metric([s], n)
-        yield groups
+        yield _by_label(GaugeMetricFamily, "kafscale_consumer_groups", "Consumer groups coordinated here, by state", "state", sorted(by_state.items()))
 
         lag = GaugeMetricFamily("kafscale_consumer_lag", "High watermark minus committed offset (sampled)", labels=["group", "topic", "partition"])
         committed = GaugeMetricFamily("kafscale_consumer_committed_offset", "Committed offset (sampled)", labels=["group", "topic", "partition"])
@@ -371,13 +360,19 @@ class _LiveCollector(Collector):
             total[group] = total.get(group, 0) + n
         yield lag
         yield committed
-        group_lag = GaugeMetricFamily("kafscale_consumer_group_lag", "Sum of a group's lag over its partitions (sampled)", labels=["group"])
-        for group, n in sorted(total.items()):
-            group_lag.add_metric([group], n)
-        yield group_lag
+        yield _by_label(GaugeMetricFamily, "kafscale_consumer_group_lag", "Sum of a group's lag over its partitions (sampled)", "group", sorted(total.items()))
         if m.lag_sampled_at:
             yield GaugeMetricFamily("kafscale_consumer_lag_sampled_timestamp_seconds", "Unix time of the last lag sample", value=m.lag_sampled_at)
 
+
+
+def _by_label(family, name: str, doc: str, label: str, values: Iterable[tuple[str, float]]):
+    """A metric family (CounterMetricFamily or GaugeMetricFamily) of one series per
+    (label value, value), in the order given."""
+    out = family(name, doc, labels=[label])
+    for label_value, value in values:
+        out.add_metric([label_value], value)
+    return out
 
 
 def _share_families(share):
@@ -386,19 +381,10 @@ def _share_families(share):
     c = share.counts
     yield CounterMetricFamily("kafscale_share_records_acquired", "Records acquired by share consumers (each acquisition is one delivery)", value=c.acquired)
     yield CounterMetricFamily("kafscale_share_records_redelivered", "Records acquired again (a delivery after the first: released, lock timed out, or left by a member)", value=c.redelivered)
-    acks = CounterMetricFamily("kafscale_share_acknowledgements", "Records acknowledged by share consumers, by acknowledge type (accept, release, reject, gap, renew)", labels=["type"])
-    for kind, n in sorted(c.acknowledged.items()):
-        acks.add_metric([kind], n)
-    yield acks
+    yield _by_label(CounterMetricFamily, "kafscale_share_acknowledgements", "Records acknowledged by share consumers, by acknowledge type (accept, release, reject, gap, renew)", "type", sorted(c.acknowledged.items()))
     yield CounterMetricFamily("kafscale_share_lock_timeouts", "Acquired records whose acquisition lock ran out before an acknowledgement", value=c.lock_timeouts)
-    released = CounterMetricFamily("kafscale_share_records_released", "Acquired records given back at once, by why: the member's share session closed (or its connection), or the member left its group", labels=["cause"])
-    for cause, n in sorted(c.released.items()):
-        released.add_metric([cause], n)
-    yield released
-    archived = CounterMetricFamily("kafscale_share_records_archived", "Records archived, never to be delivered again, by why: rejected, delivery_limit (released or timed out at group.share.delivery.count.limit), gap", labels=["reason"])
-    for reason, n in sorted(c.archived.items()):
-        archived.add_metric([reason], n)
-    yield archived
+    yield _by_label(CounterMetricFamily, "kafscale_share_records_released", "Acquired records given back at once, by why: the member's share session closed (or its connection), or the member left its group", "cause", sorted(c.released.items()))
+    yield _by_label(CounterMetricFamily, "kafscale_share_records_archived", "Records archived, never to be delivered again, by why: rejected, delivery_limit (released or timed out at group.share.delivery.count.limit), gap", "reason", sorted(c.archived.items()))
     yield CounterMetricFamily("kafscale_share_state_writes", "Share-partition state documents written to the metadata store (one per acknowledging request and partition)", value=share.state_writes)
     yield GaugeMetricFamily("kafscale_share_sessions", "Open share sessions (one per share consumer and broker it fetches from)", value=share.sessions)
     yield from _row_gauges(["group", "topic", "partition"], share.partitions, lambda p: [p.group, p.topic, str(p.partition)], (

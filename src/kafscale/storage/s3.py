@@ -321,12 +321,17 @@ class S3ObjectStore(ObjectStore):
             return
         # The key was there (or, in the fallback, may have been overwritten since): it is
         # ours only if it holds exactly our bytes, as after a retry whose first PUT landed.
+        await self._holds_ours(key, body, ObjectStoreError(f"s3 create {key}: the object vanished while being created"),
+                               ObjectExistsError(f"s3 create {key}: the key holds another writer's object"))
+
+    async def _holds_ours(self, key: str, body: bytes, gone: ObjectStoreError, other: ObjectStoreError) -> None:
+        """Raises `gone` when `key` holds nothing, `other` when it holds other bytes than `body`."""
         try:
             stored = await self.get(key)
         except ObjectNotFound:
-            raise ObjectStoreError(f"s3 create {key}: the object vanished while being created") from None
+            raise gone from None
         if stored != body:
-            raise ObjectExistsError(f"s3 create {key}: the key holds another writer's object")
+            raise other
 
     async def get_with_version(self, key: str) -> tuple[bytes, str]:
         async def go(client):
@@ -373,12 +378,8 @@ class S3ObjectStore(ObjectStore):
             raise ObjectChangedError(f"s3 replace {key}: another writer's PUT overlapped ours")
         # Refused: success only if the key already holds our bytes (a retry whose first
         # PUT landed and whose answer was lost).
-        try:
-            stored = await self.get(key)
-        except ObjectNotFound:
-            raise ObjectChangedError(f"s3 replace {key}: the object is gone") from None
-        if stored != body:
-            raise ObjectChangedError(f"s3 replace {key}: the key holds another version than expected")
+        await self._holds_ours(key, body, ObjectChangedError(f"s3 replace {key}: the object is gone"),
+                               ObjectChangedError(f"s3 replace {key}: the key holds another version than expected"))
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         if end is not None and end <= start:

@@ -201,45 +201,34 @@ async def join_group(ctx, req):
     return _join_response(cls, ctx.version, result)
 
 
+def _generation_member(req) -> dict:
+    """The member and generation a SyncGroup or Heartbeat request speaks for."""
+    return {"member_id": req.member_id, "group_instance_id": getattr(req, "group_instance_id", None), "generation_id": req.generation_id}
+
+
 async def sync_group(ctx, req):
-    group_id = req.group_id
-    cls, groups, error = await _serving(ctx, ApiKey.SYNC_GROUP, group_id)
+    cls, groups, error = await _serving(ctx, ApiKey.SYNC_GROUP, req.group_id)
     if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     try:
         result = await groups.sync(
-            group_id,
-            member_id=req.member_id,
-            group_instance_id=getattr(req, "group_instance_id", None),
-            generation_id=req.generation_id,
+            req.group_id,
+            **_generation_member(req),
             protocol_type=getattr(req, "protocol_type", None),
             protocol_name=getattr(req, "protocol_name", None),
             assignments={a.member_id: a.assignment for a in req.assignments},
         )
     except STORE_DOWN:
         return build(cls, throttle_time=0, error_code=ErrorCode.coordinator_not_available)
-    return build(
-        cls,
-        throttle_time=0,
-        error_code=result.error,
-        protocol_type=result.protocol_type,
-        protocol_name=result.protocol_name,
-        assignment=result.assignment,
-    )
+    return build(cls, throttle_time=0, error_code=result.error, protocol_type=result.protocol_type, protocol_name=result.protocol_name, assignment=result.assignment)
 
 
 async def heartbeat(ctx, req):
-    group_id = req.group_id
-    cls, groups, error = await _serving(ctx, ApiKey.HEARTBEAT, group_id)
+    cls, groups, error = await _serving(ctx, ApiKey.HEARTBEAT, req.group_id)
     if error is not None:
         return build(cls, throttle_time=0, error_code=error)
     try:
-        error = await groups.heartbeat(
-            group_id,
-            member_id=req.member_id,
-            group_instance_id=getattr(req, "group_instance_id", None),
-            generation_id=req.generation_id,
-        )
+        error = await groups.heartbeat(req.group_id, **_generation_member(req))
     except STORE_DOWN:
         error = ErrorCode.coordinator_not_available
     return build(cls, throttle_time=0, error_code=error)
