@@ -18,7 +18,7 @@
 - One id, one broker: registration creates `/brokers/{id}` only when absent. A key left by
   an earlier run (kill -9) is waited out for its lease TTL; one whose lease is still being
   refreshed after that belongs to a live broker, and this one refuses to start.
-- SIGTERM: flush, delete the owner keys and revoke the lease: hand-over in well under a second.
+- SIGTERM: flush, then revoke the lease (deleting the owner keys with it): hand-over in well under a second.
 - Changes are seen by etcd watches on the broker registrations, owner keys and topics: a
   change runs a reconcile at once (a burst of changes runs one). A full re-read every
   --ownership-resync-ms is the safety net, and every 0.5 s while this broker's share is not
@@ -40,7 +40,7 @@ from kafscale.cluster.membership import BrokerIdInUse, BrokerNode, Cluster
 from kafscale.metadata import codec, keys
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC
 from kafscale.metadata.kv import MetadataUnavailable, Txn
-from kafscale.metadata.store import MetadataStore
+from kafscale.metadata.store import MetadataStore, PartitionState
 
 if TYPE_CHECKING:
     from kafscale.metadata.etcd import EtcdKV
@@ -55,6 +55,9 @@ WATCHED = (keys.BROKERS, keys.OWNERS, keys.TOPICS)  # membership, ownership, par
 KEEPALIVES_PER_TTL = 6  # a refresh every TTL/6: two can fail before writing stops at TTL/2
 WRITE_MARGIN = 0.5  # of the TTL: writes stop this long after the last accepted refresh was sent
 REGISTRATION_GRACE_S = 2.0  # past a lease's TTL, for etcd to revoke it and delete its keys
+# Takeovers per etcd transaction: two compares and two puts each. etcd's --max-txn-ops
+# (128 by default) bounds a transaction's compares and its operations apart.
+TAKEOVERS_PER_TXN = 64
 
 
 def keepalive_period(ttl_s: float) -> float:
@@ -265,9 +268,9 @@ class EtcdCluster(Cluster):
             t.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=1.0)  # watch streams closed before the channels
-        # All at once: each release is a flush and an etcd delete of its own, and a broker
-        # owns its share of __consumer_offsets' 50 partitions besides the users' topics.
-        results = await asyncio.gather(*(self._release(*key, flush=True) for key in list(self._owned)), return_exceptions=True)
+        # All flushes at once (a broker owns its share of __consumer_offsets' 50 partitions
+        # besides the users' topics); the owner keys go with the lease revoked below, at once.
+        results = await asyncio.gather(*(self._release(*key, flush=True, delete_owner_key=False) for key in list(self._owned)), return_exceptions=True)
         for error in (r for r in results if isinstance(r, Exception)):
             log.warning("releasing a partition on shutdown failed (its lease runs out): %s", error)
         self._keeper_stop.set()
@@ -463,7 +466,8 @@ class EtcdCluster(Cluster):
         if desired != self._desired:
             self._desired = desired
             self._leaders_changed()
-        moves = []  # releases and takeovers, each its own flush / etcd transaction: run together
+        moves = []  # releases (each its own flush and etcd transaction) and the takeovers: run together
+        takeovers: list[tuple[str, int]] = []
         for meta in topics:
             for p in range(meta.partitions):
                 key = (meta.name, p)
@@ -481,7 +485,9 @@ class EtcdCluster(Cluster):
                 elif desired == me and (current is None or current[0] == me):
                     # Free, or ours from before (etcd outage, or this id restarted): take it
                     # with a new epoch, so anything written under the old one is fenced.
-                    moves.append(self._acquire(*key))
+                    takeovers.append(key)
+        if takeovers:
+            moves.append(self._acquire_all(takeovers))
         failures = [r for r in await asyncio.gather(*moves, return_exceptions=True) if isinstance(r, BaseException)]
         if failures:
             raise failures[0]  # the reconcile loop logs it and tries again soon
@@ -494,39 +500,95 @@ class EtcdCluster(Cluster):
                 await self.on_topic_deleted(key[0])
         return all((owner == me) == ((topic, p) in self._owned) for topic, owners in self._desired.items() for p, owner in enumerate(owners))
 
-    async def _acquire(self, topic: str, partition: int) -> None:
-        st = await self.metadata.get_partition(topic, partition, with_segments=False)
-        if st is None:
-            return
+    async def _acquire_all(self, wanted: list[tuple[str, int]]) -> None:
+        """Take these partitions: per topic one read of its partition states and one of its
+        owner keys, then one transaction per TAKEOVERS_PER_TXN partitions, each partition
+        guarded by its own compares as in _acquire. A transaction refused (some partition
+        changed meanwhile) goes again partition by partition. A takeover per partition,
+        each three reads and a transaction, all at once, kept a loaded etcd and event loop
+        from answering anything for half a minute when a topic of 1,024 partitions came."""
+        by_topic: dict[str, list[int]] = {}
+        for topic, p in wanted:
+            by_topic.setdefault(topic, []).append(p)
+        chunks = []
+        for topic, parts in by_topic.items():
+            if len(parts) == 1:
+                chunks.append(self._acquire(topic, parts[0]))
+                continue
+            states = {keys.partition_of(kv.key)[1]: kv for kv in await self.kv.range(keys.topic_partitions_prefix(topic))}
+            held = {keys.owner_partition_of(kv.key)[1]: kv for kv in await self.kv.range(keys.topic_owners_prefix(topic))}
+            takes = []
+            for p in parts:
+                kv = states.get(p)
+                st = PartitionState(topic, p, version=kv.version, **json.loads(kv.value)) if kv else PartitionState(topic, p)
+                owner = held.get(p)
+                if owner is not None and json.loads(owner.value).get("node") != self.local.node_id:
+                    continue  # another live broker holds it: it releases when it sees it should
+                takes.append(self._takeover(st, owner.version if owner else 0))
+            for i in range(0, len(takes), TAKEOVERS_PER_TXN):
+                chunks.append(self._commit_takeovers(takes[i : i + TAKEOVERS_PER_TXN]))
+        failures = [r for r in await asyncio.gather(*chunks, return_exceptions=True) if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+
+    def _takeover(self, st: PartitionState, owner_version: int) -> tuple[PartitionState, int, Txn]:
+        """The takeover of `st` at the next epoch, guarded by the owner key's and the
+        partition key's versions as read: (state, new epoch, transaction)."""
         epoch = st.leader_epoch + 1
-        okey, pkey = keys.owner(topic, partition), keys.partition(topic, partition)
+        okey, pkey = keys.owner(st.topic, st.partition), keys.partition(st.topic, st.partition)
         state_doc = MetadataStore.state_doc(st)
         state_doc.update(leader_epoch=epoch, owner=self.local.node_id, epoch_start_offset=st.high_watermark)
-        held = await self.kv.get(okey)
-        if held is not None and json.loads(held.value).get("node") != self.local.node_id:
-            return  # another live broker holds it: it releases when it sees it should
         txn = Txn(
-            compares=[(okey, held.version if held else 0), (pkey, st.version)],
+            compares=[(okey, owner_version), (pkey, st.version)],
             puts=[(pkey, codec.encode(state_doc))],
             leased_puts=[(okey, codec.encode({"node": self.local.node_id, "epoch": epoch}))],
             lease=self.lease,
         )
-        if await self.kv.commit(txn):
-            self._owned.add((topic, partition))
-            self._owners[(topic, partition)] = (self.local.node_id, epoch)
-            self._epochs[(topic, partition)] = epoch
-            self._leaders_changed()
-            log.info("took ownership of %s-%d at epoch %d (high watermark %d)", topic, partition, epoch, st.high_watermark)
+        return st, epoch, txn
 
-    async def _release(self, topic: str, partition: int, flush: bool) -> None:
+    async def _commit_takeovers(self, takes: list[tuple[PartitionState, int, Txn]]) -> None:
+        if len(takes) > 1:
+            txn = Txn(lease=self.lease)
+            for _st, _epoch, t in takes:
+                txn.compares += t.compares
+                txn.puts += t.puts
+                txn.leased_puts += t.leased_puts
+            if not await self.kv.commit(txn):
+                # Some partition changed since the read: each on its own, read afresh.
+                await asyncio.gather(*(self._acquire(st.topic, st.partition) for st, _e, _t in takes))
+                return
+        elif not await self.kv.commit(takes[0][2]):
+            return
+        for st, epoch, _txn in takes:
+            self._took(st, epoch)
+
+    def _took(self, st: PartitionState, epoch: int) -> None:
+        key = (st.topic, st.partition)
+        self._owned.add(key)
+        self._owners[key] = (self.local.node_id, epoch)
+        self._epochs[key] = epoch
+        self._leaders_changed()
+        log.info("took ownership of %s-%d at epoch %d (high watermark %d)", st.topic, st.partition, epoch, st.high_watermark)
+
+    async def _acquire(self, topic: str, partition: int) -> None:
+        st = await self.metadata.get_partition(topic, partition, with_segments=False)
+        if st is None:
+            return
+        held = await self.kv.get(keys.owner(topic, partition))
+        if held is not None and json.loads(held.value).get("node") != self.local.node_id:
+            return  # another live broker holds it: it releases when it sees it should
+        await self._commit_takeovers([self._takeover(st, held.version if held else 0)])
+
+    async def _release(self, topic: str, partition: int, flush: bool, delete_owner_key: bool = True) -> None:
         if self.on_release is not None:
             await self.on_release(topic, partition, flush)
         self._owned.discard((topic, partition))
         self._leaders_changed()
-        okey = keys.owner(topic, partition)
-        kv = await self.kv.get(okey)
-        if kv is not None and json.loads(kv.value).get("node") == self.local.node_id:
-            await self.kv.commit(Txn(compares=[(okey, kv.version)], deletes=[okey]))
+        if delete_owner_key:
+            okey = keys.owner(topic, partition)
+            kv = await self.kv.get(okey)
+            if kv is not None and json.loads(kv.value).get("node") == self.local.node_id:
+                await self.kv.commit(Txn(compares=[(okey, kv.version)], deletes=[okey]))
         self._owners.pop((topic, partition), None)
         self._leaders_changed()
         log.info("released ownership of %s-%d", topic, partition)

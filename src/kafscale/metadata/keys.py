@@ -120,6 +120,12 @@ def partition(topic_name: str, p: int) -> str:
     return f"{PARTITIONS}{escape(topic_name)}/{int(p)}"
 
 
+def partition_of(key: str) -> tuple[str, int]:
+    """(topic, partition) of a `partition(...)` key."""
+    t, p = _split(key, PARTITIONS, 2)
+    return unescape(t), _int(p, key)
+
+
 def topic_partitions_prefix(topic_name: str) -> str:
     """Every partition key of the topic."""
     return f"{PARTITIONS}{escape(topic_name)}/"
@@ -180,6 +186,11 @@ def broker_id_of(key: str) -> int:
 
 def owner(topic_name: str, p: int) -> str:
     return f"{OWNERS}{escape(topic_name)}/{int(p)}"
+
+
+def topic_owners_prefix(topic_name: str) -> str:
+    """Every owner key of the topic's partitions."""
+    return f"{OWNERS}{escape(topic_name)}/"
 
 
 def owner_partition_of(key: str) -> tuple[str, int]:
