@@ -42,6 +42,7 @@ applied in chunks (etcd.py), each key still atomically.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -55,11 +56,12 @@ from kafscale.metadata.segments import SegmentInfo
 
 log = logging.getLogger("kafscale.metadata")
 
-# Partitions per transaction of commit_segments: each is one compare and two puts, so a
-# transaction stays within etcd's default --max-txn-ops (128) however many partitions a
-# write-ahead flush commits.
-COMMIT_CHUNK = 32
+# Partitions per transaction of commit_segments: each is one compare and two puts, and
+# etcd's --max-txn-ops (128 by default) bounds a transaction's compares and its operations
+# apart, so a transaction stays within it however many partitions a write-ahead flush commits.
+COMMIT_CHUNK = 64
 COMMIT_ATTEMPTS = 3
+_WAO_KEY_FIELD = b'"wao_key":"'  # as codec.encode_segment writes it
 
 
 class ConflictError(RuntimeError):
@@ -252,16 +254,19 @@ class MetadataStore:
         failed and its outcome is unknown). Each partition's commit is guarded by its own
         compare, as commit_segment's; COMMIT_CHUNK partitions share a transaction, and when
         one of them fails its compare the others are committed without it, so one moved
-        partition fails only its own flush."""
+        partition fails only its own flush. The transactions run at once (each partition is
+        in one only): a flush's commit takes about one round trip however many partitions."""
         results: list[PartitionState | Exception | None] = [None] * len(commits)
-        for start in range(0, len(commits), COMMIT_CHUNK):
-            chunk = list(range(start, min(start + COMMIT_CHUNK, len(commits))))
+
+        async def commit(chunk: list[int]) -> None:
             try:
                 await self._commit_chunk(commits, chunk, results)
             except Exception as e:  # noqa: BLE001 - the store failed: these partitions' outcomes are unknown
                 for i in chunk:
                     if results[i] is None:
                         results[i] = e
+
+        await asyncio.gather(*(commit(list(range(i, min(i + COMMIT_CHUNK, len(commits))))) for i in range(0, len(commits), COMMIT_CHUNK)))
         return results  # type: ignore[return-value]
 
     async def _commit_chunk(self, commits, chunk: list[int], results: list) -> None:
@@ -304,8 +309,20 @@ class MetadataStore:
         (SegmentInfo.wao_key): one consistent read of every segment key."""
         used = set()
         for kv in await self.kv.range(keys.SEGMENTS):
-            if b'"wao_key"' in kv.value:
-                used.add(json.loads(kv.value)["wao_key"])
+            value = kv.value
+            at = value.find(b'"wao_key"')
+            if at < 0:
+                continue
+            # Cut out of the compact JSON codec.encode_segment writes (a metadata restore
+            # writes the same): parsing every document was most of a broker's cleanup at
+            # 1,024 partitions. Any other spelling, or a key the JSON escapes, is parsed.
+            start = at + len(_WAO_KEY_FIELD)
+            end = value.find(b'"', start)
+            key = value[start:end]
+            if value.startswith(_WAO_KEY_FIELD, at) and end > 0 and b"\\" not in key:
+                used.add(key.decode())
+            else:
+                used.add(json.loads(value)["wao_key"])
         return used
 
     async def update_partition(

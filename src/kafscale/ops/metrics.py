@@ -104,6 +104,7 @@ class BrokerMetrics:
         self._store_children: dict[str, tuple] = {}
         self._metadata_children: dict[str, tuple] = {}
         self._topic_children: dict[tuple[str, str], Any] = {}
+        self._error_children: dict[tuple[str, int], Any] = {}
         self._response_hooks: dict[int, Any] = {}  # api key -> the hook install_taps registered
         r.register(_LiveCollector(broker, self))
 
@@ -125,6 +126,12 @@ class BrokerMetrics:
         if child is None:
             child = getattr(self, family).labels(topic)
             self._topic_children[(family, topic)] = child
+        return child
+
+    def _partition_error(self, api: str, code: int):
+        child = self._error_children.get((api, code))
+        if child is None:
+            child = self._error_children[(api, code)] = self.partition_errors.labels(api, error_name(code))
         return child
 
     def forget_topics(self, live: set[str]) -> None:
@@ -152,13 +159,13 @@ class BrokerMetrics:
                 if rt is not None:
                     code = rt.partition_responses[j].error_code if j < len(rt.partition_responses) else ErrorCode.none
                     if code:
-                        self.partition_errors.labels("Produce", error_name(code)).inc()
+                        self._partition_error("Produce", code).inc()
                         continue
                 data = pd.records
                 if not data:
                     continue
                 nbytes += len(data)
-                nbatches += sum(1 for _ in records.iter_batches(data))
+                nbatches += records.count_batches(data)
             if nbytes:
                 self._topic_counter("bytes_in", name).inc(nbytes)
                 self._topic_counter("batches_in", name).inc(nbatches)
@@ -171,7 +178,7 @@ class BrokerMetrics:
             nbytes = 0
             for p in rt.partitions:
                 if p.error_code:
-                    self.partition_errors.labels("Fetch", error_name(p.error_code)).inc()
+                    self._partition_error("Fetch", p.error_code).inc()
                 if p.records:
                     nbytes += len(p.records)
             if nbytes and name is not None:

@@ -143,6 +143,21 @@ def iter_batches(buf, pos: int = 0, end: int | None = None) -> Iterator[tuple[in
         pos += header.size
 
 
+_BATCH_LENGTH = struct.Struct(">i")
+
+
+def count_batches(buf) -> int:
+    """How many batches iter_batches(buf) yields, reading only their lengths."""
+    n, pos, end = 0, 0, len(buf)
+    while pos + HEADER_SIZE <= end:
+        (length,) = _BATCH_LENGTH.unpack_from(buf, pos + BATCH_LENGTH)
+        if length < HEADER_SIZE - LOG_OVERHEAD or pos + LOG_OVERHEAD + length > end:
+            break
+        n += 1
+        pos += LOG_OVERHEAD + length
+    return n
+
+
 def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) -> list[BatchHeader]:
     """Check a produced record set: whole v2 batches, each with a valid CRC32C.
 

@@ -98,6 +98,10 @@ class SegmentCache:
         self.hits = 0
         self.misses = 0
         self._views: OrderedDict[tuple, SegmentView] = OrderedDict()
+        # The keys cached for each (topic, partition), the first two parts of a key: dropping
+        # a partition's views (each load of a partition does) looks at its own keys, not at
+        # every view (at 1,024 partitions the scans were 5% of a broker's time).
+        self._by_partition: dict[tuple, set[tuple]] = {}
 
     def contains(self, key: tuple) -> bool:
         """Membership without touching LRU order or hit counters."""
@@ -117,19 +121,35 @@ class SegmentCache:
         if old is not None:
             self.bytes -= old.nbytes
         self._views[key] = view
+        self._by_partition.setdefault(key[:2], set()).add(key)
         self.bytes += view.nbytes
         # (the newest view stays even over the budget: a fetch of it would otherwise read
         # the whole segment again from the store each time)
         limit = self.max_bytes - (self.held_outside() if self.held_outside is not None else 0)
         while self.bytes > limit and len(self._views) > 1:
-            _, evicted = self._views.popitem(last=False)
+            key, evicted = self._views.popitem(last=False)
             self.bytes -= evicted.nbytes
+            self._unindex(key)
 
     def drop(self, key: tuple) -> None:
         old = self._views.pop(key, None)
         if old is not None:
             self.bytes -= old.nbytes
+            self._unindex(key)
+
+    def _unindex(self, key: tuple) -> None:
+        group = self._by_partition.get(key[:2])
+        if group is not None:
+            group.discard(key)
+            if not group:
+                del self._by_partition[key[:2]]
 
     def drop_prefix(self, prefix: tuple) -> None:
-        for key in [k for k in self._views if k[: len(prefix)] == prefix]:
-            self.bytes -= self._views.pop(key).nbytes
+        if len(prefix) == 2:
+            doomed = list(self._by_partition.get(prefix, ()))
+        elif len(prefix) == 1:
+            doomed = [k for group, keys in self._by_partition.items() if group[:1] == prefix for k in keys]
+        else:
+            doomed = [k for k in self._views if k[: len(prefix)] == prefix]
+        for key in doomed:
+            self.drop(key)

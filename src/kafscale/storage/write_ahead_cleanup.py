@@ -8,8 +8,8 @@ but it may not be deleted at once: readers that read the segment list before the
 may still fetch from it, and a commit may still be on its way.
 
 So each round lists `{namespace}/~wal/`, THEN reads which keys the metadata refers to
-(one consistent read of every segment key; a commit landing in between is seen), and
-deletes an object only when
+(one consistent read of every segment key; a commit landing in between is seen; skipped
+while no listed object is within a grace of orphan_age_s), and deletes an object only when
 - it has been unreferenced at every round for at least `grace_s` (the merger's grace for
   merged-away segments: readers' segment lists are at most that old), and
 - it is at least `orphan_age_s` old (by the creation time its key names): the flusher
@@ -47,13 +47,25 @@ class WriteAheadCleanup:
     async def run_once(self) -> int:
         """One round; returns how many objects it deleted."""
         listed = await self.store.list(write_ahead.wal_prefix(self.namespace))
-        used = await self.metadata.write_ahead_keys_in_use()
         now, now_ms = time.monotonic(), time.time() * 1000
-        unreferenced: dict[str, float] = {}
-        doomed = []
+        # Only objects that may be due within a grace are followed: a younger one could
+        # not go before orphan_age_s anyway. Without any, the metadata is not read (a read
+        # of every segment key, the bulk of a round's cost): a round that does not look
+        # restarts every grace, which only delays deletions.
+        watch_from_ms = now_ms - (self.orphan_age_s - self.grace_s) * 1000
+        candidates = {}
         for key in listed:
             created_ms = write_ahead.created_ms_of_key(key)
-            if created_ms is None or key in used:
+            if created_ms is not None and created_ms <= watch_from_ms:
+                candidates[key] = created_ms
+        if not candidates:
+            self._unreferenced_since = {}
+            return 0
+        used = await self.metadata.write_ahead_keys_in_use()
+        unreferenced: dict[str, float] = {}
+        doomed = []
+        for key, created_ms in candidates.items():
+            if key in used:
                 continue
             since = self._unreferenced_since.get(key, now)
             if now - since >= self.grace_s and now_ms - created_ms >= self.orphan_age_s * 1000:
