@@ -109,3 +109,18 @@ def test_plan_runs_never_mixes_cleaned_and_dirty_segments():
     segs[1] = dataclasses.replace(segs[1], cleaned=True)
     runs = merger.plan_runs(segs, 1000)
     assert [[(s.base_offset, s.cleaned) for s in r] for r in runs] == [[(0, True), (10, True)], [(20, False), (30, False)]]
+
+
+def test_plan_write_ahead_runs_keeps_a_compacted_logs_newest_segment_apart():
+    """Pieces of write-ahead objects are rewritten in runs within segment.bytes; in a
+    compacted log the newest one (the active segment, never cleaned) is a run of its own,
+    or the dirty pieces before it would wait for the next flush to be compacted."""
+    import dataclasses
+
+    pieces = [dataclasses.replace(_seg(i * 10, i * 10 + 9, 100), wao_key=f"ns/~wal/{i}.wal") for i in range(4)]
+    segs = [_seg(-10, -1, 900), *pieces]
+    due = dict(segment_bytes=1000, max_age_ms=0, now_ms=1)
+    assert [[s.base_offset for s in r] for r in merger.plan_write_ahead_runs(segs, **due)] == [[0, 10, 20, 30]]
+    assert [[s.base_offset for s in r] for r in merger.plan_write_ahead_runs(segs, **due, last_apart=True)] == [[0, 10, 20], [30]]
+    # not due yet: young and under half of segment.bytes
+    assert merger.plan_write_ahead_runs(segs, 1000, max_age_ms=60_000, now_ms=1, last_apart=True) == []

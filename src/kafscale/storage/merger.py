@@ -56,13 +56,16 @@ def plan_runs(segments: list[segment.SegmentInfo], segment_bytes: int) -> list[l
     return runs
 
 
-def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: int, max_age_ms: int, now_ms: int) -> list[list[segment.SegmentInfo]]:
+def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: int, max_age_ms: int, now_ms: int,
+                          last_apart: bool = False) -> list[list[segment.SegmentInfo]]:
     """Runs of adjacent segments held in write-ahead objects (SegmentInfo.wao_key) to
     rewrite into the partition's own spec segments: all of them once they hold half of
     segment_bytes, or once the oldest is `max_age_ms` old (a partition writing slowly);
     none before (so a rewrite writes few, well-filled segments). A run of one is a run
     here: its bytes move out of the shared object. Runs stay within segment_bytes and never
-    mix cleaned and dirty segments."""
+    mix cleaned and dirty segments. `last_apart` (a compacted log): the newest segment is a
+    run of its own, as it is the active segment the compactor never cleans; merged with the
+    ones before it, it would keep them from the compactor until the next flush."""
     pieces = [s for s in segments if s.wao_key]
     if not pieces:
         return []
@@ -71,13 +74,14 @@ def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: in
     runs: list[list[segment.SegmentInfo]] = []
     run: list[segment.SegmentInfo] = []
     size = 0
-    for seg in segments:
+    for i, seg in enumerate(segments):
         if not seg.wao_key:
             if run:
                 runs.append(run)
             run, size = [], 0
             continue
-        if run and (run[-1].last_offset + 1 != seg.base_offset or run[-1].cleaned != seg.cleaned or size + seg.size > segment_bytes):
+        newest = last_apart and i == len(segments) - 1
+        if run and (newest or run[-1].last_offset + 1 != seg.base_offset or run[-1].cleaned != seg.cleaned or size + seg.size > segment_bytes):
             runs.append(run)
             run, size = [], 0
         run.append(seg)
@@ -169,7 +173,8 @@ class SegmentMerger:
                 # until the next flush.
                 segments = segments[:-1]
             runs = plan_runs(segments, lg.settings.segment_bytes)
-            wal_runs = plan_write_ahead_runs(lg.state.segments, lg.settings.segment_bytes, self.segment_max_age_ms, int(time.time() * 1000))
+            wal_runs = plan_write_ahead_runs(lg.state.segments, lg.settings.segment_bytes, self.segment_max_age_ms, int(time.time() * 1000),
+                                             last_apart=lg.settings.cleanup_compact)
             self.write_ahead_seen = self.write_ahead_seen or bool(wal_runs) or any(s.wao_key for s in lg.state.segments[-1:])
             runs += wal_runs
             for run in runs:
