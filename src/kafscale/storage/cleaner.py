@@ -168,31 +168,18 @@ class AbortedIndex:
 # Records of a batch, parsed for the cleaner (the raw bytes of each are kept).
 
 
-@dataclass(slots=True)
-class _Rec:
-    start: int  # position of its length varint in the (decompressed) records
-    end: int
-    body_start: int  # position of its attributes byte
-    ts_delta: int
-    ts_end: int  # position after its timestamp delta (offset delta, key, value, headers follow)
-    offset: int
-    key: bytes | None
-    tombstone: bool  # a null value
+# A record is the plain record reader's row (protocol/record_reader.py FIELDS), used as it
+# is: an object made per record cost the key map and the cleaning ~15% of their time per
+# record (bench/bench_record_reader.py). Its offset is the batch's base offset + its offset
+# delta; a key or value length below 0 is a null key or value (a tombstone).
+_OFFSET_DELTA, _KEY_AT, _KEY_LENGTH = (record_reader.FIELDS.index(f) for f in ("offset_deltas", "key_at", "key_lengths"))
 
 
-def _parse(body: bytes, count: int, base_offset: int) -> list[_Rec]:
-    """The records of a batch (`body`: its records, decompressed, as bytes), through the
-    plain record reader (protocol/record_reader.py)."""
-    return [
-        _Rec(start, end, body_start, ts_delta, ts_end, base_offset + off_delta, body[k_at : k_at + k_len] if k_len >= 0 else None, v_len < 0)
-        for start, end, body_start, ts_delta, ts_end, off_delta, k_at, k_len, _v_at, v_len, _h in record_reader.PLAIN.read(body, ((0, len(body), count),)).rows
-    ]
-
-
-def _records_of(data, pos: int, h: records.BatchHeader) -> tuple[bytes, list[_Rec]]:
+def _records_of(data, pos: int, h: records.BatchHeader) -> tuple[bytes, list[tuple]]:
+    """The records of the batch at `pos` (decompressed, as bytes) and their rows."""
     raw = data[pos + records.HEADER_SIZE : pos + h.size]
     body = records.decompress(h.compression, raw, counted=False) if h.compression else bytes(raw)
-    return body, _parse(body, h.record_count, h.base_offset)
+    return body, record_reader.PLAIN.read(body, ((0, len(body), h.record_count),)).rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -241,10 +228,11 @@ class KeyMap:
                 self.last_offset = h.last_offset
             if h.is_control or (h.is_transactional and aborted is not None and aborted.contains(h.producer_id, h.base_offset)):
                 continue
-            _body, recs = _records_of(data, pos, h)
-            for r in recs:
-                if r.key is not None:
-                    entries[key_digest(r.key)] = r.offset
+            body, rows = _records_of(data, pos, h)
+            base = h.base_offset
+            for _, _, _, _, _, off_delta, k_at, k_len, _, _, _ in rows:
+                if k_len >= 0:
+                    entries[key_digest(body[k_at : k_at + k_len])] = base + off_delta
                     mapped += 1
         self.records_mapped += mapped
         if len(entries) > self.peak_entries:
@@ -276,10 +264,10 @@ class CleanedSegment:
 _AFTER_CRC = struct.Struct(">hiqqqhii")  # attributes .. record count: what follows the CRC
 
 
-def _control_kind(body: bytes, recs: list[_Rec]) -> int:
-    if not recs or recs[0].key is None or len(recs[0].key) < 4:
+def _control_kind(body: bytes, recs: list[tuple]) -> int:
+    if not recs or recs[0][_KEY_LENGTH] < 4:
         return -1
-    return struct.unpack_from(">h", recs[0].key, 2)[0]
+    return struct.unpack_from(">h", body, recs[0][_KEY_AT] + 2)[0]
 
 
 class BatchCleaner:
@@ -382,13 +370,15 @@ class BatchCleaner:
         past_horizon = horizon is not None and horizon <= self.now_ms
         keep = []
         tombstones = False
-        for r in recs:
-            if aborted or r.key is None:
+        base = h.base_offset
+        for r in () if aborted else recs:
+            _, _, _, _, _, off_delta, k_at, k_len, _, v_len, _ = r
+            if k_len < 0:
                 continue
-            latest = km.get(r.key)
-            if latest is not None and latest > r.offset:
+            latest = km.get(body[k_at : k_at + k_len])
+            if latest is not None and latest > base + off_delta:
                 continue  # superseded
-            if r.tombstone:
+            if v_len < 0:  # a tombstone
                 if past_horizon:
                     continue
                 tombstones = True
@@ -404,15 +394,15 @@ class BatchCleaner:
             return None
         return self._rewrite(mv, pos, h, body, keep, new_horizon)
 
-    def _rewrite(self, mv: memoryview, pos: int, h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon: int | None) -> bytes:
+    def _rewrite(self, mv: memoryview, pos: int, h: records.BatchHeader, body: bytes, keep: list[tuple], horizon: int | None) -> bytes:
         """Batch `h` with only the records `keep` and delete horizon `horizon` (None: none)."""
         if h.compression:
             self.recompressions += 1
         return rewrite_batch(h, body, keep, horizon)
 
 
-def rewrite_batch(h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon: int | None, last_offset_delta: int | None = None) -> bytes:
-    """Batch `h` (`body`: its records, decompressed) with only the records `keep`, kept
+def rewrite_batch(h: records.BatchHeader, body: bytes, keep: list[tuple], horizon: int | None, last_offset_delta: int | None = None) -> bytes:
+    """Batch `h` (`body`: its records, decompressed) with only the records `keep` (rows), kept
     byte for byte, at their offsets and timestamps, with the producer fields of `h`, and
     delete horizon `horizon` (None: none); recompressed with its codec. `last_offset_delta`
     overrides the batch's (a batch cut short ends at its last kept record)."""
@@ -426,14 +416,14 @@ def rewrite_batch(h: records.BatchHeader, body: bytes, keep: list[_Rec], horizon
     log_append = h.is_log_append_time
     parts = []
     max_ts = -1
-    for r in keep:
-        ts = base_ts + r.ts_delta
+    for start, end, attrs_at, ts_delta, ts_end, *_ in keep:
+        ts = base_ts + ts_delta
         if ts > max_ts:
             max_ts = ts
         if new_base == base_ts or log_append:
-            parts.append(body[r.start : r.end])  # the record as it was
+            parts.append(body[start:end])  # the record as it was
         else:  # the same record, its timestamp delta now from the horizon
-            rec = body[r.body_start : r.body_start + 1] + encode_varlong(ts - new_base) + body[r.ts_end : r.end]
+            rec = body[attrs_at : attrs_at + 1] + encode_varlong(ts - new_base) + body[ts_end:end]
             parts.append(encode_varlong(len(rec)) + rec)
     if log_append or not keep:
         max_ts = h.max_timestamp
@@ -452,7 +442,7 @@ def truncate_batch(data, pos: int, h: records.BatchHeader, end_offset: int) -> b
     ending at its last kept record: what a log cut at `end_offset` keeps of the batch it
     falls into."""
     body, recs = _records_of(data, pos, h)
-    keep = [r for r in recs if r.offset < end_offset]
+    keep = [r for r in recs if h.base_offset + r[_OFFSET_DELTA] < end_offset]
     if not keep:
         return None
-    return rewrite_batch(h, body, keep, h.delete_horizon_ms, last_offset_delta=keep[-1].offset - h.base_offset)
+    return rewrite_batch(h, body, keep, h.delete_horizon_ms, last_offset_delta=keep[-1][_OFFSET_DELTA])
