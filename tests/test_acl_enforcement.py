@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import AclBroker, BrokerProcess, free_port, sasl_conf
 from tests.support.servers import etcd_server  # noqa: F401 - fixture
 from tests.support.wait import wait_until
 
@@ -16,14 +16,10 @@ USERS = ("admin", "alice", "bob", "carol", "dave", "eve")
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    users = tmp_path_factory.mktemp("authz") / "users.txt"
-    users.write_text("".join(f"{u}:{u}-secret\n" for u in USERS))
-    plain, sasl = free_port(), free_port()
-    b = BrokerProcess(port=plain, extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--authorizer", "acls", "--super-users", "User:admin", "--group-initial-rebalance-delay-ms", "0"]).start()
-    admin = AdminClient(_conf(sasl, "admin"))
+def secured():
+    b = AclBroker(USERS, "User:admin", ["--group-initial-rebalance-delay-ms", "0"]).start()
+    sasl = b.sasl_port
+    admin = AdminClient(sasl_conf(sasl, "admin"))
     allow, deny, lit, pre = AclPermissionType.ALLOW, AclPermissionType.DENY, ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
     bindings = [
         AclBinding(ResourceType.TOPIC, "orders", lit, "User:alice", "*", AclOperation.WRITE, allow),
@@ -38,7 +34,7 @@ def secured(tmp_path_factory):
     for fut in admin.create_acls(bindings).values():
         fut.result(10)
     # the topics exist (made by the super user)
-    p = Producer(_conf(sasl, "admin"))
+    p = Producer(sasl_conf(sasl, "admin"))
     for t in ("orders", "logs-app", "public"):
         p.produce(t, value=f"{t}-seed".encode())
     assert p.flush(20) == 0
@@ -46,14 +42,9 @@ def secured(tmp_path_factory):
     b.stop()
 
 
-def _conf(port: int, user: str) -> dict:
-    return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-            "sasl.username": user, "sasl.password": f"{user}-secret"}
-
-
 def _produce(port, user, topic) -> KafkaError | None:
     out = []
-    p = Producer({**_conf(port, user), "message.timeout.ms": 10000})
+    p = Producer({**sasl_conf(port, user), "message.timeout.ms": 10000})
     p.produce(topic, value=b"v", on_delivery=lambda err, msg: out.append(err))
     p.flush(15)
     return out[0] if out else KafkaError(KafkaError._TIMED_OUT)
@@ -61,7 +52,7 @@ def _produce(port, user, topic) -> KafkaError | None:
 
 def _consume(port, user, topic, group):
     """('ok', value) or ('error', code) for the first thing the consumer sees."""
-    c = Consumer({**_conf(port, user), "group.id": group, "auto.offset.reset": "earliest"})
+    c = Consumer({**sasl_conf(port, user), "group.id": group, "auto.offset.reset": "earliest"})
     c.subscribe([topic])
     seen = []
     try:
@@ -108,10 +99,10 @@ def test_deny_overrides_allow(secured):
 
 def test_metadata_hides_topics_without_describe(secured):
     _b, sasl = secured
-    admin = AdminClient(_conf(sasl, "dave"))
+    admin = AdminClient(sasl_conf(sasl, "dave"))
     md = admin.list_topics(timeout=10)
     assert "orders" not in md.topics and "logs-app" not in md.topics and "public" in md.topics
-    alice_topics = AdminClient(_conf(sasl, "alice")).list_topics(timeout=10).topics
+    alice_topics = AdminClient(sasl_conf(sasl, "alice")).list_topics(timeout=10).topics
     assert "orders" in alice_topics and "public" in alice_topics and "logs-app" not in alice_topics
 
 
@@ -167,7 +158,7 @@ def test_authorized_operations_bit_fields(secured, broker):
         md = c.request(3, 10, raw.req(3, 10, topics=None, allow_auto_topic_creation=False, include_cluster_authorized_operations=True,
                                        include_topic_authorized_operations=True))
         assert md.cluster_authorized_operations == sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
-    admin = AdminClient(_conf(secured[1], "alice"))
+    admin = AdminClient(sasl_conf(secured[1], "alice"))
     desc = admin.describe_topics(__import__("confluent_kafka").TopicCollection(["orders"]), include_authorized_operations=True)["orders"].result(10)
     assert {op.name for op in desc.authorized_operations} == {"WRITE", "DESCRIBE"}
     assert ErrorCode.none == 0 and Op.WRITE == 4
@@ -177,9 +168,9 @@ def test_list_groups_shows_only_describable_groups(secured):
     _b, sasl = secured
     # bob has READ (so DESCRIBE) on g1 only; the super user sees every group
     assert _consume(sasl, "bob", "orders", "g1")[0] == "ok"
-    bob = AdminClient(_conf(sasl, "bob"))
+    bob = AdminClient(sasl_conf(sasl, "bob"))
     wait_until(lambda: {g.group_id for g in bob.list_consumer_groups().result(10).valid} == {"g1"}, 10, "bob to list g1 only")
-    admin = AdminClient(_conf(sasl, "admin"))
+    admin = AdminClient(sasl_conf(sasl, "admin"))
     assert "g1" in {g.group_id for g in admin.list_consumer_groups().result(10).valid}
 
 
@@ -263,7 +254,7 @@ def test_transaction_and_producer_views_follow_describe_acls(secured):
         errors = {t.name: error_code(t.partitions[0].error_code) for t in dp.topics}
         assert errors == {"logs-app": 0, "orders": KafkaError.TOPIC_AUTHORIZATION_FAILED}
 
-    admin = AdminClient(_conf(sasl, "admin"))
+    admin = AdminClient(sasl_conf(sasl, "admin"))
     binding = AclBinding(ResourceType.TRANSACTIONAL_ID, tid, ResourcePatternType.LITERAL, "User:carol", "*", AclOperation.DESCRIBE, AclPermissionType.ALLOW)
     for f in admin.create_acls([binding]).values():
         f.result(10)
@@ -302,7 +293,7 @@ def test_broker_side_transaction_requests_need_cluster_action(secured):
     with _raw_as(sasl, "carol") as c:  # ALL on logs-*, READ on every group, nothing on the cluster
         assert add_v4(c)[0] == KafkaError.CLUSTER_AUTHORIZATION_FAILED
         assert add_offsets(c, tid, pid, epoch, "g-any") == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-    admin = AdminClient(_conf(sasl, "admin"))
+    admin = AdminClient(sasl_conf(sasl, "admin"))
     for fut in admin.create_acls([AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:dave", "*",
                                              AclOperation.CLUSTER_ACTION, AclPermissionType.ALLOW)]).values():
         fut.result(10)
@@ -320,7 +311,7 @@ def test_group_configs_need_describe_and_alter_configs_on_the_group(secured):
     _b, sasl = secured
     allow, lit = AclPermissionType.ALLOW, ResourcePatternType.LITERAL
 
-    clients = {u: AdminClient(_conf(sasl, u)) for u in ("dave", "admin")}
+    clients = {u: AdminClient(sasl_conf(sasl, u)) for u in ("dave", "admin")}
 
     def describe(user):
         [fut] = clients[user].describe_configs([ConfigResource(ResourceType.GROUP, "cfg-g")]).values()
@@ -351,12 +342,12 @@ def _share_read(port: int, user: str, topic: str, group: str):
     from confluent_kafka import ShareConsumer
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
-    admin = AdminClient(_conf(port, "admin"))
+    admin = AdminClient(sasl_conf(port, "admin"))
     r = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
         ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
     for fut in admin.incremental_alter_configs([r]).values():
         fut.result(10)
-    c = ShareConsumer({**_conf(port, user), "group.id": group})
+    c = ShareConsumer({**sasl_conf(port, user), "group.id": group})
     c.subscribe([topic])
     seen = []
     try:

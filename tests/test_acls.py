@@ -9,29 +9,18 @@ from confluent_kafka.admin import (
     AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient, ResourcePatternType, ResourceType,
 )
 
-from tests.support.broker import BrokerProcess, free_port
+from tests.support.broker import AclBroker
 
 
 @pytest.fixture(scope="module")
-def acl_broker(tmp_path_factory):
-    users = tmp_path_factory.mktemp("acls") / "users.txt"
-    users.write_text("admin:admin-secret\nalice:alice-secret\n")
-    plain, sasl = free_port(), free_port()
-    b = BrokerProcess(port=plain, extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--authorizer", "acls", "--super-users", "User:admin;User:ANONYMOUS"]).start()
-    yield b, sasl
+def acl_broker():
+    b = AclBroker(("admin", "alice"), "User:admin;User:ANONYMOUS").start()
+    yield b
     b.stop()
 
 
-def _sasl_admin(port: int, user: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                        "sasl.username": user, "sasl.password": f"{user}-secret"})
-
-
 def test_confluent_create_describe_delete(acl_broker):
-    b, sasl = acl_broker
-    admin = _sasl_admin(sasl, "admin")
+    admin = AdminClient(acl_broker.sasl_conf("admin"))
     bindings = [
         AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW),
         AclBinding(ResourceType.TOPIC, "logs-", ResourcePatternType.PREFIXED, "User:bob", "*", AclOperation.READ, AclPermissionType.ALLOW),
@@ -57,7 +46,7 @@ def test_confluent_create_describe_delete(acl_broker):
     assert sorted(a.name for a in deleted) == ["g1", "logs-"]
     assert [a.name for a in admin.describe_acls(everything).result(10)] == ["orders"]
     # a principal without ALTER on the cluster may not create ACLs
-    alice = _sasl_admin(sasl, "alice")
+    alice = AdminClient(acl_broker.sasl_conf("alice"))
     with pytest.raises(Exception, match="(?i)cluster.*authoriz|authoriz.*cluster"):
         list(alice.create_acls([bindings[1]]).values())[0].result(10)
 
@@ -66,8 +55,7 @@ def test_kafka_python_admin(acl_broker):
     from kafka.admin import ACL, ACLFilter, ACLOperation, ACLPermissionType, KafkaAdminClient, ResourcePattern, ResourcePatternFilter
     from kafka.admin import ACLResourcePatternType, ResourceType as KPResource
 
-    b, _sasl = acl_broker
-    admin = KafkaAdminClient(bootstrap_servers=b.bootstrap)  # anonymous, a super user here
+    admin = KafkaAdminClient(bootstrap_servers=acl_broker.bootstrap)  # anonymous, a super user here
     try:
         acl = ACL("User:carol", "*", ACLOperation.DESCRIBE, ACLPermissionType.ALLOW,
                   ResourcePattern(KPResource.TOPIC, "kp-topic", ACLResourcePatternType.LITERAL))

@@ -267,6 +267,26 @@ class Load(threading.Thread):
         return sorted(lat, reverse=True)[:n]
 
 
+def producing(cl: KCluster, topic: str, parts: int) -> Load:
+    """`topic` created with `parts` partitions and owned, and a Load on it (stop it) past
+    its first 300 acknowledgements."""
+    cl.create_topic(topic, parts)
+    cl.wait_owned(topic, parts)
+    return started_load(cl, topic)
+
+
+def started_load(cl: KCluster, topic: str) -> Load:
+    """A Load on `topic` (stop it) past its first 300 acknowledgements."""
+    load = Load(cl.bootstrap, topic)
+    load.start()
+    try:
+        wait_until(lambda: load.n_acked() >= 300, 30, "the producer's first 300 acknowledgements")
+    except BaseException:
+        load.stop()
+        raise
+    return load
+
+
 class GroupReader(threading.Thread):
     """A subscribed confluent-kafka consumer in a group, recording where it saw each value."""
 
@@ -501,13 +521,8 @@ def test_etcd_restart_mid_run(cluster_factory, backends):
     etcd, _ = backends
     cl = cluster_factory("etcdrestart")
     topic, parts = f"etcd-{cl.tag}", 3
-    cl.create_topic(topic, parts)
-    cl.wait_owned(topic, parts)
-
-    load = Load(cl.bootstrap, topic)
-    load.start()
+    load = producing(cl, topic, parts)
     try:
-        wait_until(lambda: load.n_acked() >= 300, 30, "first acknowledgements")
         etcd.stop()
         try:
             time.sleep(4)  # the outage itself: > lease TTL / 2
@@ -612,10 +627,8 @@ def test_sigterm_hands_over_quickly(cluster_factory):
     assert victim_parts
     survivors = [b for i, b in cl.brokers.items() if i != victim]
 
-    load = Load(cl.bootstrap, topic)
-    load.start()
+    load = started_load(cl, topic)
     try:
-        wait_until(lambda: load.n_acked() >= 300, 30, "first acknowledgements")
         proc = cl.brokers[victim].proc
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -650,13 +663,8 @@ def test_joining_broker_takes_its_share(cluster_factory):
     brokers: 2 each), Metadata everywhere names it, and produce/consume keep working."""
     cl = cluster_factory("join")
     topic, parts = f"join-{cl.tag}", 8
-    cl.create_topic(topic, parts)
-    cl.wait_owned(topic, parts)
-
-    load = Load(cl.bootstrap, topic)
-    load.start()
+    load = producing(cl, topic, parts)
     try:
-        wait_until(lambda: load.n_acked() >= 300, 30, "first acknowledgements")
         t0 = time.monotonic()
         new = cl.start_broker(3)
 
@@ -864,12 +872,8 @@ def test_write_ahead_objects_with_ownership_moving_mid_flush(cluster_factory, ba
     _etcd, moto = backends
     cl = cluster_factory("wao", broker_args=("--write-ahead-objects", "true", "--merge-interval-ms", "0"))
     topic, parts = f"wao-{cl.tag}", 12
-    cl.create_topic(topic, parts)
-    cl.wait_owned(topic, parts)
-    load = Load(cl.bootstrap, topic)
-    load.start()
+    load = producing(cl, topic, parts)
     try:
-        wait_until(lambda: load.n_acked() >= 300, 30, "the producer to get going")
         for how in ("kill9", "sigterm"):
             victim = cl.owners(topic)[0][0]
             moved_at = time.monotonic()
@@ -906,12 +910,8 @@ def test_write_ahead_objects_with_a_broker_killed_and_one_joining_while_the_data
     cl = cluster_factory("waj", broker_args=("--write-ahead-objects", "true", "--merge-interval-ms", "200", "--merge-grace-ms", "1000",
                                              "--segment-max-age-ms", "1000", "--write-ahead-orphan-age-ms", "8000"))  # fmt: skip
     topic, parts = f"waj-{cl.tag}", 12
-    cl.create_topic(topic, parts)
-    cl.wait_owned(topic, parts)
-    load = Load(cl.bootstrap, topic)
-    load.start()
+    load = producing(cl, topic, parts)
     try:
-        wait_until(lambda: load.n_acked() >= 300, 30, "the producer to get going")
         victim = cl.owners(topic)[0][0]
         killed_at = time.monotonic()
         cl.brokers[victim].kill9()

@@ -618,28 +618,20 @@ def test_users_topic_and_group_deleted_through_the_pages(console, cluster, brows
     assert _js_errors(browser) == []
 
 
-def test_acls_created_and_deleted_through_the_page_on_an_authorizing_broker(browser, tmp_path):
+def test_acls_created_and_deleted_through_the_page_on_an_authorizing_broker(browser):
     from confluent_kafka import KafkaError, Producer
     from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, AdminClient, NewTopic, ResourcePatternType, ResourceType
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from tests.support.broker import BrokerProcess
+    from tests.support.broker import AclBroker
 
-    users = tmp_path / "users.txt"
-    users.write_text("admin:admin-secret\nalice:alice-secret\n")
-    plain, sasl = free_port(), free_port()
-    b = BrokerProcess(port=plain, extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--authorizer", "acls", "--super-users", "User:admin"]).start()
-
-    def sasl_conf(user: str) -> dict:
-        return {"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                "sasl.username": user, "sasl.password": f"{user}-secret"}
+    b = AclBroker(("admin", "alice"), "User:admin").start()
+    sasl_conf = b.sasl_conf
 
     def console_as(user: str) -> ConsoleProcess:
         settings = [f"-X{k}={v}" for k, v in sasl_conf(user).items() if k != "bootstrap.servers"]
-        return ConsoleProcess(f"127.0.0.1:{sasl}", [*settings, "--metrics-port-offset", "-1"]).start()
+        return ConsoleProcess(f"127.0.0.1:{b.sasl_port}", [*settings, "--metrics-port-offset", "-1"]).start()
 
     def alice_produces() -> KafkaError | None:
         out = []

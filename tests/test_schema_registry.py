@@ -18,7 +18,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from tests.support.broker import BrokerProcess, free_port, wait_port
+from tests.support.broker import AclBroker, BrokerProcess, free_port, wait_port
 from tests.support.servers import etcd_server  # noqa: F401 - fixture
 from tests.support.wait import wait_until
 
@@ -305,16 +305,11 @@ def test_acls_map_subjects_to_their_topics(tmp_path):
     topic to register, DESCRIBE to read; lists show only what the user may DESCRIBE."""
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-    users = tmp_path / "users.txt"
-    users.write_text("admin:admin-secret\nalice:alice-secret\nbob:bob-secret\n")
-    plain, sasl, reg = free_port(), free_port(), free_port()
-    b = BrokerProcess(port=plain, data_dir=str(tmp_path), extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--authorizer", "acls", "--super-users", "User:admin", "--acl-refresh-ms", "200", "--schema-registry", f"127.0.0.1:{reg}"]).start()
+    reg = free_port()
+    b = AclBroker(("admin", "alice", "bob"), "User:admin", ["--acl-refresh-ms", "200", "--schema-registry", f"127.0.0.1:{reg}"], data_dir=str(tmp_path)).start()
     try:
         wait_port(reg, proc=b.proc)
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                             "sasl.username": "admin", "sasl.password": "admin-secret"})
+        admin = AdminClient(b.sasl_conf("admin"))
         acls = [AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW),
                 AclBinding(ResourceType.TOPIC, "orders", ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.READ, AclPermissionType.ALLOW)]
         for fut in admin.create_acls(acls).values():

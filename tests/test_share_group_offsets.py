@@ -162,22 +162,16 @@ def test_share_offsets_apis_advertised(sbroker):
 
 
 @pytest.fixture(scope="module")
-def acl_broker(tmp_path_factory):
+def acl_broker():
     """ACLs on, the PLAINTEXT listener's User:ANONYMOUS (the raw client) granted GROUP READ
     and DESCRIBE on sg-acl and TOPIC DESCRIBE on seen-acl; admin (SASL) a super user."""
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, AdminClient, NewTopic, ResourcePatternType, ResourceType
 
-    from tests.support.broker import BrokerProcess, free_port
+    from tests.support.broker import AclBroker
 
-    users = tmp_path_factory.mktemp("share-authz") / "users.txt"
-    users.write_text("admin:admin-secret\n")
-    plain, sasl = free_port(), free_port()
-    b = BrokerProcess(port=plain, extra_args=[
-        "--listeners", f"PLAINTEXT://127.0.0.1:{plain},SASL_PLAINTEXT://127.0.0.1:{sasl}", "--sasl-users-file", str(users),
-        "--authorizer", "acls", "--super-users", "User:admin"]).start()
+    b = AclBroker(("admin",), "User:admin").start()
     try:
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl}", "security.protocol": "SASL_PLAINTEXT",
-                             "sasl.mechanism": "PLAIN", "sasl.username": "admin", "sasl.password": "admin-secret"})
+        admin = AdminClient(b.sasl_conf("admin"))
         allow, lit = AclPermissionType.ALLOW, ResourcePatternType.LITERAL
         for fut in admin.create_acls([
             AclBinding(ResourceType.GROUP, "sg-acl", lit, "User:ANONYMOUS", "*", AclOperation.READ, allow),

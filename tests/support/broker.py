@@ -100,6 +100,32 @@ class BrokerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+class AclBroker(BrokerProcess):
+    """A broker with ACLs on (`--authorizer acls`, `--super-users super_users`): a PLAINTEXT
+    listener at `port`, whose clients are User:ANONYMOUS, and a SASL_PLAINTEXT (PLAIN) one at
+    `sasl_port` for `users`, each with the password "<user>-secret" (a users file in the data
+    dir); `extra_args` after those. `sasl_conf(user)`: a client's settings on the SASL listener."""
+
+    def __init__(self, users, super_users: str, extra_args: list[str] | None = None, data_dir: str | None = None, env: dict | None = None):
+        super().__init__(data_dir=data_dir, env=env)
+        self.sasl_port = free_port()
+        users_file = Path(self.data_dir) / "users.txt"
+        users_file.write_text("".join(f"{u}:{u}-secret\n" for u in users))
+        self.extra_args = [
+            "--listeners", f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            "--sasl-users-file", str(users_file), "--authorizer", "acls", "--super-users", super_users, *(extra_args or []),
+        ]  # fmt: skip
+
+    def sasl_conf(self, user: str) -> dict:
+        return sasl_conf(self.sasl_port, user)
+
+
+def sasl_conf(port: int, user: str) -> dict:
+    """Client settings for `user` (password "<user>-secret") on a SASL_PLAINTEXT listener."""
+    return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": user, "sasl.password": f"{user}-secret"}
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     for b in _OWNED_DATA_DIRS:
         if b.proc is not None and b.proc.poll() is None:
