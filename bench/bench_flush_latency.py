@@ -47,7 +47,8 @@ STEPS = [
     ("link (+ index object)", "file_synced", "linked"),
     ("fsync directory", "linked", "dir_synced"),
     ("thread -> back on the event loop", "dir_synced", "stored"),
-    ("metadata commit (SQLite, fsync WAL)", "stored", "committed"),
+    ("stored -> commit starts (the previous flush's commit)", "stored", "commit_start"),
+    ("metadata commit (SQLite, fsync WAL)", "commit_start", "committed"),
     ("  of which: the KV commit itself", None, None),
     ("committed -> futures answered", "committed", "answered"),
     ("answered -> response built", "answered", "built"),
@@ -80,6 +81,7 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
             continue
         m = dict(f)
         m.setdefault("dir_synced", m["linked"])  # a tree without directory fsyncs
+        m.setdefault("commit_start", m["stored"])  # a tree without pipelined flushes
         m.update(start=rec["start"], append=last["at"], answered=last["answered"], built=rec["built"], sent=rec["sent"])
         if m.get("picked") is None:
             m["picked"] = m["upload"]
@@ -87,9 +89,14 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
         for label, a, b in STEPS:
             if a is not None:
                 rows[label].append((m[b] - m[a]) / 1e6)
-        prev = [p for p in by_log[f["log"]] if p["id"] < f["id"] and p["upload"] <= last["at"] < p.get("end", 0)]
-        rows[STEPS[2][0]].append((prev[-1]["end"] - last["at"]) / 1e6 if prev else 0.0)
-        rows[STEPS[12][0]].append(f.get("kv_commit_ns", 0) / 1e6)
+        # The next flush of a log starts when the previous one's upload is stored (pipelined
+        # flushes) or when it has ended (a tree without them).
+        def busy_until(p):
+            return p.get("stored", p.get("end", 0)) if "commit_start" in p else p.get("end", 0)
+
+        prev = [p for p in by_log[f["log"]] if p["id"] < f["id"] and p["upload"] <= last["at"] < busy_until(p)]
+        rows[STEPS[2][0]].append((busy_until(prev[-1]) - last["at"]) / 1e6 if prev else 0.0)
+        rows[STEPS[13][0]].append(f.get("kv_commit_ns", 0) / 1e6)
     table = [(label, len(v), pct(v, 50), pct(v, 90), pct(v, 99), sum(v) / len(v) if v else None) for label, v in rows.items()]
     info = {"requests": len(spans["requests"]), "used": used, "flushes": len(spans["flushes"])}
     if spans["flushes"]:
@@ -110,6 +117,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def broker_cpu(pid: int) -> float:
+    """utime + stime of the broker process so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def uptime() -> str:
@@ -159,12 +172,14 @@ def run_once(args) -> dict:
         starts[0].set()
         got = [q.get(timeout=60) for _ in range(n_prod)]  # phase 1: nothing to send
         lat_from.value = time.time_ns()
+        cpu_from = broker_cpu(broker.pid)
         starts[1].set()
         got = []
         while len(got) < n_prod:
             m = q.get(timeout=args.seconds + 120)
             if m["kind"] == "producer" and m["phase"] == 2:
                 got.append(m)
+        cpu = broker_cpu(broker.pid) - cpu_from
         done.set()
         total.value = 0
     finally:
@@ -190,6 +205,7 @@ def run_once(args) -> dict:
         "mb_per_s": delivered * args.size / MB / max(m["elapsed"] for m in got),
         "produce_p50_ms": float(np.percentile(lat, 50)),
         "produce_p99_ms": float(np.percentile(lat, 99)),
+        "broker_cpu_s": cpu,
         "spans": spans,
     }
 
@@ -222,6 +238,8 @@ def main(argv=None) -> int:
     )
     print(f"producers (librdkafka delivery reports): p50 {res['produce_p50_ms']:.2f} ms, p99 {res['produce_p99_ms']:.2f} ms")
     table, info = breakdown(res["spans"])
+    print(f"broker CPU over the paced phase (span recording included): {res['broker_cpu_s']:.2f} s, "
+          f"{res['broker_cpu_s'] * 1e6 / max(1, info['requests']):.0f} us per acked Produce request")
     print(
         f"broker: {info['requests']} acked Produce requests ({info['used']} traced whole), {info['flushes']} flushes, "
         f"{info.get('batches_per_flush', 0):.1f} batches and {info.get('bytes_per_flush', 0) / 1024:.1f} KiB per flush"

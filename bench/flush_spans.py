@@ -8,8 +8,9 @@ here runs in a normal broker) and writes OUT.json when the broker exits. Per ack
 Produce request: handler start, each append, each partition's answer; per flush: when its
 log's flusher picked it up, the encoding, the worker thread's start, the write, the
 file's fsync, the link (and index), the directory's fsync, the return to the event loop,
-the SQLite commit (and the KV commit alone), the answers; and when the response was
-handed to the socket.
+the start of its commit (pipelined flushes: after the commit of the flush before it), the
+SQLite commit (and the KV commit alone), the answers; and when the response was handed to
+the socket.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ flushes: list[dict] = []
 _by_future: dict = {}  # waiter future -> its request's record
 _by_task: dict = {}  # handler task -> its request's record
 _flush_picked: dict = {}  # partition log -> when its flusher called flush_once
+_by_upload: dict = {}  # id of an upload between its store stage and its commit task -> its flush record
 
 
 def install() -> None:
@@ -115,20 +117,55 @@ def install() -> None:
 
     partition_log.PartitionLog.flush_once = flush_once
 
-    original_upload = partition_log.PartitionLog._upload
-
-    async def _upload(self, batches, base, *args, **kwargs):
+    def new_flush(self, batches) -> dict:
         fl = {"id": len(flushes), "log": f"{self.topic}-{self.partition}", "picked": _flush_picked.get(self), "upload": now(),
               "batches": len(batches), "bytes": sum(b.nbytes for b in batches)}
         flushes.append(fl)
-        FLUSH.set(fl)
-        try:
-            await original_upload(self, batches, base, *args, **kwargs)
-        finally:
-            fl["end"] = now()
-            FLUSH.set(None)
+        return fl
 
-    partition_log.PartitionLog._upload = _upload
+    if hasattr(partition_log.PartitionLog, "_commit"):  # pipelined flushes: an upload stage, then a commit task
+        original_store = partition_log.PartitionLog._store
+        original_commit = partition_log.PartitionLog._commit
+
+        async def _store(self, upload):
+            fl = new_flush(self, upload.batches)
+            _by_upload[id(upload)] = fl
+            FLUSH.set(fl)
+            try:
+                stored = await original_store(self, upload)
+            finally:
+                FLUSH.set(None)
+            if stored is None:
+                fl["end"] = now()
+                _by_upload.pop(id(upload), None)
+            return stored
+
+        async def _commit(self, upload, *args):
+            fl = _by_upload.pop(id(upload), None)
+            if fl is not None:
+                fl["commit_start"] = now()
+            FLUSH.set(fl)  # this task's own context
+            try:
+                await original_commit(self, upload, *args)
+            finally:
+                if fl is not None:
+                    fl["end"] = now()
+
+        partition_log.PartitionLog._store = _store
+        partition_log.PartitionLog._commit = _commit
+    else:
+        original_upload = partition_log.PartitionLog._upload
+
+        async def _upload(self, batches, base, *args, **kwargs):
+            fl = new_flush(self, batches)
+            FLUSH.set(fl)
+            try:
+                await original_upload(self, batches, base, *args, **kwargs)
+            finally:
+                fl["end"] = now()
+                FLUSH.set(None)
+
+        partition_log.PartitionLog._upload = _upload
 
     original_encode = segment.encode
 

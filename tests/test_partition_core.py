@@ -252,6 +252,55 @@ def test_a_record_set_is_never_split_across_segments():
     assert [b.base_offset for b in core.buffer] == [14]
 
 
+def test_the_next_upload_begins_where_the_one_committing_ends_and_commits_answer_in_order():
+    core, first, second = two_uploads(5)  # the second taken while the first commits
+    assert (first.base_offset, first.end_offset) == (10, 13)
+    assert (second.base_offset, second.end_offset) == (13, 15)
+    assert core.uploads == [first, second] and core.uploading
+    assert [b.base_offset for b in core.in_flight] == [10, 11, 12, 13, 14]
+    assert core.in_flight_upload(first) and core.in_flight_upload(second)
+
+    done = core.flush_committed(committed(core.state, segment_of(first)))
+    assert answered(done) == [(["w0", "w1", "w2"], None)]
+    assert core.state.high_watermark == 13  # the second is not readable before its commit
+    assert not core.in_flight_upload(first) and core.uploading
+    assert [b.base_offset for b in core.in_flight] == [13, 14]
+
+    done = core.flush_committed(committed(core.state, segment_of(second)))
+    assert answered(done) == [(["w3", "w4"], None)]
+    assert core.state.high_watermark == core.next_offset == 15
+    assert (core.uploads, core.in_flight, core.uploading) == ([], [], False)
+
+
+def two_uploads(batches: int = 7) -> tuple[PartitionCore, Upload, Upload]:
+    """A core with w0..w2 and w3..w5 in two uploads in flight and the rest buffered."""
+    core = make_core()
+    for i in range(batches):
+        append(core, plain(), waiter=f"w{i}")
+    return core, core.begin_flush(T0, owned=True).upload, core.begin_flush(T0, owned=True).upload
+
+
+def test_a_failed_commit_also_rejects_the_upload_after_it_and_hands_out_both_ranges_again():
+    core, first, second = two_uploads()
+    failed = core.flush_failed(ObjectStoreError("metadata commit failed"))
+    assert answered(failed) == [([f"w{i}" for i in range(7)], E.kafka_storage_error)]
+    assert failed.rejected_batches == 7
+    assert not core.in_flight_upload(first) and not core.in_flight_upload(second)  # the driver skips its commit
+    assert (core.uploads, core.in_flight, core.buffer, core.uploading) == ([], [], [], False)
+    assert core.next_offset == core.state.high_watermark == HW
+    append(core, plain(), waiter="again")
+    assert core.begin_flush(T0, owned=True).upload.base_offset == HW  # not after the dropped second
+
+
+def test_halt_leaves_both_uploads_in_flight_to_their_outcomes():
+    core, first, second = two_uploads()
+    out = core.halt(deleted())
+    assert answered(out) == [(["w6"], E.unknown_topic_or_partition)]
+    assert core.uploads == [first, second]
+    assert answered(core.flush_committed(committed(core.state, segment_of(first)))) == [(["w0", "w1", "w2"], None)]
+    assert answered(core.flush_failed(RuntimeError("boom"))) == [(["w3", "w4", "w5"], E.unknown_topic_or_partition)]
+
+
 # -- upload failures ------------------------------------------------------------------------
 
 

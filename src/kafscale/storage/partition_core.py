@@ -12,8 +12,13 @@ with a fake clock.
 The rules:
 - Offsets are assigned on append, in arrival order; the high watermark moves only when the
   segment holding a batch is committed (`flush_committed`).
-- One upload at a time takes the oldest buffered batches, up to `segment.bytes` (it may end
-  one record set past it, which keeps segments full).
+- An upload takes the oldest buffered batches, up to `segment.bytes` (it may end one record
+  set past it, which keeps segments full). Uploads are pipelined: the next may begin (its
+  segment starts where the last one in flight ends) while the one before it commits, and
+  their outcomes come in offset order (the driver commits them one by one). An upload that
+  fails to commit drops the one after it too; that one's object, maybe already stored,
+  starts where the failed one's ends, so recovery adopts it only right after that one
+  (storage/recovery.py: a contiguous chain from the high watermark).
 - A failed upload drops every batch not yet durable (in flight and buffered): their offsets
   are handed out again, so nothing acknowledged is ever renumbered, and every waiter gets a
   retriable error.
@@ -72,6 +77,7 @@ class Upload:
     batches: list[BufferedBatch]
     base_offset: int
     open_txns: tuple[tuple[int, int, int], ...] = ()  # open at the segment's end (SegmentInfo.open_txns)
+    end_offset: int = 0  # the offset after its last record
 
     @property
     def aborted(self) -> tuple[tuple[int, int, int], ...]:
@@ -128,7 +134,8 @@ class PartitionCore:
         self.waiting_acks = 0  # buffered batches someone waits on
         self.buffered_markers = 0  # end-transaction markers among them
         self.last_flush = float("-inf")  # not 0.0: the monotonic clock may start near 0 (a fresh VM)
-        self.in_flight: list[BufferedBatch] = []
+        self.in_flight: list[BufferedBatch] = []  # the batches of `uploads`, in order
+        self.uploads: list[Upload] = []  # taken and not answered yet, oldest first
         # Transactions whose marker is appended but not durable yet, as (producer id, first
         # offset, marker offset): still undecided for readers, so they hold the LSO back.
         self.closing_txns: list[tuple[int, int, int]] = []
@@ -268,10 +275,18 @@ class PartitionCore:
         self.buffer_since = now
         self.waiting_acks -= sum(1 for b in taken if b.waiters)
         self.buffered_markers -= sum(1 for b in taken if b.marker)
-        self.in_flight = taken
-        self.uploading = True
+        base = self.uploads[-1].end_offset if self.uploads else self.state.high_watermark
         end = self.buffer[0].base_offset if self.buffer else self.next_offset
-        return Outcome(upload=Upload(taken, self.state.high_watermark, self.producers.open_at(end, self.closing_txns)))
+        upload = Upload(taken, base, self.producers.open_at(end, self.closing_txns), end)
+        self.in_flight = self.in_flight + taken
+        self.uploads.append(upload)
+        self.uploading = True
+        return Outcome(upload=upload)
+
+    def in_flight_upload(self, upload: Upload) -> bool:
+        """Whether `upload` still waits for its outcome (False: a failure of an upload
+        before it answered it already)."""
+        return any(u is upload for u in self.uploads)
 
     def commit_landed(self, latest: PartitionState | None, info: SegmentInfo) -> bool:
         """After an ambiguous failure: does `latest` (the metadata re-read) hold this very
@@ -284,12 +299,14 @@ class PartitionCore:
         )
 
     def flush_committed(self, state: PartitionState) -> Outcome:
-        """The upload is durable and committed as `state`: acknowledge its batches."""
+        """The oldest upload in flight is durable and committed as `state`: acknowledge
+        its batches."""
         self.state = state
         self.producers.durable(state.high_watermark)
         self.closing_txns = [t for t in self.closing_txns if t[2] >= state.high_watermark]
-        done, self.in_flight = self.in_flight, []
-        self.uploading = False
+        n = len(self.uploads.pop(0).batches) if self.uploads else len(self.in_flight)
+        done, self.in_flight = self.in_flight[:n], self.in_flight[n:]
+        self.uploading = bool(self.uploads)
         return Outcome([self._answer(done, None)], notify_readers=True)
 
     def flush_failed(self, error: BaseException, latest: PartitionState | None = None) -> Outcome:
@@ -299,8 +316,8 @@ class PartitionCore:
         if isinstance(error, ConflictError) and latest is not None:
             self.state = latest
         code, what = self._flush_failure(error)
-        dropped = self.in_flight + self.buffer
-        self.in_flight, self.buffer = [], []
+        dropped = self.in_flight + self.buffer  # the uploads after the failed one too
+        self.in_flight, self.buffer, self.uploads = [], [], []
         self.uploading = False
         self.buffered_bytes = 0
         self.waiting_acks = 0
@@ -350,7 +367,7 @@ class PartitionCore:
         if not self.uploading:
             # No upload runs: batches still marked in flight were left by a flush that
             # failed unexpectedly (a bug), and nothing else would ever answer them.
-            dropped, self.in_flight = self.in_flight + dropped, []
+            dropped, self.in_flight, self.uploads = self.in_flight + dropped, [], []
         self.buffered_bytes = 0
         self.waiting_acks = 0
         self.buffered_markers = 0

@@ -2,9 +2,12 @@
 
 `PartitionLog` does the I/O around its `PartitionCore` (partition_core.py), which makes
 every decision: a flusher task per log uploads the segment each flush takes, commits it to
-the metadata store, and delivers the answers to the producers' futures; the flush lock
-serialises uploads with the other changes of the partition state (retention, DeleteRecords,
-a merge's swap). Reads go to the shared `SegmentReader` (reader.py).
+the metadata store, and delivers the answers to the producers' futures. A flush is two
+stages: the upload (one at a time, under the store lock) and the commit (under the flush
+lock, which also serialises commits with the other changes of the partition state:
+retention, DeleteRecords, a merge's swap). The next flush uploads while the one before it
+commits, and an upload takes the flush lock before it lets the next one start, so commits
+follow offset order. Reads go to the shared `SegmentReader` (reader.py).
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ class PartitionLog:
         self._wake = asyncio.Event()
         self._data_waiters: set[asyncio.Future] = set()
         self._flusher: asyncio.Task | None = None
-        self._flush_lock = asyncio.Lock()
+        self._flush_lock = asyncio.Lock()  # commits and the other changes of the state
+        self._store_lock = asyncio.Lock()  # one upload at a time, in offset order
+        self._commits: set[asyncio.Task] = set()
         self._aborted = AbortedIndex()
         # The broker's write-ahead flusher (storage/write_ahead_flusher.py) when this log's
         # flushes go into write-ahead objects shared with the broker's other partitions;
@@ -206,42 +211,76 @@ class PartitionLog:
                 await asyncio.sleep(0.1)
 
     async def flush(self) -> None:
-        """Flush everything buffered now, and wait for an upload already in flight
+        """Flush everything buffered now, and wait for the uploads already in flight
         (shutdown, ownership hand-over)."""
         while True:
-            await self.flush_once()  # takes the flush lock: waits for the upload in flight
+            await self.flush_once()  # takes the store lock: waits for the upload in flight
             if not self.core.buffer:
-                return
+                break
+        await self.upload_finished()
 
     async def flush_once(self) -> None:
+        """Take the next segment and upload it; its commit goes on in a task of its own
+        (holding the flush lock), so the next flush may upload meanwhile."""
         if self._write_ahead is not None:
             await self._write_ahead.flush(self)  # in the broker's next write-ahead object
             return
-        async with self._flush_lock:
+        async with self._store_lock:
             out = self.core.begin_flush(time.monotonic(), self._owns(self.topic, self.partition))
             if out is None:
                 return
             if out.upload is None:  # ownership lost: halted
                 self._apply(out)
                 return
-            await self._upload(out.upload.batches, out.upload.base_offset, out.upload.aborted, out.upload.open_txns)
+            stored = await self._store(out.upload)
+            if stored is None:
+                return
+            try:
+                await self._flush_lock.acquire()  # after the commit of the upload before this one
+            except asyncio.CancelledError:
+                self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
+                raise
+        task = asyncio.get_running_loop().create_task(self._commit(out.upload, *stored))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
 
-    async def _upload(self, batches, base: int, aborted: tuple = (), open_txns: tuple = ()) -> None:
-        """Make one segment durable: upload it, commit it, answer its producers."""
-        body = b"".join(b.data for b in batches)
-        enc = segment.encode([body], base, aborted=aborted, open_txns=open_txns)
+    async def _store(self, upload):
+        """Upload one segment (durable in the store, not committed): (encoded segment,
+        body, start time, objects written), or None when it failed (then answered)."""
+        body = b"".join(b.data for b in upload.batches)
+        enc = segment.encode([body], upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
         started = time.monotonic()
         try:
             objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
             await self.store.create_many(objects)  # never replaces another writer's segment
-            state = await self.metadata.commit_segment(self.core.state, enc.info)
         except asyncio.CancelledError:
             self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
             raise
-        except Exception as e:  # noqa: BLE001 - any failure means "not durable"
-            await self.flush_uncertain(e, enc.info, body, started)
-            return
-        self.flush_landed(state, enc.info, body, started, len(objects))
+        except Exception as e:  # noqa: BLE001 - not durable, nothing committed
+            async with self._flush_lock:  # outcomes in offset order: the upload before this one's first
+                if self.core.in_flight_upload(upload):
+                    await self.flush_uncertain(e, enc.info, body, started)
+            return None
+        return enc, body, started, len(objects)
+
+    async def _commit(self, upload, enc, body, started: float, puts: int) -> None:
+        """Commit an uploaded segment and answer its producers; holds the flush lock,
+        taken by flush_once."""
+        try:
+            if not self.core.in_flight_upload(upload):
+                return  # the upload before it failed, and that answered this one's producers
+            try:
+                state = await self.metadata.commit_segment(self.core.state, enc.info)
+            except asyncio.CancelledError:
+                self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
+                raise
+            except Exception as e:  # noqa: BLE001 - any failure means "not durable"
+                await self.flush_uncertain(e, enc.info, body, started)
+                return
+            if self.core.in_flight_upload(upload):  # else cancelled meanwhile (stopping): answered
+                self.flush_landed(state, enc.info, body, started, puts)
+        finally:
+            self._flush_lock.release()
 
     # -- the steps of a flush another driver runs (the write-ahead flusher) ---------------
     # It takes an upload with take_flush under flush_lock, held until one of flush_landed,
@@ -321,13 +360,14 @@ class PartitionLog:
                 log.error("partition %s-%s: final flush failed: %s", self.topic, self.partition, e, extra={"topic": self.topic, "partition": self.partition})
         self.halt(reason)
         if flush and self._flusher is not None:
-            await asyncio.wait([self._flusher], timeout=30)
+            await asyncio.wait([self._flusher, *self._commits], timeout=30)
 
     async def upload_finished(self) -> None:
-        """Wait for an upload in flight to end (before deleting a topic's objects, so no
+        """Wait for the uploads in flight to end (before deleting a topic's objects, so no
         late segment lands under a name a re-created topic would adopt)."""
-        async with self._flush_lock:
-            pass
+        async with self._store_lock:
+            async with self._flush_lock:  # queued behind the commit of the last upload
+                pass
 
     # -- read path ------------------------------------------------------------------------
 
