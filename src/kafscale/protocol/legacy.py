@@ -13,6 +13,9 @@ value Kafka gives them for it), the handler answers that version, and its respon
 turned back into the old version's response (fields matched by name; what the old
 version lacks is dropped; what it has and the newer one lost is filled in here). A few
 APIs change meaning between versions; their adapters below say how.
+
+kafka-python is imported on the first old-version request, not with this module: its
+package imports its whole client, a third of a broker's import time.
 """
 
 from __future__ import annotations
@@ -20,20 +23,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import importlib
 import io
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable
-
-from kafka.protocol.old import admin as _admin
-from kafka.protocol.producer import transaction as _txn
-from kafka.protocol.old import commit as _commit
-from kafka.protocol.old import fetch as _fetch
-from kafka.protocol.old import list_offsets as _list_offsets
-from kafka.protocol.old import offset_for_leader_epoch as _ofle
-from kafka.protocol.old import produce as _produce
-from kafka.protocol.old.types import Array, Boolean, Bytes, Int8, Int16, Int32, Int64, Schema, String
 
 from kafscale.protocol import codec, legacy_records
 from kafscale.protocol.api_keys import ApiKey
@@ -54,19 +49,40 @@ class Adapter:
     api_key: int
     lowest: int  # the lowest version Apache Kafka 3.9 accepted
     kio_version: int  # the version the handler sees
-    # version -> (kafka-python request class, response class); None: the old version's
-    # bytes are the kio version's (decoded and encoded with kio)
-    classes: dict[int, tuple[type, type]] | None
+    # kafka-python's old versions: (module under kafka.protocol, message name) of its classes
+    # <name>Request_v<N> and <name>Response_v<N>; None: the old version's bytes are the kio
+    # version's (decoded and encoded with kio)
+    old_names: tuple[str, str] | None
     # kio request field -> value for fields the old versions lack (by field name, any depth)
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
     # version, old request values, kio request, kio response -> the old response's values
     down: Callable | None = None
     # version, payload, body offset -> kio request: a decoder of its own (Produce: zero copy)
     decoder: Callable | None = None
-    # (request, response) classes of kafka-python's schemas generated from Kafka's JSON
-    # message specs (which keep the fields of the old versions): for APIs kafka.protocol.old
-    # lacks, used instead of `classes`
-    json_classes: tuple[type, type] | None = None
+    # (module under kafka.protocol, request class, response class) of kafka-python's schemas
+    # generated from Kafka's JSON message specs (which keep the fields of the old versions):
+    # for APIs kafka.protocol.old lacks, used instead of `classes`
+    json_classes: tuple[str, str, str] | None = None
+
+    @property
+    def classes(self) -> dict[int, tuple[type, type]] | None:
+        """version -> (kafka-python request class, response class)."""
+        if self.old_names is None:
+            return None
+        return {v: _old_classes(self, v) for v in range(self.lowest, self.kio_version)}
+
+
+def _old_classes(adapter: Adapter, version: int) -> tuple[type, type]:
+    """kafka-python's (request class, response class) of an old version."""
+    module_name, name = adapter.old_names
+    module = importlib.import_module(f"kafka.protocol.{module_name}")
+    return getattr(module, f"{name}Request_v{version}"), getattr(module, f"{name}Response_v{version}")
+
+
+def _json_classes(adapter: Adapter) -> tuple[type, type]:
+    module_name, request, response = adapter.json_classes
+    module = importlib.import_module(f"kafka.protocol.{module_name}")
+    return getattr(module, request), getattr(module, response)
 
 
 # ------------------------------------------------------------------------------------
@@ -95,6 +111,8 @@ def _kio_fields(cls: type) -> tuple[tuple[str, Any, type | None], ...]:
 
 def _to_kio(cls: type, schema: Schema, values, defaults: dict) -> Any:
     """The kio entity `cls` from an old schema's decoded values (matched by name)."""
+    from kafka.protocol.old.types import Array, Schema
+
     old = {_norm(n): (t, v) for n, t, v in zip(schema.names, schema.fields, values)}
     kwargs = {}
     for name, kind, element in _kio_fields(cls):
@@ -126,6 +144,8 @@ def _plain(value):
 
 
 def _zero(typ):
+    from kafka.protocol.old.types import Array, Boolean, Bytes, String
+
     if isinstance(typ, Array):
         return []
     if isinstance(typ, String):
@@ -140,6 +160,8 @@ def _zero(typ):
 def _from_kio(schema: Schema, entity, fill: dict) -> tuple:
     """An old schema's values from a kio entity (matched by name; `fill` by old field name
     for what the kio entity lacks)."""
+    from kafka.protocol.old.types import Array, Int8, Int16, Int32, Int64, Schema
+
     have = {_norm(f.name): f.name for f in dataclasses.fields(entity)} if entity is not None else {}
     out = []
     for name, typ in zip(schema.names, schema.fields):
@@ -218,15 +240,15 @@ def decode(adapter: Adapter, version: int, payload: memoryview, offset: int) -> 
         return None, adapter.decoder(version, payload, offset)
     kio_cls = codec.schema(adapter.api_key, adapter.kio_version, "request")
     if adapter.json_classes is not None:
-        req_cls = adapter.json_classes[0]
+        req_cls = _json_classes(adapter)[0]
         try:
             values = req_cls.decode(io.BytesIO(bytes(payload[offset:])), version=version).to_dict(json=False)
         except Exception as e:  # noqa: BLE001 - short or garbled input
             raise codec.MalformedRequest(f"cannot decode {req_cls.__name__} v{version}: {e!r}") from None
         return None, _dict_to_kio(kio_cls, values, adapter.defaults)
-    if adapter.classes is None:
+    if adapter.old_names is None:
         return None, codec.decode_body(adapter.api_key, adapter.kio_version, payload, offset)
-    req_cls, _ = adapter.classes[version]
+    req_cls, _ = _old_classes(adapter, version)
     try:
         values = req_cls.SCHEMA.decode(io.BytesIO(bytes(payload[offset:])))
     except Exception as e:  # noqa: BLE001 - short or garbled input: kafka-python raises several kinds
@@ -239,11 +261,11 @@ def encode_response(adapter: Adapter, version: int, correlation_id: int, old_req
     if isinstance(response, LegacyResponse):
         return [codec.encode_raw_response(correlation_id, response.body)]
     if adapter.json_classes is not None:
-        body = _json_from_kio(adapter.json_classes[1], response, version).encode(version=version)
+        body = _json_from_kio(_json_classes(adapter)[1], response, version).encode(version=version)
         return [codec.encode_raw_response(correlation_id, bytes(body))]
-    if adapter.classes is None:
+    if adapter.old_names is None:
         return codec.encode_response(adapter.api_key, adapter.kio_version, correlation_id, response)
-    _, resp_cls = adapter.classes[version]
+    _, resp_cls = _old_classes(adapter, version)
     if adapter.down is not None:
         values = adapter.down(version, old_request, request, response)
     else:
@@ -253,10 +275,6 @@ def encode_response(adapter: Adapter, version: int, correlation_id: int, old_req
 
 # ------------------------------------------------------------------------------------
 # The APIs
-
-
-def _classes(module, name: str, versions) -> dict[int, tuple[type, type]]:
-    return {v: (getattr(module, f"{name}Request_v{v}"), getattr(module, f"{name}Response_v{v}")) for v in versions}
 
 
 def _produce_decode(version, payload, offset):
@@ -314,7 +332,9 @@ def _list_offsets_down(version, old, request, response) -> tuple:
 def _describe_configs_down(version, old, request, response) -> tuple:
     from kafscale.protocol.build import has_field
 
-    schema = _admin.DescribeConfigsResponse_v0.SCHEMA
+    from kafka.protocol.old.admin import DescribeConfigsResponse_v0
+
+    schema = DescribeConfigsResponse_v0.SCHEMA
 
     def is_default(config) -> bool:
         if has_field(config, "config_source"):
@@ -327,10 +347,10 @@ def _describe_configs_down(version, old, request, response) -> tuple:
 ADAPTERS: dict[int, Adapter] = {
     a.api_key: a
     for a in (
-        Adapter(ApiKey.PRODUCE, 0, 3, _classes(_produce, "Produce", range(3)), decoder=_produce_decode),
-        Adapter(ApiKey.FETCH, 0, 4, _classes(_fetch, "Fetch", range(4)), defaults={"max_bytes": 0x7FFFFFFF, "isolation_level": 0}, down=_fetch_down),
-        Adapter(ApiKey.LIST_OFFSETS, 0, 1, _classes(_list_offsets, "ListOffsets", range(1)), down=_list_offsets_down),
-        Adapter(ApiKey.OFFSET_COMMIT, 0, 2, _classes(_commit, "OffsetCommit", range(2)),
+        Adapter(ApiKey.PRODUCE, 0, 3, ("old.produce", "Produce"), decoder=_produce_decode),
+        Adapter(ApiKey.FETCH, 0, 4, ("old.fetch", "Fetch"), defaults={"max_bytes": 0x7FFFFFFF, "isolation_level": 0}, down=_fetch_down),
+        Adapter(ApiKey.LIST_OFFSETS, 0, 1, ("old.list_offsets", "ListOffsets"), down=_list_offsets_down),
+        Adapter(ApiKey.OFFSET_COMMIT, 0, 2, ("old.commit", "OffsetCommit"),
                 # v0 has no group generation: a commit outside a group (simple consumers).
                 # Kafka 3.9 kept v0 commits (and answered OffsetFetch v0) in ZooKeeper, apart
                 # from the offsets v1+ see, and a KRaft cluster refused them; here they are the
@@ -339,17 +359,17 @@ ADAPTERS: dict[int, Adapter] = {
                 # commit time (Kafka 3.9 took the client's, which only moves when an
                 # offsets-only group's offset expires: offsets.retention.minutes after it).
                 defaults={"generation_id_or_member_epoch": -1, "member_id": "", "retention_time": -1}),
-        Adapter(ApiKey.OFFSET_FETCH, 0, 1, _classes(_commit, "OffsetFetch", range(1))),
-        Adapter(ApiKey.CREATE_TOPICS, 0, 2, _classes(_admin, "CreateTopics", range(2)), defaults={"validate_only": False}),
-        Adapter(ApiKey.DELETE_TOPICS, 0, 1, _classes(_admin, "DeleteTopics", range(1))),
-        Adapter(ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 2, _classes(_ofle, "OffsetForLeaderEpoch", range(2)), defaults={"current_leader_epoch": -1}),
+        Adapter(ApiKey.OFFSET_FETCH, 0, 1, ("old.commit", "OffsetFetch")),
+        Adapter(ApiKey.CREATE_TOPICS, 0, 2, ("old.admin", "CreateTopics"), defaults={"validate_only": False}),
+        Adapter(ApiKey.DELETE_TOPICS, 0, 1, ("old.admin", "DeleteTopics")),
+        Adapter(ApiKey.OFFSET_FOR_LEADER_EPOCH, 0, 2, ("old.offset_for_leader_epoch", "OffsetForLeaderEpoch"), defaults={"current_leader_epoch": -1}),
         # ACLs v0 know literal resource names only (KIP-290 added patterns in v1)
         # v0 is v1 without flexible encoding; kafka.protocol.old has no WriteTxnMarkers
-        Adapter(ApiKey.WRITE_TXN_MARKERS, 0, 1, None, json_classes=(_txn.WriteTxnMarkersRequest, _txn.WriteTxnMarkersResponse)),
-        Adapter(ApiKey.DESCRIBE_ACLS, 0, 1, _classes(_admin, "DescribeAcls", range(1)), defaults={"pattern_type_filter": 3}),
-        Adapter(ApiKey.CREATE_ACLS, 0, 1, _classes(_admin, "CreateAcls", range(1)), defaults={"resource_pattern_type": 3}),
-        Adapter(ApiKey.DELETE_ACLS, 0, 1, _classes(_admin, "DeleteAcls", range(1)), defaults={"pattern_type_filter": 3}),
-        Adapter(ApiKey.DESCRIBE_CONFIGS, 0, 1, _classes(_admin, "DescribeConfigs", range(1)), defaults={"include_synonyms": False}, down=_describe_configs_down),
+        Adapter(ApiKey.WRITE_TXN_MARKERS, 0, 1, None, json_classes=("producer.transaction", "WriteTxnMarkersRequest", "WriteTxnMarkersResponse")),
+        Adapter(ApiKey.DESCRIBE_ACLS, 0, 1, ("old.admin", "DescribeAcls"), defaults={"pattern_type_filter": 3}),
+        Adapter(ApiKey.CREATE_ACLS, 0, 1, ("old.admin", "CreateAcls"), defaults={"resource_pattern_type": 3}),
+        Adapter(ApiKey.DELETE_ACLS, 0, 1, ("old.admin", "DeleteAcls"), defaults={"pattern_type_filter": 3}),
+        Adapter(ApiKey.DESCRIBE_CONFIGS, 0, 1, ("old.admin", "DescribeConfigs"), defaults={"include_synonyms": False}, down=_describe_configs_down),
         # v0 and v1 of these are the same bytes ("Version 1 is the same as version 0")
         Adapter(ApiKey.ALTER_REPLICA_LOG_DIRS, 0, 1, None),
         Adapter(ApiKey.DESCRIBE_LOG_DIRS, 0, 1, None),

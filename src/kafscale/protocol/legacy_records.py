@@ -6,16 +6,14 @@ magic 0 (Fetch v0-1) or magic 1 (Fetch v2-3) message set for an old consumer, co
 with the codec it was compressed with. Messages are read and written with kafka-python's
 `kafka.record` (legacy_records for v0/v1, default_records for v2): no format code of ours.
 Both directions are counted (/metrics), apart from `records.decompressions`.
+kafka-python is imported on the first conversion, not with this module: its package
+imports its whole client, a third of a broker's import time, and most brokers never convert.
 """
 
 from __future__ import annotations
 
 import struct
 import zlib
-
-from kafka.errors import CorruptRecordError
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
-from kafka.record.legacy_records import LegacyRecordBatch, LegacyRecordBatchBuilder
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol import records
@@ -45,6 +43,10 @@ def up_convert(data, max_message_bytes: int | None) -> bytearray:
     each message (a compressed wrapper counts as one) within max.message.bytes
     (MESSAGE_TOO_LARGE); magic 0 messages get no timestamp (-1), magic 1 keep theirs.
     """
+    from kafka.errors import CorruptRecordError
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kafka.record.legacy_records import LegacyRecordBatch
+
     global up_conversions
     view = memoryview(data)
     pos, end = 0, len(view)
@@ -100,6 +102,9 @@ def _entries(buf: bytes):
 
 
 def _convert_batch(batch_bytes: bytes, header: records.BatchHeader, magic: int, first_offset: int = -1) -> bytes:
+    from kafka.record.default_records import DefaultRecordBatch
+    from kafka.record.legacy_records import LegacyRecordBatchBuilder
+
     codec = header.compression
     builder = LegacyRecordBatchBuilder(magic, codec, _NO_LIMIT)
     last_offset, max_ts = header.base_offset, -1
