@@ -99,8 +99,6 @@ class SnapshotWriter:
         while True:
             try:
                 await self._tick()
-            except asyncio.CancelledError:
-                raise
             except Exception as e:  # noqa: BLE001 - store or metadata outage: try again later
                 self.failures += 1
                 log.warning("metadata snapshot failed: %s", e)

@@ -149,8 +149,6 @@ class TransactionCoordinator:
     async def _sweep_quietly(self) -> None:
         try:
             await self.sweep()
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.exception("transaction sweep after a membership change failed")
 
@@ -289,8 +287,6 @@ class TransactionCoordinator:
         host, port = node.endpoint(INTER_BROKER_LISTENER) or (node.host, node.port)
         try:
             return await remote(host, port)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:
             log.warning("could not %s of %r at its coordinator %d: %s", what, tid, node.node_id, e)
             return ErrorCode.network_exception
@@ -344,8 +340,6 @@ class TransactionCoordinator:
         while True:
             try:
                 await self.sweep()
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 log.exception("transaction sweep failed")
             await asyncio.sleep(self.sweep_interval_ms / 1000)
@@ -412,8 +406,6 @@ class TransactionCoordinator:
         while remaining:
             try:
                 results = await self.write_markers(markers, remaining)
-            except asyncio.CancelledError:
-                raise
             except Exception as e:
                 log.warning("transactional id %s: writing markers failed (%s); retrying", tid, e)
                 results = {}
@@ -451,8 +443,6 @@ class TransactionCoordinator:
                     self.txns[tid] = new
                     log.debug("transactional id %s: %s", tid, new.state.value)
                     return
-            except asyncio.CancelledError:
-                raise
             except Exception as e:  # the store is down: the outcome is fixed, keep trying
                 log.warning("transactional id %s: could not record the end of its transaction (%s); retrying", tid, e)
                 await asyncio.sleep(delay)
@@ -477,8 +467,6 @@ class TransactionCoordinator:
                     # The inter-broker listener (security/inter_broker.py), else its first.
                     host, port = node.endpoint(self.security.listener) or (node.host, node.port)
                     results.update(await self.remote.write(host, port, markers, tps))
-            except asyncio.CancelledError:
-                raise
             except Exception as e:
                 log.warning("markers for producer %d to %s (broker %d) failed: %s", markers.producer_id, tps, owner, e)
         return results
