@@ -289,6 +289,75 @@ async def test_offset_retention_of_consumer_groups(tmp_path):
     await coord.stop()
 
 
+async def test_store_writes_off_the_lock_batched_and_before_the_answer(tmp_path):
+    """Through the coordinator over a real store, as Kafka's coordinator: a heartbeat that
+    changes the group is answered once the store has the change; one that changes nothing
+    writes nothing; commits of many members at once go out in fewer writes than commits,
+    each answered once stored, with their __consumer_offsets records in commit order."""
+    import asyncio
+    import struct
+    from types import SimpleNamespace
+
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata import keys
+    from kafscale.metadata.sqlite import SqliteKV
+    from kafscale.metadata.store import CommittedOffset, MetadataStore
+
+    md = MetadataStore(SqliteKV(tmp_path / "meta.db"))
+    appends: list[list[tuple[int, bytes]]] = []  # per append to __consumer_offsets: (key version, key)
+
+    async def append(_topic, _partition, recs):
+        appends.append([(struct.unpack_from(">h", k)[0], k) for k, _v in recs])
+
+    coord = GroupCoordinator(md, SimpleNamespace(group_initial_rebalance_delay_ms=0), append_records=append)
+    await coord.start()
+
+    async def lookup(names):
+        return {n: TOPICS[n] for n in names if n in TOPICS}
+
+    try:
+        members = [f"m{i}" for i in range(6)]
+        epochs, owned = {}, {}
+        for m in members:
+            r = await coord.consumer.heartbeat("g", HeartbeatRequest(
+                member_id=m, member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=("t",), owned=frozenset()), lookup)
+            assert m in {d["member_id"] for d in (await md.get_group("g"))["members"]}  # stored before the answer
+            epochs[m], owned[m] = r.member_epoch, r.assignment
+        # Heartbeats until the group is stable: each answered change is in the store.
+        for _ in range(10):
+            for m in members:
+                r = await coord.consumer.heartbeat("g", HeartbeatRequest(member_id=m, member_epoch=epochs[m], owned=owned[m]), lookup)
+                epochs[m] = r.member_epoch
+                if r.assignment is not None:
+                    owned[m] = r.assignment
+                stored = next(d for d in (await md.get_group("g"))["members"] if d["member_id"] == m)
+                assert stored["member_epoch"] == r.member_epoch
+        group = coord.consumer.groups["g"]
+        assert group.state.value == "Stable"
+        # Heartbeats that change nothing write nothing.
+        before = (await md.kv.get(keys.group("g"))).version
+        for m in members:
+            await coord.consumer.heartbeat("g", HeartbeatRequest(member_id=m, member_epoch=epochs[m], owned=owned[m]), lookup)
+        assert (await md.kv.get(keys.group("g"))).version == before
+        # Every member commits at once, twice: fewer writes than commits, every commit stored
+        # when answered, the later commit of a partition last.
+        del appends[:]
+
+        async def commit(m: str, offset: int):
+            mine = {("t", p): CommittedOffset(offset + p) for _tid, p in owned[m]}
+            error = await coord.commit_offsets("g", member_id=m, group_instance_id=None, generation_id=epochs[m],
+                                               offsets=mine, api_version=9)
+            got = await md.fetch_offsets("g")
+            assert error is ErrorCode.none and all(got[tp].offset >= o.offset for tp, o in mine.items())
+
+        await asyncio.gather(*[commit(m, 100) for m in members], *[commit(m, 200) for m in members])
+        assert {tp: o.offset for tp, o in (await md.fetch_offsets("g")).items()} == {("t", p): 200 + p for p in range(6)}
+        offset_appends = [a for a in appends if a and a[0][0] == 1]
+        assert 1 <= len(offset_appends) < 2 * len(members)
+    finally:
+        await coord.stop()
+
+
 def test_regex_subscription_follows_topics():
     U = "00000000-0000-0000-0000-00000000000b"
     g = ConsumerGroup("g", CONFIG)

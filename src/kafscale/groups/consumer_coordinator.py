@@ -3,10 +3,18 @@
 It lives inside `GroupCoordinator` (`groups.consumer`) and shares its per-group locks, its
 view of which groups this broker coordinates and its store: a group id is one group,
 classic or consumer, never both. The group's document is kept under the same store key as
-a classic group's, marked `"type": "consumer"` (`ConsumerGroup.to_doc`), and written after
-every heartbeat that changed it, so a coordinator failover (another broker loading the
+a classic group's, marked `"type": "consumer"` (`ConsumerGroup.to_doc`), and stored after
+every request that changed it, so a coordinator failover (another broker loading the
 group) keeps members, epochs and assignments; session timers restart on load. Committed
 offsets are the classic ones (`MetadataStore.commit_offsets`).
+
+As in Kafka's coordinator, a heartbeat changes the group in memory under the group's lock
+and its answer waits, after the lock, until the change is stored: through the group's
+`GroupWriter` (`group_writer.py`), which writes the document with the offsets committed
+meanwhile, one write for many changes. A heartbeat that changes nothing writes nothing
+and is answered at once, unless what it answers (its member's epoch and assignment) is
+not stored yet. Classic members of the group wait for their changes under the lock (a
+mixed group is a migration's passing state).
 
 Classic members (JoinGroup/SyncGroup/Heartbeat/LeaveGroup of a group that is a consumer
 group) are answered from the consumer group's state (`classic_*`, called by the classic
@@ -77,12 +85,38 @@ class ConsumerGroupCoordinator(GroupDriver):
         self.groups: dict[str, ConsumerGroup] = {}
         # group id -> the document last stored (None: none yet), what its records are diffed from
         self._docs: dict[str, dict | None] = {}
+        # (group id, member id) -> the writer's ticket of the member's last change (until answered)
+        self._member_changes: dict[tuple[str, str], int] = {}
 
     def forget(self, group_id: str) -> None:
         super().forget(group_id)
         self._docs.pop(group_id, None)
+        for key in [k for k in self._member_changes if k[0] == group_id]:
+            del self._member_changes[key]
 
-    async def _written(self, group_id: str, doc: dict) -> None:
+    async def _settle(self, group: ConsumerGroup) -> int | None:
+        """Queue the group's document if the request changed it (the writer's ticket, else
+        None) and re-arm its timer (call with the group's lock held)."""
+        ticket = None
+        if group.changed:
+            group.changed = False
+            ticket = self.parent.writer(group.group_id).doc()
+        self._reschedule(group)
+        return ticket
+
+    async def _stored_for_classic(self, group: ConsumerGroup, ticket: int | None) -> None:
+        if ticket is not None:
+            await self.parent.writer(group.group_id).wait(ticket)
+
+    def doc_to_store(self, group_id: str) -> tuple[ConsumerGroup, dict] | None:
+        """(the group, its document now) for the writer's flush; None if not coordinated here."""
+        group = self.groups.get(group_id)
+        return None if group is None else (group, group.to_doc())
+
+    async def stored(self, group_id: str, group: ConsumerGroup, doc: dict) -> None:
+        """The store has `doc`: its records go to __consumer_offsets (diffed from the last)."""
+        if self.groups.get(group_id) is not group:
+            return  # forgotten meanwhile: whoever removed it wrote its tombstones
         before = self._docs.get(group_id)
         self._docs[group_id] = doc
         await self.parent._write_records(group_id, consumer_records.changes(group_id, before, doc))
@@ -112,9 +146,20 @@ class ConsumerGroupCoordinator(GroupDriver):
             try:
                 result = group.heartbeat(self.parent.clock(), req, topics, self.partition_racks(topics))
             finally:
-                await self._settle(group)
+                ticket = await self._settle(group)
             self._log_epoch(group, before)
-            return result
+            key = (group_id, result.member_id)
+            if ticket is not None:
+                self._member_changes[key] = ticket
+            else:
+                ticket = self._member_changes.get(key)  # (a retry, while its first answer waits)
+            writer = self.parent.writer(group_id) if ticket is not None else None
+        if writer is not None:
+            # Answered once stored, as Kafka answers once its records are committed.
+            await writer.wait(ticket)
+            if self._member_changes.get(key) == ticket:
+                del self._member_changes[key]
+        return result
 
     async def _topics(self, group: ConsumerGroup, lookup: TopicLookup, list_names: NameLister | None,
                       names=(), regex: str | None = None) -> Mapping[str, tuple[str, int]]:
@@ -158,8 +203,9 @@ class ConsumerGroupCoordinator(GroupDriver):
                      e.code.name.upper(), e.message)
             result = JoinResult(e.code, member_id)
         finally:
-            await self._settle(group)
+            ticket = await self._settle(group)
         self._log_epoch(group, before)
+        await self._stored_for_classic(group, ticket)
         if replaced is not None and result.error is ErrorCode.none:
             await self._downgrade(group, None, f"static member {replaced} replaced by the classic member {result.member_id}")
         return result
@@ -168,27 +214,29 @@ class ConsumerGroupCoordinator(GroupDriver):
         if group.is_empty:
             return SyncResult(ErrorCode.unknown_member_id)
         try:
-            return group.classic_sync(self.parent.clock(), **request)
+            result = group.classic_sync(self.parent.clock(), **request)
         except KafkaError as e:
-            return SyncResult(e.code)
-        finally:
-            await self._settle(group)
+            result = SyncResult(e.code)
+        await self._stored_for_classic(group, await self._settle(group))
+        return result
 
     async def classic_heartbeat(self, group: ConsumerGroup, request: dict) -> ErrorCode:
         try:
-            return group.classic_heartbeat(self.parent.clock(), **request)
+            result = group.classic_heartbeat(self.parent.clock(), **request)
         except KafkaError as e:
-            return e.code
-        finally:
-            await self._settle(group)
+            result = e.code
+        await self._stored_for_classic(group, await self._settle(group))
+        return result
 
     async def classic_leave(self, group: ConsumerGroup, members: list[tuple[str, str | None]]) -> list[ErrorCode]:
         before = (group.state, group.group_epoch)
         try:
-            return group.classic_leave(members)
+            result = group.classic_leave(members)
         finally:
-            await self._settle(group)
+            ticket = await self._settle(group)
             self._log_epoch(group, before)
+        await self._stored_for_classic(group, ticket)
+        return result
 
     # -- migration --------------------------------------------------------------------------------
 
@@ -196,6 +244,7 @@ class ConsumerGroupCoordinator(GroupDriver):
         """The last consumer-protocol member leaves (None: was replaced by a classic static
         member): the group becomes a classic group of the remaining (classic) members,
         rebalancing if one left (call with the group's lock held)."""
+        await self.parent.drain_writes(group.group_id)
         classic = migration.to_classic_group(group, leaving_member_id, self.parent.group_config, self.parent.clock())
         log.info("consumer group %s: its last member using the consumer protocol is gone (%s); the group is a "
                  "classic group again, generation %d, %d members (group.consumer.migration.policy=%s)",
@@ -211,6 +260,7 @@ class ConsumerGroupCoordinator(GroupDriver):
         """An empty consumer group gives way to a classic group of the same id (its offsets
         stay): Kafka's tombstones of its records; the classic group's document replaces its
         own (call with the group's lock held)."""
+        await self.parent.drain_writes(group.group_id)
         await self.parent._write_records(group.group_id, consumer_records.changes(
             group.group_id, self._docs.get(group.group_id), None))
         self.forget(group.group_id)
@@ -283,6 +333,7 @@ class ConsumerGroupCoordinator(GroupDriver):
         """DeleteGroups: only an empty group (NON_EMPTY_GROUP otherwise), with its offsets."""
         if group.members:
             return ErrorCode.non_empty_group
+        await self.parent.drain_writes(group.group_id)
         before = self._docs.get(group.group_id)
         self.forget(group.group_id)
         offsets = await self.metadata.fetch_offsets(group.group_id)
@@ -304,6 +355,7 @@ class ConsumerGroupCoordinator(GroupDriver):
                 group = await self.loaded(group_id)
                 if group is None:
                     continue
+                await self.parent.drain_writes(group_id)
                 now = self.parent.clock()
                 offsets = await self.metadata.fetch_offsets(group_id)
                 expired = [tp for tp, o in offsets.items()

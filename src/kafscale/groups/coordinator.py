@@ -8,6 +8,13 @@ MetadataStore. Group snapshots are written when Kafka writes its GroupMetadata r
 replaced), so after a restart members come back as after a Kafka coordinator failover;
 committed offsets are written on every commit.
 
+Offset commits and consumer groups' documents go to the store through the group's
+`GroupWriter` (`group_writer.py`): validated and applied under the group's lock, written
+after it is released, batched, and answered once stored, as Kafka's coordinator answers
+once its records are committed; so heartbeats and commits of a group no longer queue
+behind each other's store writes. What removes a group's keys (DeleteGroups, OffsetDelete,
+retention, a conversion between the protocols) waits for its queued writes first.
+
 After each store write the coordinator also appends Kafka's records for it (offset
 commits, group metadata, tombstones: `offsets_topic.py`) to the group's partition of the
 internal topic `__consumer_offsets`, which this broker owns as the group's coordinator
@@ -48,6 +55,7 @@ from kafscale.groups.state import (
 )
 from kafscale.groups import offsets_topic, snapshot
 from kafscale.groups.describe import describe_group
+from kafscale.groups.group_writer import GroupWriter
 from kafscale.groups.group_configs import GroupConfigs
 from kafscale.metadata.group_config import GroupLimits
 from kafscale.metadata.internal_topics import DEFAULT_OFFSETS_PARTITIONS, OFFSETS_TOPIC, offsets_partition_for
@@ -126,6 +134,7 @@ class GroupCoordinator:
         self.clock = clock or (lambda: time.time() * 1000.0)
         self.groups: dict[str, Group] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._writers: dict[str, GroupWriter] = {}  # group id -> its queued store writes
         self._waiters: dict[int, asyncio.Future] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -155,6 +164,8 @@ class GroupCoordinator:
         self._cleanup_task = asyncio.ensure_future(self._cleanup_loop())
 
     async def stop(self) -> None:
+        # What requests are waiting for goes to the store first (SIGTERM loses nothing).
+        await asyncio.gather(*(w.drain() for w in list(self._writers.values())), return_exceptions=True)
         self._stopping = True
         await self.consumer.stop()
         await self.share.stop()
@@ -202,6 +213,9 @@ class GroupCoordinator:
     async def release(self, group_id: str) -> None:
         """This broker no longer coordinates the group: forget it (another broker loads it)."""
         async with self._locks[group_id]:
+            writer = self._writers.pop(group_id, None)
+            if writer is not None:
+                writer.abandon()
             self.consumer.forget(group_id)
             self.share.forget(group_id)
             group = self.groups.pop(group_id, None)
@@ -295,59 +309,104 @@ class GroupCoordinator:
         """Validate the committer against the group, then store the offsets (all or none).
         With `pending_producer_id` (TxnOffsetCommit) they are held pending for that producer's
         transaction; its coordinator commits or drops them when the transaction ends."""
+        async with self._locks[group_id]:
+            error, written = await self._commit_offsets(group_id, member_id, group_instance_id, generation_id, offsets,
+                                                        api_version, pending_producer_id)
+        if written is not None:
+            await written  # (store failures raise to the handler, as before)
+        return error
+
+    async def _commit_offsets(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
+                              offsets: dict[tuple[str, int], CommittedOffset], api_version: int,
+                              pending_producer_id: int | None) -> tuple[ErrorCode, asyncio.Future | None]:
+        """commit_offsets under the group's lock: (error, the future of the offsets' write)."""
         transactional = pending_producer_id is not None
         api = "TxnOffsetCommit" if transactional else "OffsetCommit"
-        async with self._locks[group_id]:
-            now = self.clock()
-            consumer = await self.consumer.loaded(group_id)
-            if consumer is not None:
-                error = self.consumer.validate_offset_commit(consumer, member_id, generation_id, api_version, transactional)
-                if error is not ErrorCode.none:
-                    log_commit_refused(api, group_id, member_id, group_instance_id, error,
-                                       f"member epoch {generation_id} refused by the consumer group")
-                    return error
-                await self._store_offsets(group_id, offsets, now, pending_producer_id)
-                return ErrorCode.none
-            group = await self._load(group_id)
-            created = False
-            if group is None:
-                if generation_id >= 0:
-                    # Kafka: OffsetCommit v9+ gets GROUP_ID_NOT_FOUND, older ones and
-                    # TxnOffsetCommit ILLEGAL_GENERATION.
-                    error = ErrorCode.group_id_not_found if api_version >= 9 and not transactional else ErrorCode.illegal_generation
-                    log_commit_refused(api, group_id, member_id, group_instance_id, error,
-                                       f"generation {generation_id} given but the group does not exist")
-                    return error
-                # A "simple" group that only stores offsets.
-                group = self._create(group_id)
-                created = True
-            error = group.validate_offset_commit(
-                now, member_id=member_id, group_instance_id=group_instance_id, generation_id=generation_id,
-                transactional=transactional,
-            )
+        now = self.clock()
+        consumer = await self.consumer.loaded(group_id)
+        if consumer is not None:
+            error = self.consumer.validate_offset_commit(consumer, member_id, generation_id, api_version, transactional)
             if error is not ErrorCode.none:
                 log_commit_refused(api, group_id, member_id, group_instance_id, error,
-                                   _commit_refusal_reason(group, error, member_id, group_instance_id, generation_id))
-                if created:
-                    self._forget(group)
-                return error
-            await self._store_offsets(group_id, offsets, now, pending_producer_id)
+                                   f"member epoch {generation_id} refused by the consumer group")
+                return error, None
+            return ErrorCode.none, await self._store_offsets(group_id, offsets, now, pending_producer_id)
+        group = await self._load(group_id)
+        created = False
+        if group is None:
+            if generation_id >= 0:
+                # Kafka: OffsetCommit v9+ gets GROUP_ID_NOT_FOUND, older ones and
+                # TxnOffsetCommit ILLEGAL_GENERATION.
+                error = ErrorCode.group_id_not_found if api_version >= 9 and not transactional else ErrorCode.illegal_generation
+                log_commit_refused(api, group_id, member_id, group_instance_id, error,
+                                   f"generation {generation_id} given but the group does not exist")
+                return error, None
+            # A "simple" group that only stores offsets.
+            group = self._create(group_id)
+            created = True
+        error = group.validate_offset_commit(
+            now, member_id=member_id, group_instance_id=group_instance_id, generation_id=generation_id,
+            transactional=transactional,
+        )
+        if error is not ErrorCode.none:
+            log_commit_refused(api, group_id, member_id, group_instance_id, error,
+                               _commit_refusal_reason(group, error, member_id, group_instance_id, generation_id))
             if created:
-                await self._persist(group)
-            self._reschedule(group)
-            return ErrorCode.none
+                self._forget(group)
+            return error, None
+        written = await self._store_offsets(group_id, offsets, now, pending_producer_id)
+        if created:
+            if written is not None:
+                await written  # (the new group's record follows its first offsets, in the store and the topic)
+                written = None
+            await self._persist(group)
+        self._reschedule(group)
+        return ErrorCode.none, written
 
     async def _store_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset], now: float,
-                             pending_producer_id: int | None) -> None:
+                             pending_producer_id: int | None) -> asyncio.Future | None:
+        """Queue committed offsets on the group's writer (the future of their write), or
+        store a transaction's pending offsets now (None)."""
         if not offsets:
-            return
+            return None
         stamped = {tp: dataclasses.replace(o, commit_ms=int(now)) for tp, o in offsets.items()}
         if pending_producer_id is None:
-            await self.metadata.commit_offsets(group_id, stamped)
-            await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, stamped))
-        else:
-            await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
-            self._txn_groups[pending_producer_id].add(group_id)
+            return self.writer(group_id).offsets(stamped)
+        await self.metadata.put_pending_offsets(group_id, pending_producer_id, stamped)
+        self._txn_groups[pending_producer_id].add(group_id)
+        return None
+
+    # -- the groups' store writes (group_writer.py) ------------------------------------------
+
+    def writer(self, group_id: str) -> GroupWriter:
+        """The group's writer (kept, like its lock, until the group moves to another broker:
+        its tickets count on)."""
+        writer = self._writers.get(group_id)
+        if writer is None:
+            writer = self._writers[group_id] = GroupWriter(
+                lambda offsets, doc_due: self._flush_group(group_id, offsets, doc_due))
+        return writer
+
+    async def drain_writes(self, group_id: str) -> None:
+        """Until the group's queued writes are stored (before removing any of its keys)."""
+        writer = self._writers.get(group_id)
+        if writer is not None:
+            await writer.drain()
+
+    async def _flush_group(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset], doc_due: bool) -> None:
+        """One write of what a group queued: its offsets and, if due, its consumer group's
+        document as it is now; then their __consumer_offsets records."""
+        due = self.consumer.doc_to_store(group_id) if doc_due else None
+        try:
+            await self.metadata.write_group(group_id, None if due is None else due[1], offsets)
+        except Exception as e:
+            log.warning("group %s: could not store %d offsets%s: %s", group_id, len(offsets),
+                        " and the group" if due is not None else "", e)
+            raise
+        if offsets:
+            await self._write_records(group_id, offsets_topic.offset_commit_records(group_id, offsets))
+        if due is not None:
+            await self.consumer.stored(group_id, *due)
 
     async def txn_marker_written(self, partition: int, producer_id: int, commit: bool) -> None:
         """A transaction's marker reached this group's partition of __consumer_offsets
@@ -386,6 +445,7 @@ class GroupCoordinator:
             group = consumer if consumer is not None else await self._load(group_id)
             if group is None:
                 return ErrorCode.group_id_not_found, {}
+            await self.drain_writes(group_id)
             error = group.validate_offset_delete()
             if error is not ErrorCode.none:
                 return error, {}
@@ -477,6 +537,7 @@ class GroupCoordinator:
                 group = self.groups.get(group_id)
                 if group is None:
                     continue
+                await self.drain_writes(group_id)
                 now = self.clock()
                 offsets = await self.metadata.fetch_offsets(group_id)
                 expired = [tp for tp, o in offsets.items() if self._offset_expired(group, tp[0], o, now)]
@@ -565,6 +626,7 @@ class GroupCoordinator:
     async def _remove_group(self, group: Group) -> None:
         self._resolve(group.mark_dead())
         self._forget(group)
+        await self.drain_writes(group.group_id)
         offsets = await self.metadata.fetch_offsets(group.group_id)
         await self.metadata.delete_group(group.group_id)
         # Kafka's tombstones for a removed group: each offset it had, then the group.

@@ -30,9 +30,10 @@ ownership in cluster/etcd_cluster.py) are guarded by compare conditions on the v
 they read. Group and offset writes (put_group, delete_group, commit_offsets,
 delete_offsets) have no compare: each writes whole values without reading them first
 (last writer wins per key, as Kafka's offset commits do), and a group's keys are written
-only by its coordinator under the group's lock (groups/coordinator.py). They are not
-fenced: while a group's coordinator moves between brokers, both may write its keys for a
-moment and the later write wins. Transaction records are written with a compare on the
+only by its coordinator, in order (groups/group_writer.py: one write of a group's offsets and
+document at a time; removals wait for it). They are not fenced: while a group's
+coordinator moves between brokers, both may write its keys for a moment and the later
+write wins. Transaction records are written with a compare on the
 version their coordinator read (`put_transaction`), so a coordinator holding a stale copy
 (the transactional id moved to another broker meanwhile) fails instead of overwriting; a
 commit moves the transaction's pending offsets to the committed ones in the same
@@ -370,7 +371,14 @@ class MetadataStore:
         return json.loads(kv.value) if kv else None
 
     async def put_group(self, group_id: str, doc: dict) -> None:
-        await self.kv.commit(Txn(puts=[(keys.group(group_id), encode(doc))]))
+        await self.write_group(group_id, doc, {})
+
+    async def write_group(self, group_id: str, doc: dict | None, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
+        """A group's document (None: not this time) and committed offsets in one transaction."""
+        puts = [(keys.offset(group_id, t, p), encode(asdict(o))) for (t, p), o in offsets.items()]
+        if doc is not None:
+            puts.append((keys.group(group_id), encode(doc)))
+        await self.kv.commit(Txn(puts=puts))
 
     async def list_groups(self) -> dict[str, dict]:
         return await self._documents(keys.GROUPS, keys.group_id_of)
@@ -424,8 +432,7 @@ class MetadataStore:
             await self.kv.commit(Txn(deletes=[keys.share_state(group_id, t, p) for t, p in partitions]))
 
     async def commit_offsets(self, group_id: str, offsets: dict[tuple[str, int], CommittedOffset]) -> None:
-        txn = Txn(puts=[(keys.offset(group_id, t, p), encode(asdict(o))) for (t, p), o in offsets.items()])
-        await self.kv.commit(txn)
+        await self.write_group(group_id, None, offsets)
 
     async def fetch_offsets(self, group_id: str) -> dict[tuple[str, int], CommittedOffset]:
         out = {}
