@@ -21,8 +21,8 @@ internal topic `__consumer_offsets`, which this broker owns as the group's coord
 (`append_records`, the log manager's internal append). The store stays the source of
 truth: the answer does not wait for that append to be durable (a record reaches the topic
 with the partition's next flush), and an append that fails is logged, never undoes or
-fails the commit. Appends are made under the group's lock, so the topic holds each
-group's changes in the order the store got them.
+fails the commit. Appends are made under the group's lock or by its one writer, so the
+topic holds each group's changes in the order the store got them.
 
 Every operation on a group runs under that group's lock, so the state machine sees one
 request at a time and effects (persist, then replies) are applied in order.
