@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from kafscale.backup.snapshot import created_ms_of
+from kafscale.storage import write_ahead
 from tests.support.broker import REPO, wait_for_leader
 from tests.support.clients import AckedLoad
 from tests.support.wait import wait_until
@@ -254,6 +255,21 @@ def admin_for(b) -> AdminClient:
     return AdminClient({"bootstrap.servers": b.bootstrap})
 
 
+def segment_at(data_dir: str, partition: int, base: int) -> tuple[Path, int]:
+    """(object, position) of the segment of TOPIC's `partition` starting at `base`: its own
+    segment object, or its piece in a write-ahead object (the newest one holding it: a
+    restore adopts that one)."""
+    objects = Path(data_dir, "objects", "default")
+    own = objects / TOPIC / str(partition) / f"segment-{base:020d}.kfs"
+    if own.exists():
+        return own, 0
+    for path in sorted((objects / write_ahead.WAL_DIR).glob("*.wal"), reverse=True):
+        for pc in write_ahead.decode(path.read_bytes())[1]:
+            if (pc.topic, pc.partition, pc.base_offset) == (TOPIC, partition, base):
+                return path, pc.position
+    raise AssertionError(f"no segment of {TOPIC}-{partition} starts at {base}")
+
+
 def test_damaged_snapshot_and_bad_crc_in_the_chain(broker_factory):
     b = broker_factory(extra_args=["--merge-interval-ms", "0"])
     create_orders(b.bootstrap)
@@ -269,12 +285,10 @@ def test_damaged_snapshot_and_bad_crc_in_the_chain(broker_factory):
     newer = good.parent / ("snapshot-29991231T000000000Z-0.kms")
     newer.write_bytes(bytes(data))
     # Partition 1's first segment after the good snapshot gets a bad batch CRC.
-    pdir = Path(b.data_dir, "objects", "default", TOPIC, "1")
-    later = sorted(p for p in pdir.glob("segment-*.kfs") if int(p.name[8:28]) >= 100)
-    assert later
-    raw = bytearray(later[0].read_bytes())
-    raw[32 + 61 + 5] ^= 0xFF  # a byte inside the first batch's records
-    later[0].write_bytes(bytes(raw))
+    path, position = segment_at(b.data_dir, 1, 100)
+    raw = bytearray(path.read_bytes())
+    raw[position + 32 + 61 + 5] ^= 0xFF  # a byte inside the first batch's records
+    path.write_bytes(bytes(raw))
     lose_metadata(b.data_dir)
 
     out = kafscale("metadata", "restore", "--data-dir", b.data_dir)

@@ -323,3 +323,26 @@ def test_kill9_in_the_cleanup_leaves_no_orphan_and_loses_nothing(broker_factory,
     for part in range(parts):
         assert [o for o, _v in got[part]] == list(range(len(got[part])))  # nothing served twice, no hole
     assert sorted((q, o, v) for q, recs in got.items() for o, v in recs) == sorted(acked)
+
+
+def test_with_merging_off_pieces_still_move_into_segments_and_their_objects_go(broker_factory, topic_name):
+    """--merge-interval-ms 0 turns off the merging of small segments, not the rewrite of
+    write-ahead pieces nor the cleanup (storage/merger.py WRITE_AHEAD_ROUND_S): else the
+    data would never reach the spec's segments and the objects would stay for good."""
+    parts = 3
+    flags = ["--write-ahead-objects", "true", "--merge-interval-ms", "0", "--merge-grace-ms", "0",
+             "--segment-max-age-ms", "0", "--write-ahead-orphan-age-ms", "4000"]  # fmt: skip
+    b, objects = _started(broker_factory, ([], {}, lambda b: Objects(f"file://{b.data_dir}/objects")), flags, topic_name, parts)
+    try:
+        p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
+        for i in range(30):
+            p.produce(topic_name, value=b"m-%03d" % i, partition=i % parts)
+            if i % 6 == 5:
+                assert p.flush(15) == 0
+        assert p.flush(15) == 0
+        assert objects.wal() and not objects.specs(topic_name)
+        wait_until(lambda: not objects.wal() and len(objects.specs(topic_name)) >= parts, 60, "every piece in segments, no object left", interval=0.2)
+        expected = {q: [(o, b"m-%03d" % (o * parts + q)) for o in range(30 // parts)] for q in range(parts)}
+        assert _consume_all(b.bootstrap, topic_name, parts, 30) == expected
+    finally:
+        objects.close()

@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from kafscale.storage import write_ahead
 from tests.support.broker import free_port
 
 # Compaction every 100 ms; merged- and compacted-away objects deleted after 0.3-0.5 s.
@@ -124,5 +125,17 @@ def read_all(
 
 
 def partition_bytes(data_dir: str, topic: str) -> int:
-    """Bytes of the partition's objects in a file store."""
-    return sum(f.stat().st_size for f in (Path(data_dir) / "objects" / "default" / topic / "0").iterdir())
+    """Bytes partition 0 of `topic` takes in a file store, wherever its data lives: its own
+    objects, and its pieces in the write-ahead objects still there (storage/write_ahead.py;
+    an object goes once no segment refers to it and it is --write-ahead-orphan-age-ms old)."""
+    root = Path(data_dir) / "objects" / "default"
+    pdir = root / topic / "0"
+    own = sum(f.stat().st_size for f in pdir.iterdir()) if pdir.exists() else 0
+    held = 0
+    for f in (root / write_ahead.WAL_DIR).glob("*.wal"):
+        try:
+            _created, pieces = write_ahead.decode(f.read_bytes())
+        except FileNotFoundError:
+            continue  # deleted meanwhile
+        held += sum(pc.length for pc in pieces if pc.topic == topic and pc.partition == 0)
+    return own + held

@@ -123,7 +123,7 @@ class LogManager:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._retention_task = loop.create_task(self.retention.run_forever(), name="retention")
-        if self.config.merge_interval_ms > 0 or self.config.compaction_interval_ms > 0:
+        if self.config.merge_interval_ms > 0 or self.config.compaction_interval_ms > 0 or self.config.write_ahead_objects:
             self._merge_task = loop.create_task(self.merger.run_forever(), name="merger")
 
     async def stop(self) -> None:

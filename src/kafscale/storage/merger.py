@@ -93,6 +93,10 @@ def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: in
 
 # How often objects past their grace are looked for between merge rounds.
 DELETE_CHECK_INTERVAL_S = 1.0
+# With merging off (--merge-interval-ms 0) the pieces of write-ahead objects are still
+# rewritten into segments and the objects nothing refers to deleted, this often: else
+# they would stay in the bucket for good.
+WRITE_AHEAD_ROUND_S = 10.0
 
 
 class SegmentMerger:
@@ -136,19 +140,22 @@ class SegmentMerger:
         self.write_ahead_seen = False
 
     async def run_forever(self) -> None:
-        """Merge every `interval_s` (0: never), run the compactor (`compactor`, if set)
+        """Merge every `interval_s` (0: never, but for the rewrite of write-ahead pieces and
+        the cleanup, every WRITE_AHEAD_ROUND_S then), run the compactor (`compactor`, if set)
         every `compaction_interval_s`, and delete objects past their grace in between."""
         never = float("inf")
         start = time.monotonic()
-        next_merge = start + self.interval_s if self.interval_s > 0 else never
+        merge_small = self.interval_s > 0
+        every = self.interval_s if merge_small else WRITE_AHEAD_ROUND_S if self.write_ahead_seen else 0
+        next_merge = start + every if every > 0 else never
         next_compact = start + self.compaction_interval_s if self.compactor is not None and self.compaction_interval_s > 0 else never
         while True:
             await asyncio.sleep(max(0.0, min(min(next_merge, next_compact) - time.monotonic(), DELETE_CHECK_INTERVAL_S)))
             now = time.monotonic()
             acted = False
             if now >= next_merge:
-                next_merge = now + self.interval_s
-                await self.run_once()
+                next_merge = now + every
+                await self.run_once(merge_small)
                 acted = True
             if now >= next_compact:
                 try:
@@ -160,8 +167,9 @@ class SegmentMerger:
             if not acted:
                 await self.delete_expired()
 
-    async def run_once(self) -> int:
-        """Merge every owned partition once and delete objects past their grace period."""
+    async def run_once(self, merge_small: bool = True) -> int:
+        """Merge every owned partition once (only its write-ahead pieces when not
+        `merge_small`) and delete objects past their grace period."""
         done = 0
         for lg in list(self.owned_logs()):
             if lg.closed:
@@ -172,7 +180,7 @@ class SegmentMerger:
                 # merged with the ones before it, it would keep them from the compactor
                 # until the next flush.
                 segments = segments[:-1]
-            runs = plan_runs(segments, lg.settings.segment_bytes)
+            runs = plan_runs(segments, lg.settings.segment_bytes) if merge_small else []
             wal_runs = plan_write_ahead_runs(lg.state.segments, lg.settings.segment_bytes, self.segment_max_age_ms, int(time.time() * 1000),
                                              last_apart=lg.settings.cleanup_compact)
             self.write_ahead_seen = self.write_ahead_seen or bool(wal_runs) or any(s.wao_key for s in lg.state.segments[-1:])
