@@ -44,6 +44,10 @@ def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = 
 # broker is stopped. Throughput tests write gigabytes; left behind, a few runs fill a disk.
 _OWNED_DATA_DIRS: list["BrokerProcess"] = []
 
+# Broker processes started this session and the seconds spent waiting for them to listen,
+# printed at the end of the run: broker starts are a large share of the suite's time.
+_STARTS = {"count": 0, "seconds": 0.0}
+
 
 class BrokerProcess:
     def __init__(self, data_dir: str | None = None, port: int | None = None, extra_args: list[str] | None = None, env: dict | None = None):
@@ -70,8 +74,11 @@ class BrokerProcess:
             *self.extra_args,
         ]
         self._log = open(self.log_path, "ab")
+        started = time.monotonic()
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         wait_port(self.port, proc=self.proc)
+        _STARTS["count"] += 1
+        _STARTS["seconds"] += time.monotonic() - started
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
@@ -124,6 +131,11 @@ def sasl_conf(port: int, user: str) -> dict:
     """Client settings for `user` (password "<user>-secret") on a SASL_PLAINTEXT listener."""
     return {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
             "sasl.username": user, "sasl.password": f"{user}-secret"}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _STARTS["count"]:
+        terminalreporter.write_line(f"kafscale brokers started: {_STARTS['count']}, {_STARTS['seconds']:.0f} s until they listened")
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
