@@ -45,7 +45,11 @@ MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the O
 # Least request memory whatever --cache-bytes: a segment (4 MiB) being uploaded and the next
 # one filling, for each of a few partitions written at full speed.
 REQUEST_MEMORY_FLOOR = 32 * 1024 * 1024
-MAX_INFLIGHT_PER_CONNECTION = 256  # stop reading a connection beyond this many open requests
+# Stop reading a connection beyond this many open requests. Produce requests wait for a
+# flush (0.5-1 s on S3), and a producer of many partitions sends small ones: at 256 a
+# connection carried at most 256 requests a flush cycle (0.77 of 1 MB/s over 1,024
+# partitions of 1 KiB records). Their bytes are bounded by the request memory (PAUSE_MEMORY).
+MAX_INFLIGHT_PER_CONNECTION = 1024
 # Why a connection does not read (any of them pauses it).
 PAUSE_INFLIGHT, PAUSE_MEMORY, PAUSE_WRITING, PAUSE_AUTH, PAUSE_THROTTLE, PAUSE_SERIAL, PAUSE_FAILED = 1, 2, 4, 8, 16, 32, 64
 PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL | PAUSE_FAILED  # reasons that stop even buffered frames
