@@ -19,6 +19,15 @@ _SEGMENT_FIELDS = tuple(f.name for f in fields(SegmentInfo))
 
 
 def encode_segment(seg: SegmentInfo) -> bytes:
+    if not (seg.aborted or seg.open_txns or seg.cleaned) and seg.delete_horizon_ms < 0:
+        # The common case formatted directly, the same bytes as below: a write-ahead flush
+        # encodes one segment a partition (a dict and json.dumps were 30 us a piece).
+        head = b'{"base_offset":%d,"last_offset":%d,"size":%d,"record_count":%d,"max_timestamp":%d,"created_ms":%d' % (
+            seg.base_offset, seg.last_offset, seg.size, seg.record_count, seg.max_timestamp, seg.created_ms,
+        )
+        if not seg.wao_key:
+            return head + b"}"
+        return b'%s,"wao_key":%s,"wao_position":%d}' % (head, json.dumps(seg.wao_key).encode(), seg.wao_position)
     # The fields by hand, not dataclasses.asdict: that deep-copies every value (a third of
     # a write-ahead flush's Python time over 1,024 partitions); tuples write as JSON arrays.
     d = {name: getattr(seg, name) for name in _SEGMENT_FIELDS}

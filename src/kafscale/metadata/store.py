@@ -224,6 +224,14 @@ class MetadataStore:
             "epoch_start_offset": st.epoch_start_offset,
         }
 
+    @staticmethod
+    def state_value(st: PartitionState) -> bytes:
+        """encode(state_doc(st)), the same bytes formatted directly (a write-ahead flush
+        writes one a partition)."""
+        return b'{"log_start_offset":%d,"high_watermark":%d,"leader_epoch":%d,"owner":%d,"epoch_start_offset":%d}' % (
+            st.log_start_offset, st.high_watermark, st.leader_epoch, st.owner, st.epoch_start_offset,
+        )
+
     async def get_partition(self, topic: str, partition: int, with_segments: bool = True) -> PartitionState | None:
         """The partition's state, or None if the topic or partition does not exist."""
         kv = await self.kv.get(keys.partition(topic, partition))
@@ -282,7 +290,7 @@ class MetadataStore:
                 new = PartitionState(st.topic, st.partition, st.log_start_offset, seg.last_offset + 1, st.leader_epoch, st.owner, st.epoch_start_offset)
                 key = keys.partition(st.topic, st.partition)
                 txn.compares.append((key, st.version))
-                txn.puts += [(key, encode(self.state_doc(new))), (keys.segment(st.topic, st.partition, seg.base_offset), encode_segment(seg))]
+                txn.puts += [(key, self.state_value(new)), (keys.segment(st.topic, st.partition, seg.base_offset), encode_segment(seg))]
                 live.append((i, new))
             if not live:
                 return

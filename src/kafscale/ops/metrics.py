@@ -195,9 +195,9 @@ class BrokerMetrics:
                 self.topic_names[topic_id] = name
         return name
 
-    def on_flush(self, info, seconds: float, puts: int) -> None:
+    def on_flush(self, nbytes: int, seconds: float, puts: int) -> None:
         self.flush_seconds.observe(seconds)
-        self.flush_bytes.observe(info.size)
+        self.flush_bytes.observe(nbytes)
 
     def on_store_request(self, op: str, seconds: float, failed: bool) -> None:
         _observe(self._store_children, self.store_seconds, self.store_failures, op, seconds, failed)

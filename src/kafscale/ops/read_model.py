@@ -30,7 +30,7 @@ class HookPoints:
 
     request_hooks: list  # hook(api key, version, seconds, error) after each request
     response_hooks: dict  # api key -> [hook(request, response)]; no key without hooks
-    flush_hooks: list  # hook(segment info, seconds, puts) after each durable flush
+    flush_hooks: list  # hook(bytes, seconds, puts) after each durable flush (a segment or a write-ahead object)
     authentication_hooks: list  # hook(mechanism, succeeded) after each SASL authentication
     store_hooks: list  # hook(operation, seconds, failed) after each object-store call
     metadata_hooks: list  # hook(operation, seconds, failed) after each metadata-store call

@@ -24,19 +24,30 @@ class StorageMetrics:
         self.puts = 0  # objects written (flushes, merges, compactions)
         self.gets = 0  # object reads (the read path and rewrites)
         self.read_aheads = 0  # segments loaded ahead of a sequential reader
-        # hook(info, seconds, puts) after each durable flush: ops/metrics times and sizes them.
+        # hook(bytes, seconds, puts) after each durable flush (a segment, or a write-ahead
+        # object with the pieces of many partitions): ops/metrics times and sizes them.
         self.flush_hooks: list = []
 
     def produced(self, nbytes: int, nrecords: int) -> None:
         self.produce_bytes += nbytes
         self.produce_records += nrecords
 
-    def flushed(self, info: SegmentInfo, seconds: float, puts: int) -> None:
+    def flushed(self, info: SegmentInfo, seconds: float, puts: int, observe: bool = True) -> None:
+        """A segment durable and committed; `observe`: the hooks see it as a flush of its
+        own (not a piece of a write-ahead object, which object_flushed reports)."""
         self.flushes += 1
         self.puts += puts
         self.segment_bytes += info.size
+        if observe:
+            for hook in self.flush_hooks:
+                hook(info.size, seconds, puts)
+
+    def object_flushed(self, nbytes: int, seconds: float) -> None:
+        """A write-ahead object durable and its pieces committed (each counted by flushed):
+        one flush for the hooks (two histogram observations a piece were 4% of a broker's
+        time at 1,024 partitions)."""
         for hook in self.flush_hooks:
-            hook(info, seconds, puts)
+            hook(nbytes, seconds, 1)
 
     def flush_failed(self) -> None:
         self.flush_failures += 1

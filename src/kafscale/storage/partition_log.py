@@ -301,24 +301,25 @@ class PartitionLog:
             return None
         return out.upload
 
-    def flush_landed(self, state: PartitionState, info: SegmentInfo, body, started: float, puts: int) -> None:
-        """The upload is durable and committed as `state`: answer its producers."""
+    def flush_landed(self, state: PartitionState, info: SegmentInfo, body, started: float, puts: int, observe: bool = True) -> None:
+        """The upload is durable and committed as `state`: answer its producers. `observe`:
+        a flush of its own for the metrics (False: a piece of a write-ahead object)."""
         out = self.core.flush_committed(state)
         try:
-            self.metrics.flushed(info, time.monotonic() - started, puts)
+            self.metrics.flushed(info, time.monotonic() - started, puts, observe)
             self.reader.cache_segment(self.topic, self.partition, info.base_offset, body)
         except Exception:  # noqa: BLE001 - the data is durable: acknowledge it regardless
             log.exception("partition %s-%s: bookkeeping after a flush failed", self.topic, self.partition)
         self._apply(out)
 
-    async def flush_uncertain(self, error: BaseException, info: SegmentInfo, body, started: float) -> None:
+    async def flush_uncertain(self, error: BaseException, info: SegmentInfo, body, started: float, observe: bool = True) -> None:
         """The commit of `info` failed or its answer was lost: committed after all (the
         metadata re-read holds it) or not durable."""
         latest = await self._reread_state()
         if not self.core.commit_landed(latest, info):
             self._upload_failed(error, latest)
             return
-        self.flush_landed(latest, info, body, started, 0)
+        self.flush_landed(latest, info, body, started, 0, observe)
 
     def flush_failed(self, error: BaseException) -> None:
         """The upload did not become durable (nothing was committed)."""

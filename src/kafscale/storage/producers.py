@@ -103,6 +103,8 @@ class ProducerStateTable:
         """(producer id, epoch, first offset) of the transactions open at offset `end`: those
         open now that began before it, and those `closing` (producer id, first, marker
         offset) by a marker at or after it."""
+        if not self.open_txns and not closing:
+            return ()
         out = [(pid, self.producers[pid].epoch, first) for pid, first in self.open_txns.items() if first < end]
         out += [(pid, self.producers[pid].epoch if pid in self.producers else -1, first) for pid, first, marker in closing if first < end <= marker]
         return tuple(sorted(out, key=lambda t: (t[2], t[0])))
