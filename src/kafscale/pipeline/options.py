@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kafscale.metadata.url import MetadataURL
 from kafscale.pipeline import segments as seg
 from kafscale.pipeline.segments import EARLIEST, LATEST
 from kafscale.storage.url import FILE, StorageURL
@@ -276,10 +277,11 @@ def _metadata_url(raw, storage: StorageURL) -> str | None:
         text = str(raw).strip()
         if text.lower() in ("", "none"):
             return None
-        if text.startswith(("etcd://", "sqlite://")):
-            return text
         if "://" in text:
-            raise ValueError(f"option metadata must be etcd://host:port, sqlite:///path/metadata.sqlite or none, not {text!r}")
+            try:
+                return MetadataURL.parse(text).text  # etcd:// or sqlite://
+            except ValueError:
+                raise ValueError(f"option metadata must be etcd://host:port, sqlite:///path/metadata.sqlite or none, not {text!r}") from None
         return "sqlite://" + text
     if storage.scheme == FILE:
         candidate = os.path.join(os.path.dirname(storage.location.rstrip("/")), "metadata.sqlite")
