@@ -358,6 +358,33 @@ async def test_store_writes_off_the_lock_batched_and_before_the_answer(tmp_path)
         await coord.stop()
 
 
+async def test_commits_queued_when_the_group_moves_are_refused_not_written(tmp_path):
+    """The group moves to another broker while commits wait for their write: they are not
+    written and answer NOT_COORDINATOR (the client commits again at the new coordinator)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from kafscale.groups.coordinator import GroupCoordinator
+    from kafscale.metadata.sqlite import SqliteKV
+    from kafscale.metadata.store import CommittedOffset, MetadataStore
+
+    md = MetadataStore(SqliteKV(tmp_path / "meta.db"))
+    coord = GroupCoordinator(md, SimpleNamespace(group_initial_rebalance_delay_ms=0))
+    await coord.start()
+    kw = dict(member_id="", group_instance_id=None, generation_id=-1, api_version=8)
+    try:
+        assert await coord.commit_offsets("g", offsets={("t", 0): CommittedOffset(1)}, **kw) is ErrorCode.none
+        # Both commits queue before the writer's next flush starts; the release comes between.
+        commits = [asyncio.ensure_future(coord.commit_offsets("g", offsets={("t", p): CommittedOffset(9)}, **kw))
+                   for p in (0, 1)]
+        released = asyncio.ensure_future(coord.release("g"))
+        assert await asyncio.gather(*commits) == [ErrorCode.not_coordinator] * 2
+        await released
+        assert {tp: o.offset for tp, o in (await md.fetch_offsets("g")).items()} == {("t", 0): 1}
+    finally:
+        await coord.stop()
+
+
 def test_regex_subscription_follows_topics():
     U = "00000000-0000-0000-0000-00000000000b"
     g = ConsumerGroup("g", CONFIG)

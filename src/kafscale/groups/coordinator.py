@@ -313,7 +313,10 @@ class GroupCoordinator:
             error, written = await self._commit_offsets(group_id, member_id, group_instance_id, generation_id, offsets,
                                                         api_version, pending_producer_id)
         if written is not None:
-            await written  # (store failures raise to the handler, as before)
+            try:
+                await written  # (store failures raise to the handler, as before)
+            except KafkaError as e:  # the group moved to another broker before its write
+                return e.code
         return error
 
     async def _commit_offsets(self, group_id: str, member_id: str, group_instance_id: str | None, generation_id: int,
