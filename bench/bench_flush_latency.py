@@ -240,6 +240,17 @@ def main(argv=None) -> int:
     table, info = breakdown(res["spans"])
     print(f"broker CPU over the paced phase (span recording included): {res['broker_cpu_s']:.2f} s, "
           f"{res['broker_cpu_s'] * 1e6 / max(1, info['requests']):.0f} us per acked Produce request")
+    pauses = res["spans"].get("gc", [])
+    if pauses:
+        ms = sorted(p[1] / 1e6 for p in pauses)
+        print(f"cyclic GC over the broker's life: {len(ms)} collections ({sum(1 for p in pauses if p[0] == 2)} full), "
+              f"{sum(ms):.0f} ms in all, p50 {pct(ms, 50):.2f} ms, p99 {pct(ms, 99):.2f} ms, max {ms[-1]:.2f} ms")
+        reqs = res["spans"]["requests"]
+        if reqs:
+            first, last = min(r["start"] for r in reqs), max(r.get("sent", r["start"]) for r in reqs)
+            during = [p for p in pauses if first <= p[2] <= last]
+            print(f"  while Produce requests were served: {len(during)} collections, {sum(p[1] for p in during) / 1e6:.0f} ms, "
+                  f"full ones: {[round(p[1] / 1e6, 1) for p in during if p[0] == 2]} ms")
     print(
         f"broker: {info['requests']} acked Produce requests ({info['used']} traced whole), {info['flushes']} flushes, "
         f"{info.get('batches_per_flush', 0):.1f} batches and {info.get('bytes_per_flush', 0) / 1024:.1f} KiB per flush"

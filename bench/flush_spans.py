@@ -261,14 +261,28 @@ def install() -> None:
     partition_log.PartitionLog.flush_landed = flush_landed
 
 
+gc_pauses: list[tuple[int, int, int]] = []  # (generation, ns, start) of each cyclic-GC collection
+_gc_started = [0]
+
+
+def _gc_callback(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_started[0] = now()
+    else:
+        gc_pauses.append((info["generation"], now() - _gc_started[0], _gc_started[0]))
+
+
 def dump(path: str) -> None:
-    Path(path).write_text(json.dumps({"requests": requests, "flushes": flushes}))
+    Path(path).write_text(json.dumps({"requests": requests, "flushes": flushes, "gc": gc_pauses}))
 
 
 def main() -> int:
     out = sys.argv[1]
     sys.argv = ["kafscale", *sys.argv[2:]]
     install()
+    import gc
+
+    gc.callbacks.append(_gc_callback)
     atexit.register(dump, out)
     from kafscale.cli.main import main as kafscale_main
 
