@@ -80,12 +80,19 @@ def _describe_group_or_share(admin, args, group: str):
     """(librdkafka's description, None), or (None, _share_group(...)) for a share group, which
     librdkafka's describe does not know (GROUP_ID_NOT_FOUND); its error stands otherwise."""
     try:
-        return _describe_group(admin, args, group), None
+        desc = _describe_group(admin, args, group)
     except CliError:
         share = _share_group_if_any(admin, args, group)
         if share is None:
             raise
         return None, share
+    # DescribeGroups answers a share group as Kafka 4 does: Dead, no members (and from v6
+    # GROUP_ID_NOT_FOUND, above); ask ShareGroupDescribe before calling the group gone.
+    if _state(desc.state) in ("Dead", "Unknown") and not desc.members:
+        share = _share_group_if_any(admin, args, group)
+        if share is not None:
+            return None, share
+    return desc, None
 
 
 def _committed(admin, args, group: str, partitions=None) -> dict[tuple[str, int], int]:
