@@ -197,6 +197,7 @@ async def add_partitions(broker: "BrokerServices", name: str, count: int, valida
 
 
 async def _add_partitions(broker: "BrokerServices", name: str, count: int, validate_only: bool) -> TopicMeta:
+    check_not_internal(name, "add partitions to")
     meta = await _existing(broker, name)
     if count <= meta.partitions:
         raise TopicError(ErrorCode.invalid_partitions, f"topic {name!r} has {meta.partitions} partitions; the new count must be larger, not {count}")
