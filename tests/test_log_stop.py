@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
@@ -38,7 +39,10 @@ UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.unknown_topic_or_partition.value
 NOT_LEADER_OR_FOLLOWER = ErrorCode.not_leader_or_follower.value
 
 # Uploads happen only when due: a produce after the first flush waits this long for its ack.
-SLOW_FLUSH_ARGS = ["--flush-interval-ms", "600000", "--min-flush-interval-ms", "600000", "--merge-interval-ms", "0"]
+# A flush per partition: each partition's first upload is due at once (with write-ahead
+# objects the broker's next flush cycle, for every partition, would be 10 minutes away;
+# the in-process tests below stop logs with write-ahead objects, the default).
+SLOW_FLUSH_ARGS = ["--flush-interval-ms", "600000", "--min-flush-interval-ms", "600000", "--merge-interval-ms", "0", "--write-ahead-objects", "false"]
 
 
 def _now_ms() -> int:
@@ -143,7 +147,7 @@ def test_delete_topic_fails_a_waiting_confluent_kafka_delivery_within_a_second(s
 # -- the stop transition, path by path, on a real in-process broker ----------------------
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="function")  # the test's own loop: the broker's tasks (its write-ahead flusher's) run on it
 async def local_broker(tmp_path):
     broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", flush_interval_ms=600_000,
                                  min_flush_interval_ms=600_000, merge_interval_ms=0))
@@ -252,7 +256,10 @@ async def test_failed_final_flush_answers_with_the_stop_reason(local_broker, mon
     async def metadata_down(*args, **kwargs):
         raise MetadataUnavailable("metadata store unavailable")
 
-    monkeypatch.setattr(logs.metadata, "commit_segment", metadata_down)
+    async def commits_fail(commits):  # as commit_segments answers a failed store: the error for each
+        return [MetadataUnavailable("metadata store unavailable")] * len(commits)
+
+    monkeypatch.setattr(logs.metadata, "commit_segments", commits_fail)  # (commit_segment's too)
     monkeypatch.setattr(logs.metadata, "get_partition", metadata_down)  # the re-check after a failure
     await logs.stop()
     assert await _outcome(waiter) == NOT_LEADER_OR_FOLLOWER
@@ -382,15 +389,15 @@ async def test_an_upload_in_flight_is_answered_by_its_outcome(local_broker, monk
     lg = await _log_with_first_segment(local_broker, topic)
     _, _, in_flight = _append(lg, b"uploading", producer_id=-1)
     may_commit = asyncio.Event()
-    original = logs.metadata.commit_segment
+    original = logs.metadata.commit_segments  # (a write-ahead flush's and commit_segment's)
 
-    async def slow_commit(*args, **kwargs):
+    async def slow_commit(commits):
         await may_commit.wait()
-        if not commit_lands:
-            raise MetadataUnavailable("metadata store unavailable")
-        return await original(*args, **kwargs)
+        if not commit_lands:  # as commit_segments answers a failed store: the error for each
+            return [MetadataUnavailable("metadata store unavailable")] * len(commits)
+        return await original(commits)
 
-    monkeypatch.setattr(logs.metadata, "commit_segment", slow_commit)
+    monkeypatch.setattr(logs.metadata, "commit_segments", slow_commit)
     flushing = asyncio.ensure_future(lg.flush())
     await wait_until_async(lambda: lg.core.in_flight, 5, "the upload to take the batch", interval=0.01)
     _, _, buffered = _append(lg, b"buffered", producer_id=-1)

@@ -51,8 +51,10 @@ async def test_cold_read_reads_the_next_segment_ahead(tmp_path):
 
 
 async def test_large_segment_is_read_by_ranges(tmp_path, monkeypatch):
-    writer = _manager(tmp_path, index_min_bytes=0)  # index every segment
+    writer = _manager(tmp_path, index_min_bytes=0, segment_max_age_ms=0)  # index every segment
     await _write_segments(writer, "big", 1, 2000)
+    await writer.merger.run_once()  # (with write-ahead objects: their piece into the spec's segment and index)
+    assert (tmp_path / "objects" / "default" / "big" / "0" / f"segment-{0:020d}.index").exists()
     await writer.stop()
     monkeypatch.setattr(reader_mod, "WHOLE_SEGMENT_READ_BYTES", 1000)  # every segment is "large"
     reader = _manager(tmp_path)
@@ -67,7 +69,7 @@ async def test_large_segment_is_read_by_ranges(tmp_path, monkeypatch):
 
 
 async def test_segments_below_index_min_bytes_get_no_index(tmp_path):
-    mgr = _manager(tmp_path, index_min_bytes=2000)
+    mgr = _manager(tmp_path, index_min_bytes=2000, write_ahead_objects=False)  # (the objects of a flush per partition)
     await mgr.metadata.create_topic(TopicMeta("idx", 1))
     lg = await mgr.get_log("idx", 0)
     now = int(time.time() * 1000)
@@ -81,7 +83,8 @@ async def test_segments_below_index_min_bytes_get_no_index(tmp_path):
 
 
 async def test_large_segment_without_usable_index_is_read_whole(tmp_path, monkeypatch):
-    writer = _manager(tmp_path)  # default index_min_bytes: this small segment gets no index
+    # default index_min_bytes: these small segments get no index; a segment object per flush
+    writer = _manager(tmp_path, write_ahead_objects=False)
     await _write_segments(writer, "noidx", 2, 500)
     await writer.stop()
     pdir = tmp_path / "objects" / "default" / "noidx" / "0"

@@ -23,6 +23,7 @@ from kafscale.protocol.records import COMPRESSION_GZIP, COMPRESSION_ZSTD, build_
 from kafscale.storage import segment as project_segment
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code
+from tests.support.wait import wait_until
 
 SEG_HEADER = struct.Struct(">4sHHqiqI")  # magic, version, flags, base offset, count, created ms, reserved
 SEG_FOOTER = struct.Struct(">Iq4s")  # crc32c of the batches, last offset, magic
@@ -36,8 +37,11 @@ INDEX_NAME = re.compile(r"^segment-(\d{20})\.index$")
 @pytest.fixture(scope="module")
 def broker():
     """This module's own broker, indexing every segment (by default only segments of 16 MiB
-    and more get an index, and none of the ones here is that big)."""
-    b = BrokerProcess(extra_args=["--index-min-bytes", "0", "--merge-interval-ms", "0"]).start()
+    and more get an index, and none of the ones here is that big), each flush uploading a
+    segment per partition (--write-ahead-objects false: the tests check the segments each
+    produce makes; the segments the write-ahead pieces are rewritten into are checked by
+    test_segments_rewritten_from_write_ahead_objects_follow_the_spec)."""
+    b = BrokerProcess(extra_args=["--index-min-bytes", "0", "--merge-interval-ms", "0", "--write-ahead-objects", "false"]).start()
     yield b
     b.stop()
 
@@ -299,22 +303,58 @@ def test_multi_partition_segments_from_client(broker, topic_name):
 
 
 def test_namespace_is_first_key_component(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--namespace", "prod-eu", "--index-min-bytes", "0"])
+    # (with write-ahead objects, the data is rewritten into the partition's segment at once)
+    b = broker_factory(extra_args=["--namespace", "prod-eu", "--index-min-bytes", "0", "--segment-max-age-ms", "0", "--merge-interval-ms", "100"])
     started = int(time.time() * 1000)
     with RawClient(b.bootstrap) as c:
         c.metadata([topic_name])
         assert c.produce(topic_name, 0, build_batch([(b"k", b"v")], timestamp=started)).base_offset == 0
     root = Path(b.data_dir) / "objects"
+    wait_until(lambda: (root / "prod-eu" / topic_name / "0" / f"segment-{0:020d}.index").exists(), 30, "the partition's segment and index")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    # Besides the topic's objects: topic markers and the metadata snapshots (under
-    # ~metadata/, a name no topic can have), all under the namespace.
+    # Besides the topic's objects: topic markers, the metadata snapshots (under ~metadata/,
+    # a name no topic can have) and the write-ahead objects (~wal/), all under the namespace.
     snapshots = [f for f in files if f.startswith("prod-eu/~metadata/")]  # (one may be being written)
     assert all(re.fullmatch(r"prod-eu/~metadata/(snapshot-\d{8}T\d{9}Z-0\.kms|\.tmp-.*)", f) for f in snapshots)
-    assert [f for f in files if f not in snapshots] == [
+    wal = [f for f in files if f.startswith("prod-eu/~wal/")]
+    assert all(re.fullmatch(r"prod-eu/~wal/(\d{13}-0-[0-9a-f]{8}-\d{10}\.wal|\.tmp-.*)", f) for f in wal), wal
+    assert [f for f in files if f not in snapshots and f not in wal] == [
         "prod-eu/__consumer_offsets/topic.json",
         f"prod-eu/{topic_name}/0/segment-{0:020d}.index", f"prod-eu/{topic_name}/0/segment-{0:020d}.kfs", f"prod-eu/{topic_name}/topic.json",
     ]
     check_partition(root / "prod-eu" / topic_name / "0", started)
+
+
+def test_segments_rewritten_from_write_ahead_objects_follow_the_spec(broker_factory, topic_name):
+    """With --write-ahead-objects a flush writes one object for all partitions; the merger
+    rewrites each partition's pieces into the spec's own segments and indexes, which read
+    back as above: the batches as produced, at their offsets, in one segment per run."""
+    b = broker_factory(extra_args=["--write-ahead-objects", "true", "--index-min-bytes", "0", "--segment-max-age-ms", "0", "--merge-interval-ms", "100",
+                                   "--merge-grace-ms", "0"])  # (merged-away segments go at once)
+    started = int(time.time() * 1000)
+    ts = started
+    sent = [
+        build_batch([(b"k0", b"v0", [("h", b"x")]), (None, b"v1"), (b"k2", None)], timestamp=ts),
+        build_batch([(b"g", b"gz" * 100)] * 4, timestamp=ts, codec=COMPRESSION_GZIP),
+        build_batch([(b"z", b"zs" * 100)] * 2, timestamp=ts + 5, codec=COMPRESSION_ZSTD),
+    ]
+    with RawClient(b.bootstrap) as c:
+        c.metadata([topic_name])
+        assert [c.produce(topic_name, 0, batch).base_offset for batch in sent] == [0, 3, 7]
+    objects = Path(b.data_dir) / "objects" / "default"
+    pdir = objects / topic_name / "0"
+
+    def rewritten() -> list[Segment]:
+        # every offset in segments, no piece left (the objects go later, once old enough)
+        segs = check_partition(pdir, started) if pdir.exists() else []
+        return segs if segs and segs[-1].last_offset == 8 else []
+
+    segs = wait_until(rewritten, 30, "the pieces rewritten into the partition's segments", interval=0.2)
+    assert segs[0].base_offset == 0 and sum(s.count for s in segs) == 9
+    stored = [bt.raw for s in segs for bt in s.batches]
+    assert [raw[16:] for raw in stored] == [batch[16:] for batch in sent]  # byte-identical under the CRC
+    assert [struct.unpack_from(">q", raw, 0)[0] for raw in stored] == [0, 3, 7]
+    assert [r[:4] for r in records_of(segs[0].batches[0])] == [(0, ts, b"k0", b"v0"), (1, ts, None, b"v1"), (2, ts, b"k2", None)]
 
 
 def test_batches_through_keeps_only_batches_within_the_segment_and_skips_the_walk_when_known():

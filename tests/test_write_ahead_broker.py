@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.storage import segment, write_ahead
@@ -344,5 +344,82 @@ def test_with_merging_off_pieces_still_move_into_segments_and_their_objects_go(b
         wait_until(lambda: not objects.wal() and len(objects.specs(topic_name)) >= parts, 60, "every piece in segments, no object left", interval=0.2)
         expected = {q: [(o, b"m-%03d" % (o * parts + q)) for o in range(30 // parts)] for q in range(parts)}
         assert _consume_all(b.bootstrap, topic_name, parts, 30) == expected
+    finally:
+        objects.close()
+
+
+def _read_to_end(bootstrap: str, topic: str, partitions: int, isolation: str, timeout: float = 30.0) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of each partition up to its end (the last stable offset for
+    read_committed), as {partition: [(offset, value)]}."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wal-{time.monotonic_ns()}", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 20, "isolation.level": isolation, "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+    ended: set[int] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(ended) < partitions:
+            assert time.monotonic() < deadline, f"read {got} ({isolation}), ends seen {ended}"
+            m = c.poll(0.1)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    ended.add(m.partition())
+                continue
+            got[m.partition()].append((m.offset(), m.value()))
+    finally:
+        c.close()
+    return got
+
+
+def test_aborted_transactions_stay_hidden_from_read_committed_across_the_rewrite(broker_factory, topic_name):
+    """A transactional producer's committed and aborted transactions, flushed into
+    write-ahead objects: a read_committed consumer sees nothing of the aborted ones, at the
+    same offsets as a read_uncommitted one shows them, before the pieces are rewritten
+    into segments (their aborted-transaction entries merged), after, and after a restart
+    that loads those entries from the rewritten segments' metadata."""
+    parts = 2
+    flags = ["--transactions", "true", "--group-initial-rebalance-delay-ms", "0", "--write-ahead-objects", "true", "--merge-interval-ms", "0"]
+    b, objects = _started(broker_factory, ([], {}, lambda b: Objects(f"file://{b.data_dir}/objects")), flags, topic_name, parts)
+    try:
+        p = Producer({"bootstrap.servers": b.bootstrap, "transactional.id": f"tx-{topic_name}", "linger.ms": 5})
+        p.init_transactions(30)
+        outcomes = [True, False, True, False, True]
+        for rnd, commit in enumerate(outcomes):
+            p.begin_transaction()
+            for i in range(6):
+                p.produce(topic_name, value=b"t%d-%d" % (rnd, i), partition=i % parts)
+            p.flush(30)  # durable before the transaction ends: its marker lands in a later piece
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.abort_transaction(30)
+        plain = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
+        for q in range(parts):
+            plain.produce(topic_name, value=b"plain-%d" % q, partition=q)
+        assert plain.flush(15) == 0
+
+        def check() -> tuple[dict, dict]:
+            committed = _read_to_end(b.bootstrap, topic_name, parts, "read_committed")
+            everything = _read_to_end(b.bootstrap, topic_name, parts, "read_uncommitted")
+            for q in range(parts):
+                want = [b"t%d-%d" % (rnd, i) for rnd, ok in enumerate(outcomes) if ok for i in range(q, 6, parts)] + [b"plain-%d" % q]
+                assert [v for _o, v in committed[q]] == want
+                assert len(everything[q]) == 15 + 1  # the aborted records are there, read_uncommitted
+                assert set(committed[q]) <= set(everything[q])  # at the offsets they have for everyone
+            return committed, everything
+
+        assert objects.wal() and not objects.specs(topic_name)
+        before = check()
+        assert not objects.specs(topic_name)  # read from the write-ahead objects
+        b.stop()
+        b.extra_args = ["--transactions", "true", "--group-initial-rebalance-delay-ms", "0", "--write-ahead-objects", "true",
+                        "--merge-interval-ms", "100", "--merge-grace-ms", "0", "--segment-max-age-ms", "0", "--write-ahead-orphan-age-ms", "4000"]  # fmt: skip
+        b.start()
+        wait_until(lambda: len(objects.specs(topic_name)) >= parts and not objects.wal(), 60, "every piece in segments, no object left", interval=0.2)
+        assert check() == before
+        b.restart()
+        assert check() == before
     finally:
         objects.close()
