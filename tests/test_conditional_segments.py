@@ -71,8 +71,10 @@ async def atomic_backend(request, tmp_path, monkeypatch):
 
 
 def _manager(data_dir: Path, backend: Backend) -> LogManager:
-    """A broker's storage side, as the broker builds it, on the embedded metadata of data_dir."""
-    cfg = BrokerConfig(data_dir=str(data_dir), http="", storage=backend.url, merge_interval_ms=0)
+    """A broker's storage side, as the broker builds it, on the embedded metadata of data_dir,
+    uploading a segment object per partition (the objects these tests race; write-ahead
+    objects are created under unique keys: tests/test_write_ahead*.py)."""
+    cfg = BrokerConfig(data_dir=str(data_dir), http="", storage=backend.url, merge_interval_ms=0, write_ahead_objects=False)
     meta = MetadataStore(SqliteKV(data_dir / "metadata.sqlite"))
     return LogManager(meta, open_store(backend.url), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
 
@@ -131,7 +133,7 @@ async def test_late_upload_of_an_old_owner_never_replaces_the_committed_segment(
     assert await _stored_values(winner.store, topic_name, 0) == won
     await _close(winner, zombie)
 
-    b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--storage", backend.url, "--merge-interval-ms", "0"], env=backend.env).start()
+    b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--storage", backend.url, "--merge-interval-ms", "0", "--write-ahead-objects", "false"], env=backend.env).start()
     try:
         got, high = await asyncio.to_thread(_consume_all, b.bootstrap, topic_name)
     finally:
