@@ -24,9 +24,11 @@ def pytest_configure(config) -> None:
     if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
     cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
-    if cache is not None:
-        path = str(cache.mkdir("pycache"))
-    else:
+    try:
+        path = str(cache.mkdir("pycache")) if cache is not None else None
+    except OSError:  # a read-only checkout
+        path = None
+    if path is None:
         path = _temp_dir = tempfile.mkdtemp(prefix="kafscale-pycache-")
     os.environ["PYTHONPYCACHEPREFIX"] = path
     del os.environ["PYTHONDONTWRITEBYTECODE"]
