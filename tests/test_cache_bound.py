@@ -63,13 +63,19 @@ def test_cache_gives_way_to_segment_data_held_outside_it():
     assert cache.bytes < 1 * MiB
 
 
+def _scrape(url: str) -> dict[str, float]:
+    """Every sample of one /metrics answer (made in one pass on the broker's event loop, so
+    its values are of one moment), by name and labels as printed there."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return {name: float(value) for name, _, value in (line.rpartition(" ") for line in lines if line and not line.startswith("#"))}
+
+
 def _gauge(url: str, name: str, labels: str = "") -> float:
     """The value of one sample of /metrics (`labels` as printed there, e.g. '{op="get"}')."""
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith(name + labels + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name}{labels} not in /metrics")
+    sample = _scrape(url).get(name + labels)
+    assert sample is not None, f"{name}{labels} not in /metrics"
+    return sample
 
 
 def test_cache_bytes_stay_within_cache_bytes_under_a_fetch_load_that_overflows_it(broker_factory, topic_name):
@@ -109,3 +115,60 @@ def test_cache_bytes_stay_within_cache_bytes_under_a_fetch_load_that_overflows_i
         assert got == n
     # the 4 MiB did not fit: the readers' segments came from the store, again and again
     assert _gauge(url, "kafscale_object_store_requests_total", '{op="get"}') - gets_before >= 16
+
+
+def test_cache_and_requests_stay_within_cache_bytes_while_producers_wait_on_s3(broker_factory, moto_server, topic_name):
+    """Producers flat out against a broker on S3 (moto: uploads are the bottleneck, so
+    produce requests wait in memory to become durable) while a consumer reads from the
+    start: the cache gives way to those requests as they are read, not only at its next
+    put, so cache plus request memory never pass --cache-bytes by more than the one view
+    the cache always keeps (the newest), whenever /metrics is looked at."""
+    budget = 32 * MiB  # the request memory floor: requests may take all of it
+    segment_bytes = 1 * MiB
+    port = free_port()
+    b = broker_factory(
+        extra_args=["--cache-bytes", str(budget), "--http", f"127.0.0.1:{port}", "--storage", f"s3://cache-bound-{topic_name.rsplit('-', 1)[1]}/data"],
+        env={**moto_server.env, "KAFSCALE_S3_CREATE_BUCKET": "true"},
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    admin.create_topics([NewTopic(topic_name, 4, 1, config={"segment.bytes": str(segment_bytes)})])[topic_name].result(30)
+    value = os.urandom(16 * 1024)
+    now_ms = int(time.time() * 1000)
+    p = Producer({"bootstrap.servers": b.bootstrap, "acks": "all", "linger.ms": 5, "queue.buffering.max.kbytes": 256 * 1024})
+    c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": topic_name, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic_name, part, 0) for part in range(4)])
+    n = 8192  # 128 MiB: four times the budget
+    samples, worst, most_requests, got = 0, 0.0, 0.0, 0
+    try:
+        for i in range(n):
+            while True:
+                try:
+                    p.produce(topic_name, value, partition=i % 4, timestamp=now_ms)
+                    break
+                except BufferError:  # the producer's queue is full: the broker holds back
+                    p.poll(0.05)
+            p.poll(0)
+            if i % 64 == 0:
+                for m in c.consume(100, 0):
+                    assert m.error() is None, m.error()
+                    got += 1
+                now = _scrape(url)
+                cached, requests = now["kafscale_cache_bytes"], now["kafscale_request_memory_bytes"]
+                samples += 1
+                most_requests = max(most_requests, requests)
+                worst = max(worst, cached + requests)
+                assert cached + requests <= budget + segment_bytes + MiB, f"cache {cached / MiB:.1f} MiB + requests {requests / MiB:.1f} MiB over --cache-bytes {budget / MiB:.0f} MiB"
+        assert p.flush(120) == 0
+        deadline = time.monotonic() + 120
+        while got < n and time.monotonic() < deadline:
+            for m in c.consume(500, 1.0):
+                assert m.error() is None, m.error()
+                assert m.value() == value
+                got += 1
+    finally:
+        c.close()
+    assert got == n
+    # the budget was in use: cache and requests held half of it or more at once, and requests
+    # waited in it (how many depends on how fast moto takes the uploads)
+    assert worst >= budget / 2 and most_requests >= 2 * MiB, f"at most {worst / MiB:.1f} MiB held, requests {most_requests / MiB:.1f} MiB: no pressure to test"

@@ -2,7 +2,8 @@
 
 Put on the broker's PYTHONPATH with KAFSCALE_BENCH_TRACEMALLOC=<output file>: a thread takes a
 tracemalloc snapshot whenever the traced total has grown by 4 MiB over the last snapshot, and
-the broker writes the last one (the peak) at exit, grouped by the first frame in kafscale's own
+the last one (the peak) is written 5 s after it was taken and at exit, grouped by the first
+frame in kafscale's own
 code (and, separately, by the innermost frame). Tracing slows the broker several times over:
 use it to see what is held, not for the other figures.
 """
@@ -22,12 +23,19 @@ if _OUT:
     def _watch() -> None:
         import time
 
+        taken = 0.0
         while True:
             time.sleep(0.25)
             current, _ = tracemalloc.get_traced_memory()
             if current >= _state["peak"] + (4 << 20):
                 _state["peak"] = current
                 _state["snapshot"] = tracemalloc.take_snapshot()
+                taken = time.monotonic()
+            elif taken and time.monotonic() - taken > 5:
+                # No new peak for 5 s: write this one now (a broker stopped with SIGKILL
+                # after a slow shutdown never runs its atexit hooks).
+                taken = 0.0
+                _dump()
 
     def _ours(tb) -> str:
         for frame in tb:  # most recent first

@@ -27,8 +27,10 @@ import time
 
 log = logging.getLogger("kafscale.memory")
 
-M_ARENA_MAX = -8  # mallopt parameter (malloc.h)
+M_ARENA_MAX = -8  # mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
 ARENA_MAX = 2
+MMAP_THRESHOLD = 256 * 1024
 
 
 def _libc():
@@ -48,6 +50,16 @@ def limit_arenas(arenas: int = ARENA_MAX) -> bool:
     if _LIBC is None:
         return False
     return bool(_LIBC.mallopt(M_ARENA_MAX, arenas))
+
+
+def map_large_blocks(threshold: int = MMAP_THRESHOLD) -> bool:
+    """Blocks of `threshold` bytes and more get their own mapping, unmapped when freed (like
+    MALLOC_MMAP_THRESHOLD_). glibc's default threshold rises to the largest block freed (up
+    to 32 MiB), after which request frames, segment bodies and responses of 1-4 MiB are cut
+    from the heap, whose freed space stays resident until the next trim."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, threshold))
 
 
 def trim() -> float:

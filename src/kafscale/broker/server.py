@@ -14,7 +14,7 @@ import mmap
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from kio.schema.index import api_key_map
 
@@ -443,6 +443,7 @@ class KafkaServer:
         limit = config.max_request_memory
         self.request_memory_limit = min(limit, max(config.cache_bytes, REQUEST_MEMORY_FLOOR)) if limit > 0 else 0
         self._memory_waiters: deque[KafkaConnection] = deque()
+        self.request_memory_grew: Callable[[], None] | None = None  # the segment cache giving way (broker/app.py)
         self._memory_wake_scheduled = False
         self._servers: list[asyncio.AbstractServer] = []
         self._housekeeper: asyncio.Task | None = None
@@ -489,6 +490,7 @@ class KafkaServer:
             raise
         self.address = self.addresses[listeners[0].name]
         memory.limit_arenas()
+        memory.map_large_blocks()
         self._housekeeper = loop.create_task(self._housekeeping(), name="connection-housekeeping")
 
     def is_serving(self) -> bool:
@@ -553,6 +555,8 @@ class KafkaServer:
             return False
         self.request_memory += nbytes
         conn.reserved += nbytes
+        if self.request_memory_grew is not None:
+            self.request_memory_grew()
         return True
 
     def release_request_memory(self, conn: KafkaConnection, nbytes: int) -> None:

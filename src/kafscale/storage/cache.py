@@ -94,6 +94,7 @@ class SegmentCache:
     def __init__(self, max_bytes: int, held_outside: Callable[[], int] | None = None):
         self.max_bytes = max_bytes
         self.held_outside = held_outside  # bytes of segment data outside the cache, in its budget
+        self.arriving = 0  # bytes of segments being loaded into it, in its budget from the start
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -123,9 +124,14 @@ class SegmentCache:
         self._views[key] = view
         self._by_partition.setdefault(key[:2], set()).add(key)
         self.bytes += view.nbytes
+        self.give_way()
+
+    def give_way(self) -> None:
+        """Evict the oldest views until they and the data held outside fit the budget (on
+        each put, and as soon as the broker takes in more request memory)."""
         # (the newest view stays even over the budget: a fetch of it would otherwise read
         # the whole segment again from the store each time)
-        limit = self.max_bytes - (self.held_outside() if self.held_outside is not None else 0)
+        limit = self.max_bytes - self.arriving - (self.held_outside() if self.held_outside is not None else 0)
         while self.bytes > limit and len(self._views) > 1:
             key, evicted = self._views.popitem(last=False)
             self.bytes -= evicted.nbytes

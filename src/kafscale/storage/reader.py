@@ -168,6 +168,12 @@ class SegmentReader:
 
     async def _load_segment(self, topic: str, partition: int, seg: segment.SegmentInfo) -> SegmentView:
         key, start, end = segment.stored_at(self.namespace, topic, partition, seg)
+        # The segment counts in the cache's budget from the GET on, not once it lands: with
+        # the loads of a consumer catching up in flight (read and read-ahead of every
+        # partition) the cache was over its budget by as much.
+        arriving = seg.size
+        self.cache.arriving += arriving
+        self.cache.give_way()
         try:
             data = await self.store.get(key, start, end)
             self.metrics.read_objects()
@@ -175,6 +181,8 @@ class SegmentReader:
             raise StorageError(f"segment {key} is gone (deleted by retention?)", ErrorCode.offset_out_of_range) from e
         except ObjectStoreError as e:
             raise StorageError(f"object store unavailable: {e}") from e
+        finally:
+            self.cache.arriving -= arriving
         try:
             if end is not None and len(data) != end - start:
                 raise segment.SegmentFormatError(f"{key}: {len(data)} bytes at {start}, the committed segment has {end - start} (truncated?)")

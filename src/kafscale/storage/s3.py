@@ -115,6 +115,98 @@ def _error_code(e: bce.ClientError) -> tuple[str, int]:
     return str(err.get("Code", "")), int(status)
 
 
+PUT_CHUNK_BYTES = 256 * 1024  # what one write to the connection takes from a part
+
+
+class PartsBody:
+    """A PUT body sent from its parts where they lie (a segment's header, its batch buffers,
+    its footer), without joining them into one more copy of the object.
+
+    A bytes body cost two: the join, then botocore's BytesIO, which copies a shared buffer
+    as soon as aiohttp asks for its size (getbuffer). For a 4 MiB segment that was 8 MiB
+    more per upload in flight (docs/performance.md "Memory on S3"). botocore takes this as
+    a file-like body (read/seek/tell, its length from len()); aiohttp sends it as an async
+    iterable, slices of the parts written as they are; SHA-256 payload signing reads it
+    with read(), then seeks back."""
+
+    def __init__(self, parts: list):
+        self.parts = [memoryview(p).cast("B") for p in parts]
+        self.size = sum(len(p) for p in self.parts)
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def crc32c(self) -> int:
+        value = 0
+        for part in self.parts:
+            value = crc32c(part, value)
+        return value
+
+    def equals(self, data) -> bool:
+        """Whether `data` holds exactly this body's bytes."""
+        data = memoryview(data).cast("B")
+        if len(data) != self.size:
+            return False
+        pos = 0
+        for part in self.parts:
+            if data[pos : pos + len(part)] != part:
+                return False
+            pos += len(part)
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, self.size)[whence]
+        self._pos = min(max(0, base + offset), self.size)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        out, start, pos = [], self._pos, 0
+        for part in self.parts:
+            lo, hi = max(start - pos, 0), min(end - pos, len(part))
+            if lo < hi:
+                out.append(part[lo:hi])
+            pos += len(part)
+            if pos >= end:
+                break
+        self._pos = end
+        return b"".join(out)
+
+    async def __aiter__(self):
+        for part in self.parts:
+            for start in range(0, len(part), PUT_CHUNK_BYTES):
+                yield part[start : start + PUT_CHUNK_BYTES]
+
+
+READ_INTO_BYTES = 1 << 20  # bodies from this size on are read into one buffer of their length
+
+
+async def _read_body(resp) -> bytes | bytearray:
+    """A GetObject answer's body. A large one (a segment) is read into one buffer of its
+    length as it arrives: reading it whole kept every chunk aiohttp received until the end,
+    then joined them, twice the object at that moment (bytearray, not bytes: the callers
+    take any bytes-like)."""
+    size = resp.get("ContentLength")
+    async with resp["Body"] as body:
+        if size is None or size < READ_INTO_BYTES:
+            return await body.read()
+        buf = bytearray(size)
+        view = memoryview(buf)
+        pos = 0
+        while pos < size:
+            n = await body.readinto(view[pos:])  # (at the end of the body: checks its length)
+            if n == 0:
+                break
+            pos += n
+        view.release()
+        if pos != size:
+            raise bce.IncompleteReadError(actual_bytes=pos, expected_bytes=size)
+        return buf
+
 class S3ObjectStore(ObjectStore):
     def __init__(
         self,
@@ -272,18 +364,19 @@ class S3ObjectStore(ObjectStore):
 
     # -- ObjectStore ------------------------------------------------------------------------
 
-    def _body(self, parts: list) -> tuple[bytes, dict]:
+    def _body(self, parts: list) -> tuple["PartsBody", dict]:
         """The PUT body and its checksum argument."""
-        body = parts[0] if len(parts) == 1 and isinstance(parts[0], bytes) else b"".join(parts)
+        body = PartsBody(parts)
         extra = {}
         if self.checksum == "crc32c":
-            extra["ChecksumCRC32C"] = base64.b64encode(crc32c(body).to_bytes(4, "big")).decode("ascii")
+            extra["ChecksumCRC32C"] = base64.b64encode(body.crc32c().to_bytes(4, "big")).decode("ascii")
         return body, extra
 
     async def put(self, key: str, parts: list) -> None:
         body, extra = self._body(parts)
 
         async def go(client):
+            body.seek(0)
             await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
 
         try:
@@ -307,6 +400,7 @@ class S3ObjectStore(ObjectStore):
                     code, status = _error_code(e)
                     if not (code in _NOT_FOUND or status == 404):
                         raise
+            body.seek(0)
             await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
             return True
 
@@ -324,20 +418,19 @@ class S3ObjectStore(ObjectStore):
         await self._holds_ours(key, body, ObjectStoreError(f"s3 create {key}: the object vanished while being created"),
                                ObjectExistsError(f"s3 create {key}: the key holds another writer's object"))
 
-    async def _holds_ours(self, key: str, body: bytes, gone: ObjectStoreError, other: ObjectStoreError) -> None:
+    async def _holds_ours(self, key: str, body: "PartsBody", gone: ObjectStoreError, other: ObjectStoreError) -> None:
         """Raises `gone` when `key` holds nothing, `other` when it holds other bytes than `body`."""
         try:
             stored = await self.get(key)
         except ObjectNotFound:
             raise gone from None
-        if stored != body:
+        if not body.equals(stored):
             raise other
 
     async def get_with_version(self, key: str) -> tuple[bytes, str]:
         async def go(client):
             resp = await client.get_object(Bucket=self.bucket, Key=self._key(key))
-            async with resp["Body"] as body:
-                return await body.read(), resp["ETag"]
+            return await _read_body(resp), resp["ETag"]
 
         return await self._read(key, f"get {key}", go, past_end=None)
 
@@ -353,6 +446,7 @@ class S3ObjectStore(ObjectStore):
                 head = await client.head_object(Bucket=self.bucket, Key=self._key(key))
                 if head["ETag"] != expected:
                     return None
+            body.seek(0)
             resp = await client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body, **extra)
             return resp["ETag"]
 
@@ -389,9 +483,7 @@ class S3ObjectStore(ObjectStore):
             kwargs["Range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
 
         async def go(client):
-            resp = await client.get_object(**kwargs)
-            async with resp["Body"] as body:
-                return await body.read()
+            return await _read_body(await client.get_object(**kwargs))
 
         # A range that starts past the end reads like past EOF.
         return await self._read(key, f"get {key}", go, past_end=b"")
