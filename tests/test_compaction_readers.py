@@ -15,7 +15,7 @@ from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
-from kafscale.storage import merger
+from kafscale.storage import merger, segment
 from kafscale.storage.logs import LogManager
 from kafscale.storage.backends import open_store
 from tests.support.wait import wait_until_async
@@ -32,6 +32,12 @@ def _manager(tmp_path, cluster_cls) -> LogManager:
     cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0, compaction_interval_ms=0)
     meta = MetadataStore(SqliteKV(tmp_path / "metadata.sqlite"))
     return LogManager(meta, open_store(f"file://{tmp_path}/objects"), cfg, cluster_cls(BrokerNode(0, "127.0.0.1", 9092)))
+
+
+def _runs(segments, segment_bytes: int) -> list:
+    """The merger's runs of these segments: small segment objects, or pieces of write-ahead
+    objects (rewritten into a segment object as soon as the merger looks: max age 0)."""
+    return merger.plan_runs(segments, segment_bytes) or merger.plan_write_ahead_runs(segments, segment_bytes, 0, int(time.time() * 1000))
 
 
 async def _read_all(mgr, topic: str) -> list[tuple[int, bytes]]:
@@ -62,7 +68,7 @@ async def test_a_non_owner_never_serves_a_stale_cached_view_of_a_rewritten_segme
     everything = await _read_all(other, "t")  # the non-owner caches every segment
     assert [o for o, _v in everything] == list(range(16))
     if rewrite == "merge":
-        [run] = merger.plan_runs(lg.state.segments, lg.settings.segment_bytes)
+        [run] = _runs(lg.state.segments, lg.settings.segment_bytes)
         assert await owner.merger.merge(lg, run)  # [0-4, 5-9, 10-14, 15] -> [0-15]
         expected = everything
     else:
@@ -94,13 +100,13 @@ async def test_the_owner_never_caches_a_load_of_the_old_object_that_ends_after_a
         await lg.flush()
         await waiter
     owner.reader.drop("t")
-    first_key = f"{owner.namespace}/t/0/segment-{0:020d}.kfs"
+    first_key = segment.stored_at(owner.namespace, "t", 0, lg.state.segments[0])[0]  # its own object or a write-ahead one
     real_get = owner.store.get
     read_old, release = asyncio.Event(), asyncio.Event()
 
     async def slow_get(key, *a, **kw):
         data = await real_get(key, *a, **kw)
-        if key == first_key and not release.is_set():
+        if key == first_key and not read_old.is_set():  # the load's read only (a rewrite of pieces reads the object too)
             read_old.set()
             await release.wait()  # the old object, answered late
         return data
@@ -108,7 +114,7 @@ async def test_the_owner_never_caches_a_load_of_the_old_object_that_ends_after_a
     owner.store.get = slow_get
     load = asyncio.ensure_future(lg.read(0, 1 << 20))
     await asyncio.wait_for(read_old.wait(), 10)
-    run = merger.plan_runs(lg.state.segments[:3], lg.settings.segment_bytes)[0]
+    run = _runs(lg.state.segments[:3], lg.settings.segment_bytes)[0]
     merge = asyncio.ensure_future(owner.merger.merge(lg, run))  # [0-4, 5-9, 10-14] -> [0-14]
     await asyncio.wait([merge], timeout=1)  # the merge swaps while the load is held
     release.set()
