@@ -66,6 +66,10 @@ class _Reader:
         return v
 
     def uvarint(self) -> int:
+        pos = self.pos
+        if pos < self.end and (b := self.buf[pos]) < 0x80:  # one byte: nearly every length and count
+            self.pos = pos + 1
+            return b
         try:
             value, self.pos = varint.read_uvarint(self.readonly, self.pos)
         except varint.VarintError as e:
