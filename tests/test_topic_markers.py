@@ -42,6 +42,15 @@ def _files(b, topic: str) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} if root.exists() else {}
 
 
+# Brokers whose flushed data is in the partitions' own segment objects soon (with write-ahead
+# objects, rewritten from them at once): these tests are about what a topic leaves under its name.
+REWRITTEN = ["--segment-max-age-ms", "0", "--merge-interval-ms", "100"]
+
+
+def _in_segments(b, topic: str) -> None:
+    wait_until(lambda: any(k.startswith("0/segment-") for k in _files(b, topic)), 30, f"{topic}'s data in its segment objects", interval=0.1)
+
+
 def _create(bootstrap: str, topic: str, partitions: int = 1, configs: dict | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1, config=configs or {})])[topic].result(15)
@@ -116,9 +125,10 @@ def test_marker_follows_create_partitions_configs_and_delete(broker, topic_name)
 
 
 def test_recreate_after_an_interrupted_delete_starts_empty(broker_factory, topic_name):
-    b = broker_factory()
+    b = broker_factory(extra_args=REWRITTEN)
     _create(b.bootstrap, topic_name)
     _produce(b.bootstrap, topic_name, [b"old-%d" % i for i in range(5)])
+    _in_segments(b, topic_name)
     b.stop()
 
     async def cut_short(md: MetadataStore):
@@ -151,12 +161,14 @@ def _refused(bootstrap: str, topic: str) -> KafkaException:
 
 
 def test_create_over_objects_of_a_lost_topic_is_refused_and_leaves_them(broker_factory, topic_name):
-    b = broker_factory()
+    b = broker_factory(extra_args=REWRITTEN)
     _create(b.bootstrap, topic_name)
     _produce(b.bootstrap, topic_name, [b"kept-%d" % i for i in range(3)])
     unmarked = topic_name + "-old"  # a topic of an older version: objects, no marker
     _create(b.bootstrap, unmarked)
     _produce(b.bootstrap, unmarked, [b"x"])
+    _in_segments(b, topic_name)
+    _in_segments(b, unmarked)  # (an older version wrote segment objects only)
     b.stop()
     os.unlink(_objects(b) / NS / unmarked / "topic.json")
 
@@ -196,9 +208,10 @@ def test_recovery_never_adopts_segments_of_another_topic_id(broker_factory, topi
     """Metadata that names the topic with a new id (created again through the metadata
     store, the old topic's objects left under its marker): the old segment at offset 0,
     uncommitted for the new topic, is neither adopted nor deleted."""
-    b = broker_factory()
+    b = broker_factory(extra_args=REWRITTEN)
     _create(b.bootstrap, topic_name)
     _produce(b.bootstrap, topic_name, [b"other-topic"])
+    _in_segments(b, topic_name)
     b.stop()
 
     async def recreate(md: MetadataStore):
