@@ -136,7 +136,7 @@ def decode(api: Api, version: int, payload: memoryview) -> Call:
         if adapter is not None:
             header = codec.decode_header(payload, False)  # no old version is flexible
             old_request, request = legacy.decode(adapter, version, payload, header.body_offset)
-            header = dataclasses.replace(header, api_version=adapter.kio_version)
+            header = header._replace(api_version=adapter.kio_version)
             return Call(api, header, request, version, adapter, old_request)
         header = codec.decode_header(payload, codec.is_flexible(api.key, version))
         if api.decoder is not None:

@@ -11,7 +11,7 @@ import io
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio.index import load_payload_module
 from kio.schema.index import api_key_map
@@ -29,8 +29,7 @@ class MalformedRequest(ValueError):
     pass
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
+class RequestHeader(NamedTuple):  # a NamedTuple: one per request, 3x cheaper to build than a frozen dataclass (#33)
     api_key: int
     api_version: int
     correlation_id: int

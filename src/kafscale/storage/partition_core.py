@@ -38,7 +38,7 @@ The rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from kafscale.errors import ErrorCode
 from kafscale.metadata.segments import SegmentInfo
@@ -98,8 +98,7 @@ class Outcome:
     rejected_batches: int = 0  # batches a failed upload dropped (for the driver's log line)
 
 
-@dataclass(frozen=True, slots=True)
-class Appended:
+class Appended(NamedTuple):  # a NamedTuple: one per append, 3x cheaper to build than a frozen dataclass (#33)
     """An append's result: the base offset, the log append time (-1 unless the topic uses
     LogAppendTime), whether the record set was buffered (False: a retried duplicate), and
     for a duplicate an answer already decided (None: the waiter is answered with the batch
