@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from kafscale.broker.app import Broker
-from kafscale.broker.config import BrokerConfig
 from kafscale.errors import ErrorCode
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import segment
 from kafscale.storage.failures import StorageError
+from tests.support.broker import in_process_broker
 from tests.support.wait import wait_until_async
 
 TS = 1_700_000_000_000
@@ -30,11 +30,8 @@ TS = 1_700_000_000_000
 @pytest.fixture
 async def eager_broker(tmp_path):
     """Flushes as soon as something waits (the embedded default), merges off."""
-    broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", flush_interval_ms=600_000,
-                                 min_flush_interval_ms=0, merge_interval_ms=0))
-    await broker.start()
-    yield broker
-    await broker.stop()
+    async with in_process_broker(tmp_path, min_flush_interval_ms=0) as broker:
+        yield broker
 
 
 def _append(lg, value: bytes):

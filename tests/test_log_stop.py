@@ -23,14 +23,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
 from kafscale.broker.app import Broker
-from kafscale.broker.config import BrokerConfig
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicMeta
 from kafscale.protocol import records
 from kafscale.storage import merger
 from kafscale.storage.failures import StorageError
 from kafscale.storage.objectstore import ObjectStoreError
-from tests.support.broker import free_port
+from tests.support.broker import free_port, in_process_broker
 from tests.support.raw import RawClient, decode_response, error_code, req
 from tests.support.wait import wait_until, wait_until_async
 
@@ -149,11 +148,8 @@ def test_delete_topic_fails_a_waiting_confluent_kafka_delivery_within_a_second(s
 
 @pytest_asyncio.fixture(loop_scope="function")  # the test's own loop: the broker's tasks (its write-ahead flusher's) run on it
 async def local_broker(tmp_path):
-    broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(tmp_path), http="", flush_interval_ms=600_000,
-                                 min_flush_interval_ms=600_000, merge_interval_ms=0))
-    await broker.start()
-    yield broker
-    await broker.stop()
+    async with in_process_broker(tmp_path, min_flush_interval_ms=600_000) as broker:
+        yield broker
 
 
 async def _log_with_first_segment(broker: Broker, topic: str):

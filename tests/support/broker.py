@@ -6,6 +6,7 @@ names); `broker_factory` starts private ones for tests that restart or kill -9 t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -125,6 +126,22 @@ class AclBroker(BrokerProcess):
 
     def sasl_conf(self, user: str) -> dict:
         return sasl_conf(self.sasl_port, user)
+
+
+@contextlib.asynccontextmanager
+async def in_process_broker(data_dir, **config):
+    """A broker inside the test's event loop (no HTTP), flushing only when the test's
+    `config` says, with merges off; stopped on exit."""
+    from kafscale.broker.app import Broker
+    from kafscale.broker.config import BrokerConfig
+
+    broker = Broker(BrokerConfig(listen="127.0.0.1:0", data_dir=str(data_dir), http="", flush_interval_ms=600_000,
+                                 merge_interval_ms=0, **config))
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
 
 
 def sasl_conf(port: int, user: str) -> dict:
