@@ -46,9 +46,10 @@ SECONDS_PER_MONTH = 30 * 24 * 3600
 PUT_PRICE = 0.005 / 1000  # S3 standard, per PUT/COPY/POST/LIST request
 GET_PRICE = 0.0004 / 1000  # per GET
 
-# Broker flags of each setting of the write-ahead switch (#32): one line per setting.
+# Broker flags of each setting of the write-ahead switch (#32): one line per setting, each
+# explicit, so that a case means the same whatever the broker's default is.
 WRITE_AHEAD_ARGS: dict[str, list[str]] = {
-    "off": [],
+    "off": ["--write-ahead-objects", "false"],
     "on": ["--write-ahead-objects", "true"],
 }
 
