@@ -68,7 +68,8 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
     flushes = {f["id"]: f for f in spans["flushes"]}
     by_log: dict[str, list[dict]] = {}
     for f in spans["flushes"]:
-        by_log.setdefault(f["log"], []).append(f)
+        for name in f.get("logs", [f["log"]]):  # a write-ahead cycle: each partition it took
+            by_log.setdefault(name, []).append(f)
     rows: dict[str, list[float]] = {label: [] for label, _, _ in STEPS}
     used = 0
     for rec in spans["requests"]:
@@ -90,11 +91,12 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
             if a is not None:
                 rows[label].append((m[b] - m[a]) / 1e6)
         # The next flush of a log starts when the previous one's upload is stored (pipelined
-        # flushes) or when it has ended (a tree without them).
+        # flushes) or when it has ended (a tree without them, and a write-ahead cycle: a
+        # partition joins no cycle while one holding it has not answered).
         def busy_until(p):
-            return p.get("stored", p.get("end", 0)) if "commit_start" in p else p.get("end", 0)
+            return p.get("stored", p.get("end", 0)) if "commit_start" in p and p["log"] != "write-ahead" else p.get("end", 0)
 
-        prev = [p for p in by_log[f["log"]] if p["id"] < f["id"] and p["upload"] <= last["at"] < busy_until(p)]
+        prev = [p for p in by_log[last["log"]] if p["id"] < f["id"] and p["upload"] <= last["at"] < busy_until(p)]
         rows[STEPS[2][0]].append((busy_until(prev[-1]) - last["at"]) / 1e6 if prev else 0.0)
         rows[STEPS[13][0]].append(f.get("kv_commit_ns", 0) / 1e6)
     table = [(label, len(v), pct(v, 50), pct(v, 90), pct(v, 99), sum(v) / len(v) if v else None) for label, v in rows.items()]
@@ -102,6 +104,7 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
     if spans["flushes"]:
         info["batches_per_flush"] = sum(f["batches"] for f in spans["flushes"]) / len(spans["flushes"])
         info["bytes_per_flush"] = sum(f["bytes"] for f in spans["flushes"]) / len(spans["flushes"])
+        info["partitions_per_flush"] = sum(f.get("partitions", 1) for f in spans["flushes"]) / len(spans["flushes"])
     return table, info
 
 
@@ -253,7 +256,8 @@ def main(argv=None) -> int:
                   f"full ones: {[round(p[1] / 1e6, 1) for p in during if p[0] == 2]} ms")
     print(
         f"broker: {info['requests']} acked Produce requests ({info['used']} traced whole), {info['flushes']} flushes, "
-        f"{info.get('batches_per_flush', 0):.1f} batches and {info.get('bytes_per_flush', 0) / 1024:.1f} KiB per flush"
+        f"{info.get('batches_per_flush', 0):.1f} batches, {info.get('partitions_per_flush', 0):.1f} partitions and "
+        f"{info.get('bytes_per_flush', 0) / 1024:.1f} KiB per flush"
     )
     print(f"\n{'step (ms, per request: its partition answered last)':58} {'n':>6} {'p50':>8} {'p90':>8} {'p99':>8} {'mean':>8}")
     for label, n, p50, p90, p99, mean in table:

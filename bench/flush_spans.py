@@ -10,7 +10,11 @@ log's flusher picked it up, the encoding, the worker thread's start, the write, 
 file's fsync, the link (and index), the directory's fsync, the return to the event loop,
 the start of its commit (pipelined flushes: after the commit of the flush before it), the
 SQLite commit (and the KV commit alone), the answers; and when the response was handed to
-the socket.
+the socket. With write-ahead objects (--write-ahead-objects true, or
+KAFSCALE_WRITE_AHEAD_OBJECTS=true) a flush is a cycle of the broker's write-ahead flusher:
+"picked" is when its loop started the cycle, the encoding ends with the object's index, and
+the commit is the one metadata transaction of all its partitions. SPANS_MAX_CYCLES=N sets
+the flusher's cycles at once (an experiment).
 """
 
 from __future__ import annotations
@@ -167,6 +171,65 @@ def install() -> None:
 
         partition_log.PartitionLog._upload = _upload
 
+    # -- the write-ahead flusher (one object for all partitions, storage/write_ahead_flusher.py)
+    try:
+        from kafscale.metadata.store import MetadataStore
+        from kafscale.storage import write_ahead_flusher
+    except ImportError:  # a tree from before write-ahead objects
+        write_ahead_flusher = None
+    if write_ahead_flusher is not None:
+        original_cycle = write_ahead_flusher.WriteAheadFlusher._cycle
+        original_write = write_ahead_flusher.WriteAheadFlusher._write
+        original_commit_segments = MetadataStore.commit_segments
+
+        def _cycle(self, requests):
+            created = now()  # called by the flusher's loop when it starts the cycle's task
+
+            async def run():
+                FLUSH.set({"created": created})  # this task's own context: _write fills it in
+                await original_cycle(self, requests)
+
+            return run()
+
+        async def _write(self, taken):
+            pending = FLUSH.get() or {}
+            fl = {"id": len(flushes), "log": "write-ahead", "picked": pending.get("created"), "cycle_runs": now(),
+                  "batches": sum(len(up.batches) for _lg, up in taken), "bytes": sum(b.nbytes for _lg, up in taken for b in up.batches),
+                  "partitions": len(taken), "logs": [f"{lg.topic}-{lg.partition}" for lg, _up in taken]}
+            fl["upload"] = fl["cycle_runs"]
+            flushes.append(fl)
+            FLUSH.set(fl)
+            try:
+                await original_write(self, taken)
+            finally:
+                fl["end"] = now()
+                FLUSH.set(None)
+
+        async def commit_segments(self, commits):
+            fl = FLUSH.get()
+            if fl is not None:
+                fl["commit_start"] = now()
+            out = await original_commit_segments(self, commits)
+            if fl is not None:
+                fl["committed"] = now()
+            return out
+
+        original_wao_encode = write_ahead_flusher.write_ahead.encode
+
+        def wao_encode(*args, **kwargs):
+            out = original_wao_encode(*args, **kwargs)
+            fl = FLUSH.get()
+            if fl is not None:
+                fl["encoded"] = now()  # every piece and the object's index
+            return out
+
+        write_ahead_flusher.write_ahead.encode = wao_encode
+        write_ahead_flusher.WriteAheadFlusher._cycle = _cycle
+        if os.environ.get("SPANS_MAX_CYCLES"):  # an experiment: cycles at once
+            write_ahead_flusher.MAX_CYCLES = int(os.environ["SPANS_MAX_CYCLES"])
+        write_ahead_flusher.WriteAheadFlusher._write = _write
+        MetadataStore.commit_segments = commit_segments
+
     original_encode = segment.encode
 
     def encode(*args, **kwargs):
@@ -253,7 +316,7 @@ def install() -> None:
     def flush_landed(self, *args, **kwargs):
         fl = FLUSH.get()
         if fl is not None:
-            fl["committed"] = now()
+            fl.setdefault("committed", now())  # (a write-ahead flush: when commit_segments returned)
         original_landed(self, *args, **kwargs)
         if fl is not None:
             fl["answered"] = now()

@@ -5,11 +5,13 @@ kill -9 tests cannot tell an fsynced file from one still in the page cache (the 
 both), so this test looks at the fsync calls themselves. Between reading a Produce request
 (acks=all) and sending its answer, the broker must have, in this order:
 
-1. fsynced the segment's temp file, then linked it to its segment name;
-2. fsynced the partition directory (the new name is durable), and the parent of every
+1. fsynced the object's temp file, then linked it to its name (the partition's segment, or
+   with write-ahead objects the flush's object holding every partition's data);
+2. fsynced the object's directory (the new name is durable), and the parent of every
    directory it created (the first flush of a partition makes its directory);
 3. committed the segment to SQLite with the WAL fsynced (synchronous=FULL).
 
+Both write paths are traced, each named by its flag, whatever the default.
 A speed-up that drops or reorders one of these fails here. strace is a Debian package
 `make test` installs; the test is skipped only where strace is missing or cannot attach.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from kafscale.protocol import records
+from kafscale.storage import write_ahead as write_ahead_objects
 from tests.support.raw import RawClient, error_code
 from tests.support.wait import wait_until
 
@@ -83,8 +86,9 @@ def stop_strace(tracer: subprocess.Popen) -> None:
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed (make system-deps installs it)")
-def test_acks_all_answer_follows_file_dir_and_sqlite_fsyncs(broker_factory, topic_name, tmp_path):
-    b = broker_factory()
+@pytest.mark.parametrize("write_ahead", [False, True], ids=["segments", "write-ahead"])
+def test_acks_all_answer_follows_file_dir_and_sqlite_fsyncs(broker_factory, topic_name, tmp_path, write_ahead):
+    b = broker_factory(extra_args=["--write-ahead-objects", str(write_ahead).lower()])
     with RawClient(b.bootstrap) as probe:
         wait_until(lambda: probe.metadata([topic_name]).topics[0].partitions[0].leader_id >= 0, 30, "the topic's leader")
         tracer = start_strace(b.proc.pid, tmp_path / "trace")
@@ -107,10 +111,14 @@ def test_acks_all_answer_follows_file_dir_and_sqlite_fsyncs(broker_factory, topi
     assert answered is not None, "the broker's answer is not in the trace"
     window = [c for c in calls if received.start <= c.start and c.end <= answered.start]
 
-    # 1. the segment's temp file fsynced, then linked to its name
-    segment_name = f"/{topic_name}/0/segment-{0:020d}.kfs"
-    link = next((c for c in window if c.name in ("link", "linkat") and c.paths[-1].endswith(segment_name)), None)
-    assert link is not None, f"no link to {segment_name} before the answer: {[(c.name, c.fd_path, c.paths) for c in window]}"
+    # 1. the object's temp file fsynced, then linked to its name: the partition's first
+    #    segment, or a write-ahead object (one per flush, for every partition)
+    if write_ahead:
+        object_name = re.compile("/" + re.escape(write_ahead_objects.wal_prefix("default")) + r"\d{13}-0-[0-9a-z]+-\d{10}\.wal$")
+    else:
+        object_name = re.compile(re.escape(f"/{topic_name}/0/segment-{0:020d}.kfs") + "$")
+    link = next((c for c in window if c.name in ("link", "linkat") and object_name.search(c.paths[-1])), None)
+    assert link is not None, f"no link to {object_name.pattern} before the answer: {[(c.name, c.fd_path, c.paths) for c in window]}"
     temp = link.paths[0]
     synced = [c for c in window if c.name in ("fsync", "fdatasync") and c.fd_path == temp]
     assert synced and synced[0].end <= link.start, f"{temp} is not fsynced before it is linked to its name"
