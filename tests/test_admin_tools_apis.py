@@ -1,12 +1,10 @@
 """The admin APIs tools call (#18), on stateless brokers: DescribeLogDirs (sizes = the bytes
-of the segment objects in the store), AlterReplicaLogDirs, ElectLeaders,
+of the partition's segments in the store, its own objects or write-ahead pieces), AlterReplicaLogDirs, ElectLeaders,
 List/AlterPartitionReassignments, DescribeTopicPartitions (API 75) and CreatePartitions with
 explicit assignments. Through kafka-python's and confluent-kafka's admin clients where they
 have the API, raw requests (every version kio has) where they do not."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 from confluent_kafka import ElectionType, KafkaException, Producer, TopicCollection, TopicPartition
@@ -16,6 +14,7 @@ from kafka.admin import KafkaAdminClient
 from kafscale.errors import ErrorCode
 from kafscale.protocol.codec import kio_versions
 from tests.support.raw import RawClient, error_code, req
+from tests.support.stored import stored_bytes, stored_segments
 
 
 @pytest.fixture
@@ -49,11 +48,6 @@ def versions(api_key: int, bootstrap: str) -> range:
     return range(max(api.min_version, kio_versions(api_key)[0]), api.max_version + 1)  # old versions: test_old_versions.py
 
 
-def store_bytes(broker, topic: str, partition: int) -> int:
-    d = Path(broker.data_dir) / "objects" / "default" / topic / str(partition)
-    return sum(f.stat().st_size for f in d.glob("segment-*.kfs"))
-
-
 def test_describe_log_dirs_sizes_match_the_object_store(broker, admin, kp, topic_name):
     create(admin, topic_name, 2)
     produce(broker.bootstrap, topic_name, {0: 7, 1: 3})
@@ -65,8 +59,9 @@ def test_describe_log_dirs_sizes_match_the_object_store(broker, admin, kp, topic
     assert (d["total_bytes"], d["usable_bytes"]) == (-1, -1)
     [t] = [t for t in d["topics"] if t["name"] == topic_name]
     sizes = {p["partition_index"]: p["partition_size"] for p in t["partitions"]}
-    assert sizes == {0: store_bytes(broker, topic_name, 0), 1: store_bytes(broker, topic_name, 1)}
-    assert sizes[0] > sizes[1] > 0 and len(list((Path(broker.data_dir) / "objects/default" / topic_name / "0").glob("*.kfs"))) >= 2
+    # the bytes of each partition's segments, its own objects or its pieces in write-ahead objects
+    assert sizes == {0: stored_bytes(broker.data_dir, topic_name, 0), 1: stored_bytes(broker.data_dir, topic_name, 1)}
+    assert sizes[0] > sizes[1] > 0 and len(stored_segments(broker.data_dir, topic_name, 0)) >= 2
     assert all((p["offset_lag"], p["is_future_key"]) == (0, False) for p in t["partitions"])
     # every version kio has, asking for one partition and an unknown topic (omitted, as Kafka)
     for v in versions(35, broker.bootstrap):

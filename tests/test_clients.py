@@ -3,8 +3,9 @@ kafka-python, aiokafka and kcat.
 
 Covers keys, null keys, null values, headers, every compression codec each client
 supports, 1 MiB records, a 50-partition topic and group-less consumers (assign + seek).
-Besides reading records back with the client, several tests check the stored segment
-objects, so a codec the client silently did not use cannot pass as "compressed".
+Besides reading records back with the client, several tests check the stored segments
+(the partition's own objects or its pieces in write-ahead objects), so a codec the client
+silently did not use cannot pass as "compressed".
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import struct
 import subprocess
 import time
 import zlib
-from pathlib import Path
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.protocol.records import decode_records, iter_batches
 from tests.support.raw import RawClient, error_code
+from tests.support.stored import stored_segments
 
 KCAT = "/usr/bin/kcat"
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -68,11 +69,10 @@ def norm_headers(h) -> list:
 
 def segment_batches(data_dir: str, topic: str, partition: int = 0):
     """(base offset, attributes, record count) of every batch in the partition's stored
-    segments, parsed straight from the files (32-byte header, 16-byte footer)."""
-    pdir = Path(data_dir) / "objects" / "default" / topic / str(partition)
+    segments, wherever they live (its own objects or write-ahead pieces, both spec
+    segments), parsed straight from the bytes (32-byte header, 16-byte footer)."""
     out = []
-    for f in sorted(pdir.glob("segment-*.kfs")):
-        data = f.read_bytes()
+    for _base, data in stored_segments(data_dir, topic, partition):
         pos, end = 32, len(data) - 16
         while pos < end:
             base, length = struct.unpack_from(">qi", data, pos)
