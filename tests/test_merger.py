@@ -50,7 +50,8 @@ def _consume(bootstrap: str, topic: str, n: int, timeout: float = 30.0) -> list[
 
 
 def test_many_tiny_flushes_end_in_few_segments_and_reads_see_each_record_once(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--merge-interval-ms", "200", "--merge-grace-ms", "500"])
+    # A segment per partition per flush: this is about merging those small segments.
+    b = broker_factory(extra_args=["--merge-interval-ms", "200", "--merge-grace-ms", "500", "--write-ahead-objects", "false"])
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     total = 1500
     reads: list[list[tuple[int, bytes]]] = []
@@ -79,7 +80,8 @@ def test_many_tiny_flushes_end_in_few_segments_and_reads_see_each_record_once(br
 
 
 def test_kill9_during_merges_loses_and_duplicates_nothing(broker_factory, topic_name):
-    b = broker_factory(extra_args=["--merge-interval-ms", "50", "--merge-grace-ms", "100"])
+    # A segment per partition per flush: this is about a kill -9 while those are merged.
+    b = broker_factory(extra_args=["--merge-interval-ms", "50", "--merge-grace-ms", "100", "--write-ahead-objects", "false"])
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     acked = []
     for i in range(800):

@@ -7,6 +7,7 @@ The shared `broker` fixture runs retention every 500 ms; private brokers come fr
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import struct
 import threading
@@ -19,6 +20,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from kafscale.metadata.segments import SegmentInfo
+from kafscale.metadata.sqlite import SqliteKV
+from kafscale.metadata.store import MetadataStore
 from kafscale.protocol.records import build_batch, decode_records, iter_batches
 from tests.support.broker import free_port, wait_for_leader
 from tests.support.raw import RawClient, error_code, req
@@ -38,16 +42,41 @@ def create_topic(bootstrap: str, topic: str, partitions: int = 1, config: dict |
     admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic].result(15)
 
 
-def segment_bases(data_dir: str, topic: str, partition: int = 0, namespace: str = "default") -> list[int]:
+def committed_segments(data_dir: str, topic: str, partition: int = 0) -> list[SegmentInfo]:
+    """The partition's committed segments, as the broker's embedded metadata store lists
+    them: wherever their bytes live (the partition's own segment objects, or pieces of
+    write-ahead objects, the default layout)."""
+    async def read():
+        md = MetadataStore(SqliteKV(Path(data_dir) / "metadata.sqlite"))
+        try:
+            st = await md.get_partition(topic, partition)
+            return st.segments if st is not None else []
+        finally:
+            await md.close()
+
+    return sorted(asyncio.run(read()), key=lambda s: s.base_offset)
+
+
+def segment_files(data_dir: str, topic: str, partition: int = 0, namespace: str = "default") -> list[int]:
     pdir = Path(data_dir) / "objects" / namespace / topic / str(partition)
     if not pdir.exists():
         return []
     return sorted(int(p.name[8:28]) for p in pdir.glob("segment-*.kfs"))
 
 
+def segment_bases(data_dir: str, topic: str, partition: int = 0) -> list[int] | None:
+    """The base offsets of the partition's committed segments, once its own segment objects
+    are exactly those of them not held in write-ahead objects (retention and DeleteRecords
+    delete the objects right after their metadata commit); None until then."""
+    segs = committed_segments(data_dir, topic, partition)
+    if segment_files(data_dir, topic, partition) != [s.base_offset for s in segs if not s.wao_key]:
+        return None
+    return [s.base_offset for s in segs]
+
+
 def segment_sizes(data_dir: str, topic: str, partition: int = 0) -> dict[int, int]:
-    pdir = Path(data_dir) / "objects" / "default" / topic / str(partition)
-    return {int(p.name[8:28]): p.stat().st_size for p in pdir.glob("segment-*.kfs")}
+    """Base offset -> size of each committed segment (its .kfs object's, or its piece's in a write-ahead object)."""
+    return {s.base_offset: s.size for s in committed_segments(data_dir, topic, partition)}
 
 
 def produce_segments(bootstrap: str, topic: str, groups: list[list[tuple[bytes | None, bytes, int | None]]], partition: int = 0) -> list[int]:
@@ -425,7 +454,8 @@ def _write_segment(path: Path, base: int, batches: list[bytes]) -> None:
 
 
 def test_recovery_adopts_uncommitted_segment_and_ignores_corrupt_one(broker_factory, topic_name):
-    b = broker_factory()
+    # A segment per partition per flush: the uncommitted object a crash leaves is that layout's.
+    b = broker_factory(extra_args=["--write-ahead-objects", "false"])
     ts = now_ms()
     with RawClient(b.bootstrap) as c:
         c.metadata([topic_name])

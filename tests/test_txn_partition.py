@@ -42,8 +42,8 @@ def plain_batch(value: bytes) -> bytes:
     return records.build_batch([(None, value)], timestamp=int(time.time() * 1000))
 
 
-def _manager(tmp_path) -> LogManager:
-    cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0)
+def _manager(tmp_path, **config) -> LogManager:
+    cfg = BrokerConfig(data_dir=str(tmp_path), http="", merge_interval_ms=0, **config)
     meta = MetadataStore(SqliteKV(tmp_path / "meta.sqlite"))
     return LogManager(meta, LocalObjectStore(tmp_path / "objects"), cfg, SingleNodeCluster(BrokerNode(0, "127.0.0.1", 9092)))
 
@@ -110,8 +110,14 @@ async def test_markers_lso_and_aborted_entries_in_process_and_after_a_restart(tm
     await again.stop()
 
 
-async def test_merged_segments_keep_their_aborted_entries(tmp_path):
-    mgr = _manager(tmp_path)
+# The merger makes one segment of five small ones: segments of their own (a merge of small
+# segments), or pieces of write-ahead objects due at once (their rewrite into a segment).
+LAYOUTS = {"segments": dict(write_ahead_objects=False), "write-ahead": dict(write_ahead_objects=True, segment_max_age_ms=0)}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+async def test_merged_segments_keep_their_aborted_entries(tmp_path, layout):
+    mgr = _manager(tmp_path, **LAYOUTS[layout])
     await mgr.metadata.create_topic(TopicMeta("mg", 1))
     lg = await mgr.get_log("mg", 0)
     await _produce(lg, txn_batch([b"x"], PID_A, 0))
@@ -119,13 +125,14 @@ async def test_merged_segments_keep_their_aborted_entries(tmp_path):
     await _produce(lg, txn_batch([b"y"], PID_B, 0))
     await mgr.write_txn_markers(TxnMarker(PID_B, 0, 0, False, [("mg", 0)]))
     await _produce(lg, txn_batch([b"z"], PID_A, 1))  # 4: left open
-    assert len(lg.state.segments) == 5
+    assert [bool(s.wao_key) for s in lg.state.segments] == [layout == "write-ahead"] * 5
     assert await mgr.merger.run_once() == 1
     (merged,) = lg.state.segments
+    assert merged.wao_key == ""
     assert merged.aborted == ((PID_A, 0, 1), (PID_B, 2, 3))
     assert merged.open_txns == ((PID_A, 0, 4),)  # as the run's last segment recorded
     await mgr.stop()
-    again = _manager(tmp_path)
+    again = _manager(tmp_path, **LAYOUTS[layout])
     lg = await again.get_log("mg", 0)
     assert lg.aborted_transactions(0, 5) == [(PID_A, 0), (PID_B, 2)]
     assert lg.last_stable_offset == 4
