@@ -1,9 +1,10 @@
 """The #18 admin APIs on a cluster: two brokers sharing etcd and S3 (moto).
 
 DescribeLogDirs asked of every broker reports each partition once, by its owner, sized as
-its segment objects in S3; DescribeTopicPartitions names the owners Metadata names;
-CreatePartitions accepts assignments to registered brokers only; client quotas written
-through one broker are read through the other (they live in etcd)."""
+its segments in S3 (its own objects or its pieces of write-ahead objects);
+DescribeTopicPartitions names the owners Metadata names; CreatePartitions accepts
+assignments to registered brokers only; client quotas written through one broker are read
+through the other (they live in etcd)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kafka.admin import KafkaAdminClient
 
 from kafscale.errors import ErrorCode
 from kafscale.protocol import records
+from kafscale.storage import write_ahead
 from tests.support.broker import BrokerProcess
 from tests.support.raw import RawClient, error_code, req
 from tests.support.servers import ETCD_BIN
@@ -59,6 +61,22 @@ def leaders(bootstrap: str, topic: str) -> dict[int, int]:
     return {p.partition_index: p.leader_id for p in t.partitions}
 
 
+def stored_sizes(s3, bucket: str, topic: str, partitions: int) -> dict[int, int]:
+    """Bytes of each partition's segments in the bucket, wherever they live: its own segment
+    objects and its pieces of write-ahead objects (each a whole spec segment; not rewritten
+    into segments yet, the brokers keep them for --segment-max-age-ms, 10 minutes)."""
+    sizes = dict.fromkeys(range(partitions), 0)
+    for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"data/default/{topic}/").get("Contents", []):
+        if o["Key"].endswith(".kfs"):
+            sizes[int(o["Key"].split("/")[-2])] += o["Size"]
+    for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"data/{write_ahead.wal_prefix('default')}").get("Contents", []):
+        _created, pieces = write_ahead.decode(s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read())
+        for pc in pieces:
+            if pc.topic == topic:
+                sizes[pc.partition] += pc.length
+    return sizes
+
+
 def test_admin_apis_across_two_brokers(cluster):
     brokers, bucket, moto = cluster
     bootstrap = ",".join(b.bootstrap for b in brokers)
@@ -76,8 +94,7 @@ def test_admin_apis_across_two_brokers(cluster):
 
     # DescribeLogDirs of every broker: each partition once, from its owner, sized as in S3
     s3 = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing")
-    objects = s3.list_objects_v2(Bucket=bucket, Prefix=f"data/default/{topic}/")["Contents"]
-    in_store = {q: sum(o["Size"] for o in objects if o["Key"].startswith(f"data/default/{topic}/{q}/") and o["Key"].endswith(".kfs")) for q in range(4)}
+    in_store = stored_sizes(s3, bucket, topic, 4)
     kp = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         reported = {}

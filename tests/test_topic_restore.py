@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from kafscale.protocol import records
-from kafscale.storage import segment
+from kafscale.storage import segment, write_ahead
 from tests.support.broker import REPO, BrokerProcess
 from tests.support.servers import ETCD_BIN
 from tests.support.wait import wait_until
@@ -29,23 +29,33 @@ T0 = (int(time.time()) - 3600) * 1000  # records stamped an hour ago, a second a
 
 @pytest.fixture(params=["file", "s3-etcd"])
 def cluster(request, tmp_path):
-    """(broker, store flags for the CLI, env for the CLI, a function reading a source object)."""
+    """(broker, store flags for the CLI, env for the CLI, a function reading a source object,
+    one listing the keys under a prefix, whether flushes write write-ahead objects). Each
+    store with one layout whatever the default, so that a restore both copies segment
+    objects and rewrites pieces of write-ahead objects: a segment per flush on the file
+    store, write-ahead objects on S3."""
     if request.param == "file":
-        b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--merge-interval-ms", "0"]).start()
+        in_wal = False
+        b = BrokerProcess(data_dir=str(tmp_path), extra_args=["--merge-interval-ms", "0", "--write-ahead-objects", "false"]).start()
         flags, env = ["--data-dir", str(tmp_path)], {}
 
         def read_object(key: str) -> bytes:
             return (tmp_path / "objects" / key).read_bytes()
+
+        def list_keys(prefix: str) -> list[str]:
+            root = tmp_path / "objects"
+            return sorted(str(f.relative_to(root)) for f in root.glob(prefix + "*") if f.is_file())
     else:
         if not os.path.exists(ETCD_BIN):
             pytest.skip("etcd binary not installed (make system-deps)")
+        in_wal = True
         etcd = request.getfixturevalue("etcd_server")
         moto = request.getfixturevalue("moto_server")
         tag = uuid.uuid4().hex[:8]
         bucket, prefix = f"ks-restore-{tag}", f"/ks-restore-{tag}"
         flags = ["--metadata", etcd.url, "--metadata-prefix", prefix, "--storage", f"s3://{bucket}/data"]
         env = {**moto.env, "KAFSCALE_S3_CREATE_BUCKET": "true"}
-        b = BrokerProcess(data_dir=str(tmp_path), extra_args=[*flags, "--merge-interval-ms", "0"], env=env).start()
+        b = BrokerProcess(data_dir=str(tmp_path), extra_args=[*flags, "--merge-interval-ms", "0", "--write-ahead-objects", "true"], env=env).start()
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=moto.endpoint, region_name="us-east-1")
@@ -53,7 +63,23 @@ def cluster(request, tmp_path):
         def read_object(key: str) -> bytes:
             return s3.get_object(Bucket=bucket, Key=f"data/{key}")["Body"].read()
 
-    yield b, flags, env, read_object
+        def list_keys(prefix: str) -> list[str]:
+            return sorted(o["Key"][len("data/"):] for o in s3.list_objects_v2(Bucket=bucket, Prefix=f"data/{prefix}").get("Contents", []))
+
+    def source_segment(topic: str, partition: int, base: int) -> tuple[bool, bytes]:
+        """(whether it is an object of its own, its bytes) of a source segment: its own
+        object, or its piece of a write-ahead object (a whole spec segment too)."""
+        key = segment.segment_key(NS, topic, partition, base)
+        if key in list_keys(key):
+            return True, read_object(key)
+        for wal in list_keys(write_ahead.wal_prefix(NS)):
+            data = read_object(wal)
+            for pc in write_ahead.decode(data)[1]:
+                if (pc.topic, pc.partition, pc.base_offset) == (topic, partition, base):
+                    return False, data[pc.position : pc.position + pc.length]
+        raise AssertionError(f"segment {base} of {topic}-{partition} is nowhere in the store")
+
+    yield b, flags, env, read_object, source_segment, in_wal
     b.stop()
 
 
@@ -127,26 +153,30 @@ def expected(n: int) -> list[tuple[int, int, bytes, bytes]]:
 
 
 def test_restore_to_a_time_inside_a_compressed_batch(cluster):
-    b, flags, env, read_object = cluster
+    b, flags, env, read_object, source_segment, in_wal = cluster
     source_topic(b, "orders")
+    (own0, seg0), (own50, seg50), (own1, _) = (source_segment("orders", p, base) for p, base in ((0, 0), (0, 50), (1, 0)))
+    assert own0 == own50 == own1 == (not in_wal)
     # The cut (offset 76) falls inside segment 50-99's one lz4 batch.
-    seg = segment.decode(read_object(segment.segment_key(NS, "orders", 0, 50)))
-    [(pos, h)] = list(records.iter_batches(seg.batches))
+    [(pos, h)] = list(records.iter_batches(segment.decode(seg50).batches))
     assert (h.base_offset, h.last_offset, h.compression) == (50, 99, records.COMPRESSION_LZ4)
 
     done = restore(flags, env, "orders", "--to-time", iso(T0 + 75_500), "--as", "orders-restored")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     parts = {p["partition"]: p for p in report["partitions"]}
-    assert (parts[0]["end"], parts[0]["high_watermark"], parts[0]["segments_copied"], parts[0]["segments_rewritten"]) == (76, 76, 1, 1)
-    assert (parts[1]["end"], parts[1]["segments_copied"]) == (20, 1)
+    # A whole segment is copied inside the store, or rewritten out of its write-ahead
+    # object; the cut one is rewritten.
+    whole = (1, 1) if own0 else (0, 2)
+    assert (parts[0]["end"], parts[0]["high_watermark"], parts[0]["segments_copied"], parts[0]["segments_rewritten"]) == (76, 76, *whole)
+    assert (parts[1]["end"], parts[1]["segments_copied"], parts[1]["segments_rewritten"]) == (20, *((1, 0) if own1 else (0, 1)))
 
     assert consume(b.bootstrap, "orders-restored", 0, 76) == expected(76)
     assert consume(b.bootstrap, "orders-restored", 1, 20) == expected(20)
     assert watermarks(b.bootstrap, "orders-restored", 0) == (0, 76)
-    # The whole segment is the source's object, copied inside the store; the cut one holds
-    # records 50-75 in one lz4 batch, as produced.
-    assert read_object(segment.segment_key(NS, "orders-restored", 0, 0)) == read_object(segment.segment_key(NS, "orders", 0, 0))
+    # The whole segment is the source's, byte for byte (its object or its piece), in an
+    # object of its own; the cut one holds records 50-75 in one lz4 batch, as produced.
+    assert read_object(segment.segment_key(NS, "orders-restored", 0, 0)) == seg0
     cut = segment.decode(read_object(segment.segment_key(NS, "orders-restored", 0, 50)))
     [(pos, h)] = list(records.iter_batches(cut.batches))
     assert (h.base_offset, h.last_offset, h.record_count, h.compression) == (50, 75, 26, records.COMPRESSION_LZ4)
