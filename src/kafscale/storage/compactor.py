@@ -152,10 +152,10 @@ class Compactor:
             if horizon != group[0].delete_horizon_ms:
                 return await lg.swap_segments(group, dataclasses.replace(group[0], delete_horizon_ms=horizon))
             return True
-        body = b"".join(r.body for r in results)
+        body = [r.body for r in results]  # uploaded as they are, joined only into the cache's view
         removed_markers = {o for r in results for o in r.removed_markers}
         enc = segment.encode(
-            [body],
+            body,
             group[0].base_offset,
             created_ms=group[0].created_ms,
             aborted=tuple(a for seg in group for a in seg.aborted if a[2] not in removed_markers),

@@ -209,10 +209,10 @@ class SegmentMerger:
         read = await self.rewriter.read_run(lg, run, "merge")
         if read is None:
             return False
-        body = b"".join(read.bodies)
+        body = read.bodies  # uploaded as read, joined only into the cache's view
         # The aborted-transaction entries of the run, in offset order (each segment's are).
         enc = segment.encode(
-            [body], base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns,
+            body, base, created_ms=run[0].created_ms, aborted=tuple(a for seg in run for a in seg.aborted), open_txns=run[-1].open_txns,
             last_offset=run[-1].last_offset, cleaned=run[0].cleaned,
             delete_horizon_ms=min((s.delete_horizon_ms for s in run if s.delete_horizon_ms >= 0), default=-1),
         )

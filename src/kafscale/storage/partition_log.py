@@ -246,9 +246,12 @@ class PartitionLog:
 
     async def _store(self, upload):
         """Upload one segment (durable in the store, not committed): (encoded segment,
-        body, start time, objects written), or None when it failed (then answered)."""
-        body = b"".join(b.data for b in upload.batches)
-        enc = segment.encode([body], upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
+        its batch buffers, start time, objects written), or None when it failed (then answered).
+        Uploaded from the buffers where they lie (the produce requests' memory, counted in the
+        budget): a joined copy made here was outside it for as long as the upload and the
+        commit took (docs/performance.md "Memory on S3")."""
+        body = [b.data for b in upload.batches]
+        enc = segment.encode(body, upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
         started = time.monotonic()
         try:
             objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
@@ -302,8 +305,9 @@ class PartitionLog:
         return out.upload
 
     def flush_landed(self, state: PartitionState, info: SegmentInfo, body, started: float, puts: int, observe: bool = True) -> None:
-        """The upload is durable and committed as `state`: answer its producers. `observe`:
-        a flush of its own for the metrics (False: a piece of a write-ahead object)."""
+        """The upload is durable and committed as `state`: answer its producers. `body`: its
+        batch buffers, which the cache joins into its view. `observe`: a flush of its own for
+        the metrics (False: a piece of a write-ahead object)."""
         out = self.core.flush_committed(state)
         try:
             self.metrics.flushed(info, time.monotonic() - started, puts, observe)

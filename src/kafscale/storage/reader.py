@@ -284,18 +284,20 @@ class SegmentReader:
     # -- the cache, as writers change segments --------------------------------------------
 
     @staticmethod
-    def _written_view(base_offset: int, body, last_offset: int | None) -> SegmentView:
-        """The view of a segment this broker just wrote: `body` its batches, `last_offset`
-        the committed last offset (default: the last batch's)."""
-        view = SegmentView(base_offset, body)
+    def _written_view(base_offset: int, body: list, last_offset: int | None) -> SegmentView:
+        """The view of a segment this broker just wrote: `body` its batch buffers, joined
+        here (writers upload from the buffers, so no joined copy is held outside the budget
+        while a segment uploads), `last_offset` the committed last offset (default: the last
+        batch's)."""
+        view = SegmentView(base_offset, b"".join(body))
         view.stands_for = (segment.HEADER_SIZE + len(view.data) + segment.FOOTER_SIZE, view.last_offset if last_offset is None else last_offset)
         return view
 
-    def cache_segment(self, topic: str, partition: int, base_offset: int, body, last_offset: int | None = None) -> None:
+    def cache_segment(self, topic: str, partition: int, base_offset: int, body: list, last_offset: int | None = None) -> None:
         """A segment just made durable (a flush): its batches are cached for the readers."""
         self.cache.put((topic, partition, base_offset), self._written_view(base_offset, body, last_offset))
 
-    def replace_cached(self, topic: str, partition: int, old_bases: list[int], base_offset: int, body, last_offset: int | None = None) -> None:
+    def replace_cached(self, topic: str, partition: int, old_bases: list[int], base_offset: int, body: list, last_offset: int | None = None) -> None:
         """A merge or compaction swapped the segments at `old_bases` for the one at
         `base_offset` (`last_offset`: its committed last offset, when past its last batch)."""
         for base in old_bases:

@@ -96,9 +96,9 @@ class SegmentRewriter:
         return RunInput(bodies, version, first.size)
 
     async def commit_run(self, lg: PartitionLog, run: list[segment.SegmentInfo], enc: segment.EncodedSegment,
-                         body, read: RunInput, schedule_delete, what: str) -> bool:
-        """Write `enc` over the run's first object (conditionally), its index, swap the run for
-        it in the metadata and schedule the run's other objects for deletion. False when another
+                         body: list, read: RunInput, schedule_delete, what: str) -> bool:
+        """Write `enc` (of the batch buffers `body`) over the run's first object (conditionally),
+        its index, swap the run for it in the metadata and schedule the run's other objects for deletion. False when another
         writer got there first, the partition changed owner, or the run changed meanwhile."""
         ns = self.namespace
         base = run[0].base_offset

@@ -177,9 +177,26 @@ class PartsBody:
         return b"".join(out)
 
     async def __aiter__(self):
+        # Parts smaller than a chunk (a segment's header and footer, the batches of small
+        # records, which are sent as they were produced) go out joined a chunk at a time:
+        # one write each was thousands of writes for a segment of 100-byte records.
+        small: list = []
+        held = 0
         for part in self.parts:
-            for start in range(0, len(part), PUT_CHUNK_BYTES):
-                yield part[start : start + PUT_CHUNK_BYTES]
+            if len(part) >= PUT_CHUNK_BYTES:
+                if small:
+                    yield b"".join(small)
+                    small, held = [], 0
+                for start in range(0, len(part), PUT_CHUNK_BYTES):
+                    yield part[start : start + PUT_CHUNK_BYTES]
+                continue
+            small.append(part)
+            held += len(part)
+            if held >= PUT_CHUNK_BYTES:
+                yield b"".join(small)
+                small, held = [], 0
+        if small:
+            yield b"".join(small)
 
 
 READ_INTO_BYTES = 1 << 20  # bodies from this size on are read into one buffer of their length

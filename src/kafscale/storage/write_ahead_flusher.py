@@ -187,8 +187,8 @@ class WriteAheadFlusher:
         created_ms = int(time.time() * 1000)
         pieces = []
         for lg, up in taken:
-            body = b"".join(b.data for b in up.batches)
-            enc = segment.encode([body], up.base_offset, created_ms=created_ms, aborted=up.aborted, open_txns=up.open_txns)
+            body = [b.data for b in up.batches]  # uploaded where they lie: joined only into the cache's view
+            enc = segment.encode(body, up.base_offset, created_ms=created_ms, aborted=up.aborted, open_txns=up.open_txns)
             pieces.append((lg, body, enc))
         obj = write_ahead.encode([(lg.topic, lg.topic_id, lg.partition, enc) for lg, _body, enc in pieces], created_ms)
         self.sequence += 1
