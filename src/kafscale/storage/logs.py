@@ -92,7 +92,7 @@ class LogManager:
         self.reader = SegmentReader(store, self.namespace, config.cache_bytes, self.metrics)
         # One object per flush for all owned partitions (None: a segment per partition).
         self.write_ahead = (
-            WriteAheadFlusher(store, metadata, self.logs.values, self.namespace, config.broker_id, self.metrics,
+            WriteAheadFlusher(store, metadata, self.namespace, config.broker_id, self.metrics,
                               commit_deadline_s=config.write_ahead_orphan_age_ms / 4000, min_interval_s=config.min_flush_interval_ms / 1000)
             if config.write_ahead_objects else None
         )
