@@ -14,6 +14,7 @@ from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
 from kafscale.metadata.backends import open_kv
 from kafscale.metadata.kv import MetadataUnavailable, Txn
+from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import (
     CommittedOffset,
     ConflictError,
@@ -440,6 +441,29 @@ async def test_etcd_large_transactions(kv):
     assert await kv.range("/g/") == []
     assert await kv.commit(Txn(delete_prefixes=["/big/"]))
     assert await kv.range("/big/") == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "etcd"])
+async def test_get_many_in_order_with_absent_keys(backend, request, tmp_path):
+    """KV.get_many: each key's record or None, in the order asked, past one etcd
+    transaction's --max-txn-ops and one SQLite statement's parameters."""
+    k = SqliteKV(tmp_path / "m.sqlite") if backend == "sqlite" else EtcdKV.from_url(request.getfixturevalue("etcd_server").url, prefix=f"/{_name('many')}")
+    try:
+        n = 1234
+        assert await k.commit(Txn(puts=[(f"/m/{i:05d}", str(i).encode()) for i in range(0, n, 2)]))
+        assert await k.commit(Txn(puts=[("/m/00000", b"again")]))
+        asked = [f"/m/{i:05d}" for i in reversed(range(n))] + ["/m/00000", "/none"]
+        got = await k.get_many(asked)
+        assert len(got) == len(asked)
+        for key, kv in zip(asked, got):
+            i = int(key.rsplit("/", 1)[-1]) if key.startswith("/m/") else 1
+            if i % 2:
+                assert kv is None, key
+            else:
+                assert (kv.key, kv.value, kv.version) == ((key, b"again", 2) if i == 0 else (key, str(i).encode(), 1))
+        assert await k.get_many([]) == []
+    finally:
+        await k.close()
 
 
 async def test_etcd_open_kv_and_url_parsing(etcd_server, tmp_path):

@@ -7,7 +7,6 @@ broker itself would leave them."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -18,11 +17,11 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicCollection,
 from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, NewTopic
 
 from kafscale.errors import ErrorCode
-from kafscale.metadata.backends import open_kv
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.pipeline.segments import list_topics
 from kafscale.storage import topic_marker
 from kafscale.storage.local_store import LocalObjectStore
+from tests.support.broker import with_metadata
 from tests.support.wait import wait_until
 
 NS = "default"
@@ -90,18 +89,6 @@ def _high_watermark(bootstrap: str, topic: str) -> tuple[int, int]:
         c.close()
 
 
-def _with_metadata(b, fn):
-    """Run fn(MetadataStore) against a stopped broker's embedded metadata store."""
-    async def go():
-        md = MetadataStore(open_kv("embedded", b.data_dir, ""))
-        try:
-            return await fn(md)
-        finally:
-            await md.close()
-
-    return asyncio.run(go())
-
-
 def test_marker_follows_create_partitions_configs_and_delete(broker_factory, topic_name):
     broker = broker_factory(extra_args=REWRITTEN)  # the deletion takes the data's segment objects too
     _create(broker.bootstrap, topic_name, 2, {"retention.ms": "3600000"})
@@ -140,7 +127,7 @@ def test_recreate_after_an_interrupted_delete_starts_empty(broker_factory, topic
         await md.delete_topic(topic_name)
         return meta
 
-    old = _with_metadata(b, cut_short)
+    old = with_metadata(b, cut_short)
     assert any(k.startswith("0/segment-") for k in _files(b, topic_name))
     b.start()
     _create(b.bootstrap, topic_name)
@@ -177,7 +164,7 @@ def test_create_over_objects_of_a_lost_topic_is_refused_and_leaves_them(broker_f
         await md.delete_topic(topic_name)
         await md.delete_topic(unmarked)
 
-    _with_metadata(b, lose)
+    with_metadata(b, lose)
     before = {t: _files(b, t) for t in (topic_name, unmarked)}
     b.start()
     for t in (topic_name, unmarked):
@@ -219,7 +206,7 @@ def test_recovery_never_adopts_segments_of_another_topic_id(broker_factory, topi
         await md.delete_topic(topic_name)
         await md.create_topic(TopicMeta(topic_name, 1))
 
-    _with_metadata(b, recreate)
+    with_metadata(b, recreate)
     before = _files(b, topic_name)
     b.start()
     assert _high_watermark(b.bootstrap, topic_name) == (0, 0)

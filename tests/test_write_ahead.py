@@ -324,6 +324,64 @@ async def _cleanup_done_keeping(cleanup, path) -> bool:
     return not path.exists()
 
 
+async def _objects_aged(tmp_path, age_ms: int) -> bool:
+    return all(time.time() * 1000 - write_ahead.created_ms_of_key(p.name) >= age_ms for p in _wal_objects(tmp_path))
+
+
+async def test_cleanup_reads_only_the_pieces_of_objects_of_age_and_never_deletes_a_held_one(tmp_path):
+    """A round looks at the objects old enough to go, and asks the metadata about their
+    pieces only: not about a topic's history of rewritten segments. A released object goes
+    after the grace, an object with a piece still held never does."""
+    mgr = _manager(tmp_path, segment_max_age_ms=3_600_000, merge_grace_ms=400, write_ahead_orphan_age_ms=1000)
+    cleanup = mgr.merger.write_ahead_cleanup
+    mgr.merger.write_ahead_cleanup = None  # rounds run by hand here
+    await mgr.metadata.create_topic(TopicMeta("hist", 64))  # a history: 64 partitions' data rewritten into their own segments
+    hist = [await mgr.get_log("hist", p) for p in range(64)]
+    for rnd in range(3):
+        await asyncio.gather(*(_append(lg, [b"h%d" % rnd])[2] for lg in hist))
+        mgr.merger.segment_max_age_ms = 0
+        await mgr.merger.run_once()
+        mgr.merger.segment_max_age_ms = 3_600_000
+    assert all(not s.wao_key for lg in hist for s in lg.state.segments)
+    released = {p.name for p in _wal_objects(tmp_path)}
+    assert len(released) >= 3
+    await mgr.metadata.create_topic(TopicMeta("live", 2))  # pieces that stay in their objects
+    live = [await mgr.get_log("live", p) for p in range(2)]
+    for rnd in range(2):
+        await asyncio.gather(*(_append(lg, [b"%d-%d" % (rnd, p)])[2] for p, lg in enumerate(live)))
+    held = {s.wao_key.rsplit("/", 1)[-1] for lg in live for s in lg.state.segments}
+    assert len(held) == 2 and not held & released
+    await wait_until_async(lambda: _objects_aged(tmp_path, 1000), 15, "every object to be of age")
+
+    assert await cleanup.run_once() == 0  # released, but the grace starts now
+    assert cleanup.index_reads == len(released) + 2  # each object's index, once
+    assert cleanup.metadata_keys_read <= 2 * 3 * 64 + 2  # the released objects' 3 x 64 pieces (chunks of 1, 2, 4, ...), one piece of each held object
+    before = cleanup.metadata_keys_read
+    await wait_until_async(lambda: _cleanup_round_deleted(cleanup, len(released)), 15, "the released objects to go")
+    assert {p.name for p in _wal_objects(tmp_path)} == held
+    assert cleanup.index_reads == len(released) + 2  # not read again
+    rounds_since = cleanup.metadata_keys_read - before
+    for _ in range(3):
+        before = cleanup.metadata_keys_read
+        assert await cleanup.run_once() == 0
+        assert cleanup.metadata_keys_read - before == 2  # one piece of each held object: nothing of the history
+    assert {p.name for p in _wal_objects(tmp_path)} == held and rounds_since >= 2
+    # rewritten: released, deleted after the grace, the records read from the segments
+    mgr.merger.segment_max_age_ms = 0
+    await mgr.merger.run_once()
+    mgr.merger.write_ahead_cleanup = cleanup
+    await wait_until_async(lambda: _cleanup_done(mgr, tmp_path), 15, "the last objects to go")
+    for p, lg in enumerate(live):
+        mgr.cache.drop_prefix(("live",))
+        assert await _read_all(lg) == [(0, b"0-%d" % p), (1, b"1-%d" % p)]
+    await mgr.stop()
+
+
+async def _cleanup_round_deleted(cleanup, n: int) -> bool:
+    await cleanup.run_once()
+    return cleanup.deleted >= n
+
+
 # -- commit_segments on both metadata backends ----------------------------------------------
 
 

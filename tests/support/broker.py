@@ -192,6 +192,24 @@ def topic_name(request) -> str:
     return f"{base}-{int(time.time() * 1000) % 10_000_000}"
 
 
+def with_metadata(b, fn):
+    """Run fn(MetadataStore) against a stopped broker's embedded metadata store (the state
+    a lost or changed metadata store leaves, made as the broker itself would)."""
+    import asyncio
+
+    from kafscale.metadata.backends import open_kv
+    from kafscale.metadata.store import MetadataStore
+
+    async def go():
+        md = MetadataStore(open_kv("embedded", b.data_dir, ""))
+        try:
+            return await fn(md)
+        finally:
+            await md.close()
+
+    return asyncio.run(go())
+
+
 def wait_for_leader(producer, topic: str, partition: int = 0, timeout: float = 15.0) -> None:
     """Until `producer` (confluent-kafka) knows the partition's leader. Tests that need each
     flushed group of records to leave as one request call this first: a record produced

@@ -9,8 +9,9 @@
    is reported and the previous one used), or none: restore from the bucket alone;
 3. lists the namespace once and reconciles every partition of every topic with its
    objects and its pieces in write-ahead objects (reconcile.py, the objects' indexes read
-   once); topics the snapshot does not know are discovered from the key
-   layout (partition count from the keys, configs at their defaults: reported);
+   once; pieces count only under their topic's live marker, as a deleted topic's stay
+   in the objects for a while); topics the snapshot does not know are discovered from
+   the key layout (partition count from the keys, configs at their defaults: reported);
 4. brings committed offsets up to date from the `__consumer_offsets` records in the bucket
    that are newer than the snapshot (latest per group/topic/partition; tombstones delete;
    records of aborted or unfinished transactions ignored);
@@ -246,7 +247,16 @@ async def _rebuild(store: ObjectStore, namespace: str, snap: Snapshot | None, re
 
     write_ahead_objects, held = await _write_ahead_pieces(store, namespace, listing, report)
     markers = await _read_markers(store, namespace, listing, report)
-    topics = _topics(loaded, {**{tp: {} for tp in held}, **bases}, markers, report)
+    # Pieces in write-ahead objects show a topic only under its live marker naming their
+    # topic id: a deleted topic's pieces stay in the objects (until the write-ahead cleanup
+    # deletes them) after its marker went, and must not bring it back. A live topic's
+    # pieces always have one: a create writes the marker before it is answered, and brokers
+    # write the missing ones at start, before they serve.
+    shown = {
+        tp: {} for tp, found in held.items()
+        if (m := markers.get(tp[0])) is not None and not m.deleted and any(tid == m.topic_id for tid, _pc in found)
+    }
+    topics = _topics(loaded, {**shown, **bases}, markers, report)
     pieces: dict[tuple[str, int], list[HeldPiece]] = {}
     for (t, p), found in held.items():
         meta = topics.get(t)

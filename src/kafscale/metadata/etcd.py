@@ -194,6 +194,23 @@ class EtcdKV(KV):
         resp = await self._call(f"get {key}", go)
         return resp.kvs[0] if resp.kvs else None
 
+    async def get_many(self, keys: list[str]) -> list[KeyValue | None]:
+        # One transaction of up to --max-txn-ops single-key ranges per round trip.
+        out: list[KeyValue | None] = []
+        m = max(1, self.max_txn_ops)
+        for i in range(0, len(keys), m):
+            chunk = keys[i : i + m]
+            req = rpc.TxnRequest(success=[rpc.RequestOp(request_range=rpc.RangeRequest(key=self._k(k))) for k in chunk])
+
+            async def go(ch, timeout, req=req):
+                return await rpc.KVStub(ch).Txn(req, timeout=timeout)
+
+            resp = await self._call(f"get {len(chunk)} keys", go)  # reads only: safe to retry
+            for k, r in zip(chunk, resp.responses):
+                kvs = r.response_range.kvs
+                out.append(KeyValue(k, bytes(kvs[0].value), kvs[0].version) if kvs else None)
+        return out
+
     async def range(self, prefix: str) -> list[KeyValue]:
         return (await self._range_at_revision(prefix))[1]
 

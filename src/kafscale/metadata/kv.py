@@ -49,6 +49,11 @@ class KV(abc.ABC):
     async def commit(self, txn: Txn) -> bool:
         """Apply txn atomically; False (and nothing applied) if a compare failed."""
 
+    async def get_many(self, keys: list[str]) -> list[KeyValue | None]:
+        """Each key's record (None when absent), in the order asked. Not one consistent read:
+        each key is read as of some moment during the call. Backends batch it."""
+        return [await self.get(k) for k in keys]
+
     async def read_all(self) -> tuple[int, list[KeyValue]]:
         """(revision, every key of this store sorted by key) in ONE consistent read: what a
         metadata snapshot holds. The revision is the backend's (etcd's store revision; 0 on

@@ -10,6 +10,9 @@ from pathlib import Path
 from kafscale.metadata.kv import KV, KeyValue, Txn
 
 
+_KEYS_PER_SELECT = 500  # below SQLite's limit of bound parameters per statement
+
+
 class SqliteKV(KV):
     """Embedded backend: one SQLite file in the data dir, in WAL mode.
 
@@ -39,6 +42,14 @@ class SqliteKV(KV):
     async def get(self, key: str) -> KeyValue | None:
         row = self._db.execute("SELECT value, version FROM kv WHERE key = ?", (key,)).fetchone()
         return KeyValue(key, bytes(row[0]), row[1]) if row else None
+
+    async def get_many(self, keys: list[str]) -> list[KeyValue | None]:
+        found: dict[str, KeyValue] = {}
+        for i in range(0, len(keys), _KEYS_PER_SELECT):
+            chunk = keys[i : i + _KEYS_PER_SELECT]
+            rows = self._db.execute(f"SELECT key, value, version FROM kv WHERE key IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+            found.update((k, KeyValue(k, bytes(v), ver)) for k, v, ver in rows)
+        return [found.get(k) for k in keys]
 
     async def range(self, prefix: str) -> list[KeyValue]:
         # One SELECT is one read transaction: consistent across keys (read_all relies on it).

@@ -315,7 +315,8 @@ class MetadataStore:
 
     async def write_ahead_keys_in_use(self) -> set[str]:
         """The keys of the write-ahead objects any partition's segment list refers to
-        (SegmentInfo.wao_key): one consistent read of every segment key."""
+        (SegmentInfo.wao_key): one consistent read of every segment key (the cleanup's
+        fallback for an object whose index it cannot read; write_ahead_pieces_held else)."""
         used = set()
         for kv in await self.kv.range(keys.SEGMENTS):
             value = kv.value
@@ -333,6 +334,22 @@ class MetadataStore:
             else:
                 used.add(json.loads(value)["wao_key"])
         return used
+
+    async def write_ahead_pieces_held(self, pieces: list[tuple[str, str, int, int]]) -> list[bool]:
+        """For each (write-ahead object key, topic, partition, base offset) of a piece:
+        whether the partition's segment list still holds it, i.e. its segment at that base
+        offset lives in that object. A segment held in a write-ahead object sits at its
+        piece's base offset (the flusher commits each piece as a segment of its own, a
+        restore adopts it there; a rewrite makes a segment of its own). The keys are read
+        in batches (KV.get_many), not as one consistent read: a piece no longer held once
+        its object's commits are over is never held again, so each answer stays true."""
+        found = await self.kv.get_many([keys.segment(t, p, base) for _key, t, p, base in pieces])
+        return [kv is not None and b'"wao_key"' in kv.value and decode_segment(kv.value).wao_key == key for kv, (key, *_) in zip(found, pieces)]
+
+    async def get_topics(self, names: list[str]) -> dict[str, TopicMeta]:
+        """The topics of these names that exist, by name (one batched read)."""
+        found = await self.kv.get_many([keys.topic(n) for n in names])
+        return {n: TopicMeta(**json.loads(kv.value)) for n, kv in zip(names, found) if kv}
 
     async def update_partition(
         self,

@@ -13,10 +13,13 @@ from kafscale.observed import Timed, timed
 
 
 class TimedKV(Timed, KV):
-    # operations told to the hooks: get, range, commit or read_all
+    # operations told to the hooks: get, get_many, range, commit or read_all
 
     async def get(self, key):
         return await timed(self.request_hooks, "get", self.inner.get(key))
+
+    async def get_many(self, keys):
+        return await timed(self.request_hooks, "get_many", self.inner.get_many(keys))
 
     async def range(self, prefix):
         return await timed(self.request_hooks, "range", self.inner.range(prefix))

@@ -17,6 +17,14 @@ the bucket alone knows each topic's id, partition count and configs. The metadat
 stays the authority while it exists: the marker's configs are a copy as of the last change
 written through a broker.
 
+Records in write-ahead objects (storage/write_ahead.py) are not under the topic's prefix:
+its live marker stands for them (a topic that can have them has a marker: written at its
+create, or by `sync_markers` before a broker serves). The write-ahead cleanup keeps the
+objects holding pieces of a topic the metadata store does not know while its marker says
+it lives, and a metadata restore counts pieces only under a live marker of their topic id;
+so `clear_for_create` needs no look into those objects: pieces of the name without a live
+marker are a deleted topic's, and a new topic may be created over them.
+
 Every listing of segments matches segment keys only (segment.segment_key_pattern,
 parse_segment_key), so the marker is never taken for a segment.
 """
