@@ -377,6 +377,32 @@ async def test_cleanup_reads_only_the_pieces_of_objects_of_age_and_never_deletes
     await mgr.stop()
 
 
+async def test_cleanup_checks_an_object_with_a_damaged_index_against_every_segment_key(tmp_path):
+    """An object whose index cannot be read: kept while a segment refers to it, deleted
+    (after the grace) once none does, as before indexes were read."""
+    mgr = _manager(tmp_path, merge_grace_ms=0, write_ahead_orphan_age_ms=1000)
+    cleanup = mgr.merger.write_ahead_cleanup
+    await mgr.metadata.create_topic(TopicMeta("dmg", 1))
+    lg = await mgr.get_log("dmg", 0)
+    await _append(lg, [b"kept"])[2]
+    held = tmp_path / "objects" / lg.state.segments[0].wao_key
+    obj = write_ahead.encode([("dmg", lg.topic_id, 0, _enc(1, [b"never committed"]))], int(time.time() * 1000))
+    data = bytearray(b"".join(bytes(p) for p in obj.parts))
+    data[-write_ahead.TRAILER_SIZE] ^= 0xFF  # the trailer's index position: the index cannot be found
+    damaged = write_ahead.object_key("default", int(time.time() * 1000), 0, "damaged", 1)
+    await mgr.store.create(damaged, [bytes(data)])
+    # the referenced object's index damaged too (same bytes, as a store might return them)
+    good = held.read_bytes()
+    held.write_bytes(good[:-write_ahead.TRAILER_SIZE] + bytes([good[-write_ahead.TRAILER_SIZE] ^ 0xFF]) + good[-write_ahead.TRAILER_SIZE + 1 :])
+    await wait_until_async(lambda: _objects_aged(tmp_path, 1000), 15, "both objects to be of age")
+    await wait_until_async(lambda: _cleanup_done_keeping(cleanup, tmp_path / "objects" / damaged), 15, "the damaged orphan to go")
+    assert held.exists()  # a segment refers to it
+    held.write_bytes(good)
+    mgr.cache.drop_prefix(("dmg",))
+    assert await _read_all(lg) == [(0, b"kept")]
+    await mgr.stop()
+
+
 async def _cleanup_round_deleted(cleanup, n: int) -> bool:
     await cleanup.run_once()
     return cleanup.deleted >= n

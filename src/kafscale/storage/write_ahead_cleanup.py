@@ -98,6 +98,7 @@ class WriteAheadCleanup:
         of_age_ms = now_ms - self.orphan_age_s * 1000
         of_age = [k for k in listed if (c := write_ahead.created_ms_of_key(k)) is not None and c <= of_age_ms]
         self._watched = {k: self._watched[k] for k in of_age if k in self._watched}  # the others went
+        self._kept_logged &= self._watched.keys()
         new = [k for k in of_age if k not in self._watched]
         for key, watched in zip(new, await self._read_indexes(new)):
             if watched is not None:
