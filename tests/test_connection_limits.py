@@ -258,7 +258,21 @@ def test_request_memory_budget_pauses_reading_until_memory_is_back(broker_factor
     beside it, so B is not read (no answer) while a small Metadata request on another
     connection is answered. A completes: A is answered, then B, and both records are stored."""
     b = broker_factory(extra_args=["--max-request-memory", str(4 * MiB)])
-    va, vb = [os.urandom(768 * 1024) for _ in range(4)], [os.urandom(768 * 1024) for _ in range(4)]
+    _second_produce_waits_for_the_first(b, topic_name, [os.urandom(768 * 1024) for _ in range(4)], [os.urandom(768 * 1024) for _ in range(4)])
+
+
+def test_requests_leave_a_quarter_of_the_cache_for_reads(broker_factory, topic_name):
+    """--cache-bytes 48 MiB: requests get at most 36 MiB of it (the segment cache keeps the
+    rest for loads). A's 24 MiB Produce half sent and B's 13.5 MiB do not fit together there,
+    though they would within the whole 48 MiB: B waits until A is answered."""
+    b = broker_factory(extra_args=["--cache-bytes", str(48 * MiB)])
+    _second_produce_waits_for_the_first(b, topic_name, [os.urandom(768 * 1024) for _ in range(32)], [os.urandom(768 * 1024) for _ in range(18)])
+
+
+def _second_produce_waits_for_the_first(b, topic_name: str, va: list[bytes], vb: list[bytes]) -> None:
+    """A sends half of a Produce of `va`; B's whole Produce of `vb` does not fit beside it in
+    the request memory, so B is not read while a small Metadata request still is; once A
+    completes, A is answered, then B, and both are stored."""
     with RawClient(b.bootstrap) as a, RawClient(b.bootstrap) as bc:
         assert error_code(a.metadata([topic_name]).topics[0].error_code) == 0
         frame_a, frame_b = produce_frame(topic_name, va, 1), produce_frame(topic_name, vb, 2)
@@ -276,7 +290,7 @@ def test_request_memory_budget_pauses_reading_until_memory_is_back(broker_factor
         pa = produce_response(a, 1)
         pb = produce_response(bc, 2)
         send_b.join(10)
-        assert (error_code(pa.error_code), pa.base_offset, error_code(pb.error_code), pb.base_offset) == (0, 0, 0, 4)
+        assert (error_code(pa.error_code), pa.base_offset, error_code(pb.error_code), pb.base_offset) == (0, 0, 0, len(va))
     assert read_values(b.bootstrap, topic_name) == va + vb
     assert_no_traceback(b)
 

@@ -45,6 +45,11 @@ MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the O
 # Least request memory whatever --cache-bytes: a segment (4 MiB) being uploaded and the next
 # one filling, for each of a few partitions written at full speed.
 REQUEST_MEMORY_FLOOR = 32 * 1024 * 1024
+# The share of --cache-bytes requests may not take: kept for the segments readers load. When
+# requests held all of it, a tailing consumer's loads were evicted as they landed, loaded
+# again by the next fetch, and 40-60 MiB of GET bodies were in flight outside the budget
+# (S3, 16 KiB records, saturated producers: docs/performance.md "Memory on S3").
+READ_SHARE_DIVISOR = 4
 # Stop reading a connection beyond this many open requests. Produce requests wait for a
 # flush (0.5-1 s on S3), and a producer of many partitions sends small ones: at 256 a
 # connection carried at most 256 requests a flush cycle (0.77 of 1 MB/s over 1,024
@@ -438,10 +443,12 @@ class KafkaServer:
         self.connections_per_address: dict[str, int] = {}
         self.request_memory = 0  # bytes reserved by requests being read or handled
         # Requests share the segment cache's budget (it gives way to them: storage/cache.py),
-        # so they also stay within --cache-bytes, or REQUEST_MEMORY_FLOOR for a smaller cache:
-        # with a 64 MiB cache, saturated S3 producers still kept 211 MiB of requests waiting.
+        # so they also stay within --cache-bytes less the readers' share, or
+        # REQUEST_MEMORY_FLOOR for a smaller cache: with a 64 MiB cache, saturated S3
+        # producers still kept 211 MiB of requests waiting.
         limit = config.max_request_memory
-        self.request_memory_limit = min(limit, max(config.cache_bytes, REQUEST_MEMORY_FLOOR)) if limit > 0 else 0
+        share = config.cache_bytes - config.cache_bytes // READ_SHARE_DIVISOR
+        self.request_memory_limit = min(limit, max(share, REQUEST_MEMORY_FLOOR)) if limit > 0 else 0
         self._memory_waiters: deque[KafkaConnection] = deque()
         self.request_memory_grew: Callable[[], None] | None = None  # the segment cache giving way (broker/app.py)
         self._memory_wake_scheduled = False
