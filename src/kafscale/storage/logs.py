@@ -227,6 +227,12 @@ class LogManager:
             view = self._readers[key] = FlushedPartition(st, self.reader, self.metadata)
         return view
 
+    def open_log(self, topic: str, partition: int) -> PartitionLog | None:
+        """The partition's log when it is loaded and open (produce's path without a
+        coroutine a partition); None: ask get_log, which loads it or says why not."""
+        lg = self.logs.get((topic, partition))
+        return lg if lg is not None and not lg.closed else None
+
     async def get_log(self, topic: str, partition: int) -> PartitionLog:
         """The owned log of a partition, loading and recovering it on first use.
 

@@ -150,7 +150,7 @@ class PartitionCore:
         the log is stopping, InvalidRecordError for a bad producer sequence."""
         if self.closed:
             raise self.refusal()
-        if any(h.is_control for h in headers):
+        if records.any_attribute(headers, records.CONTROL_MASK):
             raise records.InvalidRecordError("control batches are written by the transaction coordinator, not produced", ErrorCode.invalid_record)
         duplicate = self.producers.check_record_set(headers)
         if duplicate is not None:

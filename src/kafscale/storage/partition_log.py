@@ -168,7 +168,7 @@ class PartitionLog:
             if done.answer is not None:
                 self._deliver(done.answer)
             return done.base_offset, done.append_time, waiter
-        self.metrics.produced(len(data), sum(h.record_count for h in headers))
+        self.metrics.produced(len(data), records.record_count(headers))
         self._buffered()
         return done.base_offset, done.append_time, waiter
 

@@ -47,25 +47,26 @@ class _PartitionResult:
 async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult, transactional_id: str | None = None) -> None:
     broker = ctx.broker
     try:
-        lg = await broker.logs.get_log(topic, index)
+        lg = broker.logs.open_log(topic, index) or await broker.logs.get_log(topic, index)
         if data is None:
             raise records.InvalidRecordError("null record set", ErrorCode.invalid_record)
         # Offsets are patched in place: the zero-copy decoder hands us a writable view
         # into the request frame; anything else (bytes) is copied once.
         buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
-        max_bytes = lg.settings.max_message_bytes
+        settings = lg.settings
+        max_bytes = settings.max_message_bytes
         if ctx.wire_version is not None and len(buf) > records.MAGIC and buf[records.MAGIC] < 2:
             # Produce v0-v2 with message format v0/v1: one v2 batch. Sizes are checked per
             # message, then the batch's (Kafka re-checks a converted batch's size too).
             buf = memoryview(legacy_records.up_convert(buf, max_bytes))
         headers = records.validate_record_set(buf, max_bytes)
-        if not lg.settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
-            records.check_timestamps(buf, headers, lg.settings.timestamp_before_max_ms, lg.settings.timestamp_after_max_ms)
-        if lg.settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
+        if not settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
+            records.check_timestamps(buf, headers, settings.timestamp_before_max_ms, settings.timestamp_after_max_ms)
+        if settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
             records.check_keys(buf, headers, f"{topic}-{index}")
-        if lg.settings.schema_validation:  # confluent.{key,value}.schema.validation (registry/validation.py)
-            await broker.schema_validator.check(topic, buf, headers, lg.settings.key_schema_validation, lg.settings.value_schema_validation)
-        if transactional_id is None and any(h.is_transactional for h in headers):
+        if settings.schema_validation:  # confluent.{key,value}.schema.validation (registry/validation.py)
+            await broker.schema_validator.check(topic, buf, headers, settings.key_schema_validation, settings.value_schema_validation)
+        if transactional_id is None and records.any_attribute(headers, records.TRANSACTIONAL_MASK):
             # As Kafka: transactional records need the request's transactional id (the
             # one authorized to write them).
             raise records.InvalidRecordError("transactional records without a transactional id", ErrorCode.transactional_id_authorization_failed)
