@@ -30,7 +30,8 @@ TS = 1_700_000_000_000
 @pytest.fixture
 async def eager_broker(tmp_path):
     """Flushes as soon as something waits (the embedded default), merges off."""
-    async with in_process_broker(tmp_path, min_flush_interval_ms=0) as broker:
+    # Per-partition layout: these tests are about one partition's own segment uploads and commits.
+    async with in_process_broker(tmp_path, min_flush_interval_ms=0, write_ahead_objects=False) as broker:
         yield broker
 
 
