@@ -91,10 +91,12 @@ def breakdown(spans: dict) -> tuple[list[tuple], dict]:
             if a is not None:
                 rows[label].append((m[b] - m[a]) / 1e6)
         # The next flush of a log starts when the previous one's upload is stored (pipelined
-        # flushes) or when it has ended (a tree without them, and a write-ahead cycle: a
-        # partition joins no cycle while one holding it has not answered).
+        # flushes) or when it has ended (a tree without them). A write-ahead cycle lets its
+        # partitions go when its commit starts (pipelined cycles), or when it has answered.
         def busy_until(p):
-            return p.get("stored", p.get("end", 0)) if "commit_start" in p and p["log"] != "write-ahead" else p.get("end", 0)
+            if p["log"] == "write-ahead":
+                return p.get("commit_start", p.get("end", 0)) if p.get("pipelined") else p.get("end", 0)
+            return p.get("stored", p.get("end", 0)) if "commit_start" in p else p.get("end", 0)
 
         prev = [p for p in by_log[last["log"]] if p["id"] < f["id"] and p["upload"] <= last["at"] < busy_until(p)]
         rows[STEPS[2][0]].append((busy_until(prev[-1]) - last["at"]) / 1e6 if prev else 0.0)

@@ -191,16 +191,18 @@ def install() -> None:
 
             return run()
 
-        async def _write(self, taken):
+        async def _write(self, held):
+            taken = getattr(held, "taken", held)  # (a tree before pipelined cycles passed the list)
             pending = FLUSH.get() or {}
             fl = {"id": len(flushes), "log": "write-ahead", "picked": pending.get("created"), "cycle_runs": now(),
                   "batches": sum(len(up.batches) for _lg, up in taken), "bytes": sum(b.nbytes for _lg, up in taken for b in up.batches),
-                  "partitions": len(taken), "logs": [f"{lg.topic}-{lg.partition}" for lg, _up in taken]}
+                  "partitions": len(taken), "logs": [f"{lg.topic}-{lg.partition}" for lg, _up in taken],
+                  "pipelined": taken is not held}
             fl["upload"] = fl["cycle_runs"]
             flushes.append(fl)
             FLUSH.set(fl)
             try:
-                await original_write(self, taken)
+                await original_write(self, held)
             finally:
                 fl["end"] = now()
                 FLUSH.set(None)

@@ -16,6 +16,7 @@ import pytest
 from kafscale.broker.config import BrokerConfig
 from kafscale.cluster.membership import BrokerNode, SingleNodeCluster
 from kafscale.errors import ErrorCode
+from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import MetadataStore, TopicMeta
 from kafscale.protocol import records
@@ -497,4 +498,78 @@ async def test_cycles_are_spaced_by_the_min_flush_interval_however_many_partitio
     elapsed = time.monotonic() - start
     assert mgr.write_ahead.objects_written <= elapsed / 0.4 + 2, (mgr.write_ahead.objects_written, elapsed)
     assert all(lg.high_watermark == 4 for lg in logs)
+    await mgr.stop()
+
+
+# -- cycles pipelined per partition (#33) ------------------------------------------------
+
+
+class _HeldCommits:
+    """Wraps MetadataStore.commit_segments: each commit waits until released, then lands
+    or (the first, with `fail_first`) fails as with an unreachable metadata store (each
+    partition's outcome unknown)."""
+
+    def __init__(self, original):
+        self.original = original
+        self.started: list[list[int]] = []  # each commit's base offsets, in order
+        self.release = asyncio.Event()
+        self.fail_first = False
+
+    async def __call__(self, commits):
+        self.started.append([seg.base_offset for _st, seg in commits])
+        await self.release.wait()
+        if self.fail_first and len(self.started) == 1:
+            return [MetadataUnavailable("metadata store unavailable")] * len(commits)  # its outcome unknown
+        return await self.original(commits)
+
+
+async def _log_with_two_cycles(tmp_path, monkeypatch, topic: str):
+    """A log whose piece in one cycle is being committed (held) while its next data goes
+    into the next cycle's object."""
+    mgr = _manager(tmp_path, min_flush_interval_ms=0)
+    await mgr.metadata.create_topic(TopicMeta(topic, 1))
+    lg = await mgr.get_log(topic, 0)
+    held = _HeldCommits(mgr.metadata.commit_segments)
+    monkeypatch.setattr(mgr.metadata, "commit_segments", held)
+    first = _append(lg, [b"first"])[2]
+    await wait_until_async(lambda: held.started == [[0]], 10, "the first cycle's object written and its commit begun", interval=0.01)
+    second = _append(lg, [b"second"])[2]
+    await wait_until_async(lambda: len(_wal_objects(tmp_path)) == 2, 10, "the next cycle's object written meanwhile", interval=0.01)
+    return mgr, lg, held, first, second
+
+
+async def test_a_partition_goes_into_the_next_object_while_its_last_piece_commits(tmp_path, monkeypatch):
+    mgr, lg, held, first, second = await _log_with_two_cycles(tmp_path, monkeypatch, "wa-pipelined")
+    assert held.started == [[0]]  # the second piece's commit waits for the first's
+    assert not first.done() and not second.done()
+    assert lg.high_watermark == 0  # nothing readable before its commit
+    held.release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert held.started == [[0], [1]]
+    st = await mgr.metadata.get_partition("wa-pipelined", 0)
+    assert st.high_watermark == 2 and [(s.base_offset, s.last_offset) for s in st.segments] == [(0, 0), (1, 1)]
+    assert len({s.wao_key for s in st.segments}) == 2
+    assert await _read_all(lg) == [(0, b"first"), (1, b"second")]
+    await mgr.stop()
+
+
+async def test_a_failed_commit_fails_the_piece_written_after_it_which_is_never_committed(tmp_path, monkeypatch):
+    mgr, lg, held, first, second = await _log_with_two_cycles(tmp_path, monkeypatch, "wa-pipelined-failure")
+    held.fail_first = True
+
+    async def unavailable(*args, **kwargs):  # the re-read that settles the failed commit
+        raise MetadataUnavailable("metadata store unavailable")
+
+    monkeypatch.setattr(mgr.metadata, "get_partition", unavailable)
+    held.release.set()
+    for fut in (first, second):
+        await asyncio.wait_for(asyncio.gather(fut, return_exceptions=True), 10)
+        assert isinstance(fut.exception(), StorageError) and fut.exception().error_code == ErrorCode.kafka_storage_error
+    assert held.started == [[0]]  # the second piece never went to the metadata
+    monkeypatch.undo()
+    assert lg.high_watermark == 0
+    base, _t, again = _append(lg, [b"again"])
+    assert base == 0  # the offsets were handed out again
+    await asyncio.wait_for(again, 10)
+    assert await _read_all(lg) == [(0, b"again")]
     await mgr.stop()

@@ -286,8 +286,14 @@ class PartitionLog:
             self._flush_lock.release()
 
     # -- the steps of a flush another driver runs (the write-ahead flusher) ---------------
-    # It takes an upload with take_flush under flush_lock, held until one of flush_landed,
-    # flush_uncertain or flush_failed has answered it.
+    # As flush_once does: it takes an upload with take_flush under store_lock, held until the
+    # upload is durable (or failed) and flush_lock is taken, which is held until one of
+    # flush_landed, flush_uncertain or flush_failed has answered it (each only while the core
+    # still has the upload in flight: an earlier upload's failure answers the later ones).
+
+    @property
+    def store_lock(self) -> asyncio.Lock:
+        return self._store_lock
 
     @property
     def flush_lock(self) -> asyncio.Lock:

@@ -19,9 +19,13 @@ core's rules):
 An object whose commit never happened holds nothing anyone was answered for: the
 write-ahead cleanup deletes it once it is old enough (storage/merger.py).
 
-At most MAX_CYCLES cycles run at once, each with the partitions not in another one, and a
-cycle takes at most `max_object_bytes` (what is left rides on the next one at once).
-Each log's flush lock is held from its take to its answer, as its own flush holds it.
+At most MAX_CYCLES cycles run at once, and a cycle takes at most `max_object_bytes` (what
+is left rides on the next one at once). Cycles are pipelined per partition, as a log's own
+flushes are (partition_log.py): a cycle holds each log's store lock from its take until the
+object is durable and the log's flush lock is its own, then commits under the flush locks
+and answers. So a partition whose last piece is still being committed goes into the next
+cycle's object meanwhile, and its commits stay in offset order: a commit waits for the one
+before it, and a piece whose earlier piece failed (which answered it) is not committed.
 """
 
 from __future__ import annotations
@@ -132,7 +136,7 @@ class WriteAheadFlusher:
             next_due = float("inf")
             pending = self._pending
             for lg in list(pending):
-                if lg.core.uploading:
+                if lg.store_lock.locked():  # in a cycle's upload: its end wakes us
                     continue
                 due = self._due_at(lg, now)
                 if due is None:
@@ -160,7 +164,7 @@ class WriteAheadFlusher:
             log.error("write-ahead flush cycle failed unexpectedly", exc_info=task.exception())
 
     async def _cycle(self, requests: list[tuple[PartitionLog, asyncio.Future]]) -> None:
-        taken: list[tuple[PartitionLog, object]] = []
+        held = _Held()
         try:
             now = time.monotonic()
             size = 0
@@ -168,68 +172,115 @@ class WriteAheadFlusher:
             for lg in [*requested, *self._pending]:
                 if size >= self.max_object_bytes:
                     break
-                if lg.flush_lock.locked() or lg.core.uploading or not lg.core.buffer:
+                if lg.store_lock.locked() or not lg.core.buffer:
                     continue
-                await lg.flush_lock.acquire()  # free: taken at once
-                upload = None
-                try:
-                    upload = lg.take_flush(now)
-                finally:
-                    if upload is None:
-                        lg.flush_lock.release()
-                if upload is not None:
-                    taken.append((lg, upload))
-                    size += sum(b.nbytes for b in upload.batches)
-            if taken:
-                await self._write(taken)
+                await lg.store_lock.acquire()  # free: taken at once
+                held.stores.append(lg)
+                upload = lg.take_flush(now)
+                if upload is None:
+                    held.release_store(lg)
+                    continue
+                held.taken.append((lg, upload))
+                size += sum(b.nbytes for b in upload.batches)
+            if held.taken:
+                await self._write(held)
         finally:
-            for lg, _upload in taken:
-                lg.flush_lock.release()
+            held.release_all()
             for _lg, fut in requests:
                 if not fut.done():
                     fut.set_result(None)
 
-    async def _write(self, taken: list) -> None:
+    async def _write(self, held: "_Held") -> None:
         started = time.monotonic()
         created_ms = int(time.time() * 1000)
         pieces = []
-        for lg, up in taken:
+        for lg, up in held.taken:
             body = [b.data for b in up.batches]  # uploaded where they lie: joined only into the cache's view
             enc = segment.encode(body, up.base_offset, created_ms=created_ms, aborted=up.aborted, open_txns=up.open_txns)
-            pieces.append((lg, body, enc))
-        obj = write_ahead.encode([(lg.topic, lg.topic_id, lg.partition, enc) for lg, _body, enc in pieces], created_ms)
+            pieces.append((lg, up, body, enc))
+        obj = write_ahead.encode([(lg.topic, lg.topic_id, lg.partition, enc) for lg, _up, _body, enc in pieces], created_ms)
         self.sequence += 1
         key = write_ahead.object_key(self.namespace, created_ms, self.broker_id, self.writer, self.sequence)
-        infos = [_located(enc.info, key, p.position) for (_lg, _b, enc), p in zip(pieces, obj.pieces)]
+        infos = [_located(enc.info, key, p.position) for (_lg, _up, _b, enc), p in zip(pieces, obj.pieces)]
+        failure: BaseException | None = None
         try:
-            await self.store.create(key, obj.parts)
+            try:
+                await self.store.create(key, obj.parts)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - not durable: every partition of the cycle fails, once its earlier piece is settled
+                failure = e
+            else:
+                self.objects_written += 1
+                self.metrics.uploaded(1)
+            # Outcomes in offset order: each log's earlier piece (an earlier cycle's) is
+            # committed or failed before this one is; then the next cycle may take the log.
+            for lg, _up, _b, _e in pieces:
+                await held.take_flush_lock(lg)
+            if failure is None and time.monotonic() - started > self.commit_deadline_s:
+                failure = StorageError(f"write-ahead object {key} is older than {self.commit_deadline_s:.0f} s before its commit: not committed")
         except asyncio.CancelledError:
-            for lg, _body, _enc in pieces:
-                lg.flush_failed(StorageError("flush cancelled (broker stopping)"))
+            _fail_cancelled(pieces)
             raise
-        except Exception as e:  # noqa: BLE001 - nothing committed: every partition of the cycle fails
-            for lg, _body, _enc in pieces:
-                lg.flush_failed(e)
+        live = [(piece, info) for piece, info in zip(pieces, infos) if piece[0].core.in_flight_upload(piece[1])]  # else answered by an earlier piece's failure
+        held.release_stores()
+        self._wake.set()  # those logs may go into the next cycle now
+        if failure is not None:
+            for (lg, _up, _body, _enc), _info in live:
+                lg.flush_failed(failure)
             return
-        self.objects_written += 1
-        self.metrics.uploaded(1)
-        if time.monotonic() - started > self.commit_deadline_s:
-            late = StorageError(f"write-ahead object {key} took longer than {self.commit_deadline_s:.0f} s to upload: not committed")
-            for lg, _body, _enc in pieces:
-                lg.flush_failed(late)
+        if not live:
             return
         try:
-            results = await self.metadata.commit_segments([(lg.state, info) for (lg, _b, _e), info in zip(pieces, infos)])
+            results = await self.metadata.commit_segments([(lg.state, info) for (lg, _u, _b, _e), info in live])
         except asyncio.CancelledError:
-            for lg, _body, _enc in pieces:
-                lg.flush_failed(StorageError("flush cancelled (broker stopping)"))
+            _fail_cancelled([piece for piece, _info in live])
             raise
         self.metrics.object_flushed(obj.size, time.monotonic() - started)
-        for (lg, body, _enc), info, result in zip(pieces, infos, results):
+        for ((lg, up, body, _enc), info), result in zip(live, results):
+            if not lg.core.in_flight_upload(up):
+                continue  # cancelled meanwhile (stopping): answered
             if isinstance(result, PartitionState):
                 lg.flush_landed(result, info, body, started, 0, observe=False)
             else:
                 await lg.flush_uncertain(result, info, body, started, observe=False)
+
+
+def _fail_cancelled(pieces: list) -> None:
+    """The broker stops: fail each (log, upload, ...) piece not answered yet."""
+    for lg, up, *_rest in pieces:
+        if lg.core.in_flight_upload(up):
+            lg.flush_failed(StorageError("flush cancelled (broker stopping)"))
+
+
+class _Held:
+    """The locks a cycle holds: the store lock of each log it looked at or took (until its
+    object is durable and the flush locks are taken), the flush lock of each log it took
+    (until its answers)."""
+
+    def __init__(self) -> None:
+        self.taken: list = []  # (log, upload)
+        self.stores: list[PartitionLog] = []
+        self.flushes: list[PartitionLog] = []
+
+    def release_store(self, lg: PartitionLog) -> None:
+        self.stores.remove(lg)
+        lg.store_lock.release()
+
+    def release_stores(self) -> None:
+        stores, self.stores = self.stores, []
+        for lg in stores:
+            lg.store_lock.release()
+
+    async def take_flush_lock(self, lg: PartitionLog) -> None:
+        await lg.flush_lock.acquire()
+        self.flushes.append(lg)
+
+    def release_all(self) -> None:
+        self.release_stores()
+        flushes, self.flushes = self.flushes, []
+        for lg in flushes:
+            lg.flush_lock.release()
 
 
 def _located(info: SegmentInfo, key: str, position: int) -> SegmentInfo:
