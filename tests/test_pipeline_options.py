@@ -20,6 +20,8 @@ pytest.importorskip("pyspark")
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 from kafscale.pipeline import segments as seg  # noqa: E402
+from kafscale.pipeline.offsets import listing_and_bounds  # noqa: E402
+from kafscale.pipeline.source import parse_options  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
 
 T0 = (int(time.time()) - 3600) * 1000  # recent: the broker's retention (7 days) must not delete the records
@@ -60,10 +62,14 @@ def produce_topic(broker, parts: int, per_part: int, rounds: int = 4) -> Topic:
     assert len(rows) == parts * per_part
     storage = "file://" + os.path.join(os.path.abspath(broker.data_dir), "objects")
 
+    # as the readers below see it: the objects and the broker's metadata store (its segment
+    # list names the pieces still in write-ahead objects)
+    cfg = parse_options({"storage": storage, "subscribe": name}, streaming=False)
+
     def flushed() -> bool:
         async def go(store):
-            listing = await seg.list_topics(store, "default", topics=[name])
-            return await seg.partition_bounds(store, listing)
+            _listing, bounds, _gone = await listing_and_bounds(store, cfg, require_all=False)
+            return bounds
 
         bounds = seg.run_with_store(storage, go)
         return len(bounds) == parts and all(b.end == per_part for b in bounds.values())

@@ -1,7 +1,9 @@
 """The Spark source with kafka.isolation.level=read_committed: segments written by the real
 partition log (transactional batches and markers through LogManager, in process) into a
-file:// store, then read straight from the segments: read_committed returns exactly the
-committed records (nothing of an aborted or still open transaction, no control batch),
+file:// store, then read straight from the segments (without a metadata store, which sees
+segment objects only: write-ahead pieces are rewritten into them first), or with the
+metadata store, wherever the records live: read_committed returns exactly the committed
+records (nothing of an aborted or still open transaction, no control batch),
 read_uncommitted (Spark's default) every record."""
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ COMMITTED = [b"p0", b"b1", b"p1"]  # a1, a2 aborted; a3 open (and p2 after it)
 EVERYTHING = [b"p0", b"a1", b"a2", b"b1", b"p1", b"a3", b"p2"]
 
 
-async def _write(tmp_path) -> None:
+async def _into_segments(mgr) -> None:
+    """The partition's pieces in write-ahead objects (with --write-ahead-objects) rewritten
+    into its own segment objects now, as the merger does after --segment-max-age-ms."""
+    mgr.merger.segment_max_age_ms = 0
+    await mgr.merger.run_once(merge_small=False)
+    st = await mgr.metadata.get_partition(TOPIC, 0)
+    assert st.segments and not any(s.wao_key for s in st.segments), st.segments
+
+
+async def _write(tmp_path, into_segments: bool = True) -> None:
     mgr = _manager(tmp_path)
     await mgr.metadata.create_topic(TopicMeta(TOPIC, 1))
     lg = await mgr.get_log(TOPIC, 0)
@@ -35,6 +46,8 @@ async def _write(tmp_path) -> None:
     await _produce(lg, plain_batch(b"p1"))  # 6
     await _produce(lg, txn_batch([b"a3"], PID_A, 2))  # 7: left open
     await _produce(lg, plain_batch(b"p2"))  # 8
+    if into_segments:
+        await _into_segments(mgr)
     await mgr.stop()
 
 
@@ -55,8 +68,17 @@ def test_transaction_outcomes_from_the_segments_alone(store_dir):
     assert asyncio.run(go()) == [(7, ((PID_A, 1, 4),)), (7, ((PID_A, 1, 4),)), (7, ()), (7, ()), (9, ())]
 
 
+@pytest.fixture(scope="module")
+def pieces_dir(tmp_path_factory):
+    """The same records as flushed: with write-ahead objects, pieces of them still."""
+    root = tmp_path_factory.mktemp("txnpieces")
+    asyncio.run(_write(root, into_segments=False))
+    return root
+
+
 def _values(spark, store_dir, **options) -> list[bytes]:
     reader = spark.read.format("kafscale").option("storage", f"file://{store_dir / 'objects'}").option("subscribe", TOPIC)
+    options.setdefault("metadata", "none")
     for k, v in options.items():
         reader = reader.option(k, v)
     rows = reader.load().orderBy("offset").collect()
@@ -69,6 +91,14 @@ def test_spark_read_committed_returns_exactly_the_committed_records(spark, store
     assert _values(spark, store_dir, arrow=arrow, **{"kafka.isolation.level": "read_committed"}) == COMMITTED
     assert _values(spark, store_dir, arrow=arrow, isolationLevel="read_committed") == COMMITTED
     assert _values(spark, store_dir, arrow=arrow, isolationLevel="read_uncommitted") == EVERYTHING
+
+
+def test_spark_read_committed_with_the_metadata_store_wherever_the_records_live(spark, pieces_dir):
+    """The reader given the metadata store reads the committed segment list, pieces of
+    write-ahead objects included: every record from its acknowledgement on."""
+    metadata = str(pieces_dir / "meta.sqlite")
+    assert _values(spark, pieces_dir, metadata=metadata) == EVERYTHING
+    assert _values(spark, pieces_dir, metadata=metadata, isolationLevel="read_committed") == COMMITTED
 
 
 def test_isolation_level_options_are_validated():
@@ -107,6 +137,7 @@ def test_stream_read_committed_holds_an_open_transaction_back_until_its_marker(s
         assert lg.last_stable_offset == 7  # the open transaction came back with the restart
         await mgr.write_txn_markers(TxnMarker(PID_A, 0, 0, True, [(TOPIC, 0)]))  # 9
         await _produce(lg, plain_batch(b"p3"))  # 10
+        await _into_segments(mgr)
         await mgr.stop()
 
     asyncio.run(commit_a3())

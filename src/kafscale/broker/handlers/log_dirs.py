@@ -4,9 +4,10 @@ Each broker has one log dir standing for the object store: `<storage URL>/<names
 (what `log.dirs` reports in DescribeConfigs). It holds the partitions this broker owns (is
 leader of, as Metadata says), so an admin client that asks every broker and adds the
 answers up counts each partition once. A partition's size is the sum of its committed
-segment objects (the metadata store's segment list), i.e. the bytes it occupies in the
-object store; records still in the write buffer are not counted, as Kafka counts only what
-is in the log's files. total_bytes/usable_bytes are -1 (unknown: object stores have no
+segments (the metadata store's segment list), its own objects or its pieces of write-ahead
+objects alike, i.e. the bytes its log occupies in the object store wherever they live, as
+Kafka reports each partition's log size; records still in the write buffer are not
+counted, as Kafka counts only what is in the log's files. total_bytes/usable_bytes are -1 (unknown: object stores have no
 fixed capacity)."""
 
 from __future__ import annotations
