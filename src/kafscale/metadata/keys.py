@@ -38,7 +38,10 @@ that old layout (unambiguously: topic names never contain "/").
 
 from __future__ import annotations
 
+import re
+
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_PLAIN = re.compile("[A-Za-z0-9._-]+")  # names of _SAFE characters only
 _HEX = "0123456789ABCDEF"
 
 TOPICS = "/topics/"
@@ -68,6 +71,10 @@ class MalformedKey(ValueError):
 
 def escape(name: str) -> str:
     """One key component for `name`: never contains "/", reversible by `unescape`."""
+    if _PLAIN.fullmatch(name) and name.strip("."):
+        # Itself (nearly every name): no per-byte join, which was 2-3% of a broker's
+        # samples committing flushes of 1,024 partitions (#32).
+        return name
     raw = name.encode("utf-8", "surrogatepass")  # lone surrogates must not crash a request
     if raw and raw.strip(b".") == b"":
         return "".join(f"%{b:02X}" for b in raw)  # ".", ".." and friends: never path-like
