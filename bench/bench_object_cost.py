@@ -251,7 +251,15 @@ def run_case(shared: B.Shared, broker_name: str, write_ahead: str | None, rate_m
         begin = requests.mark()
         res["load_before"] = os.getloadavg()
         log(f"warm-up done in {res['warm_up_s']:.1f} s; offering {rate_mb:g} MB/s for {args.seconds:g} s (broker pid {getattr(broker, 'pid', '-')})")
+        pid = getattr(broker, "pid", None)
+        cpu_before = B.cpu_seconds(pid) if pid else None
         res.update(producer.run(rate_mb, args.seconds, args.drain))
+        if cpu_before is not None and broker.alive():
+            # the broker's CPU (utime + stime) over the offered phase and its drain, per MB delivered
+            res["broker_cpu_s"] = B.cpu_seconds(pid) - cpu_before
+            mb_delivered = res["delivered"] * RECORD_BYTES / MB
+            res["broker_cpu_s_per_mb"] = res["broker_cpu_s"] / mb_delivered if mb_delivered else None
+            log(f"broker CPU {res['broker_cpu_s']:.1f} s over the phase, {fmt(res['broker_cpu_s_per_mb'], '.3f')} s per MB delivered")
         producer.close()
         producer = None  # librdkafka's handle goes before the broker does (no reconnect noise)
         end = requests.mark()
