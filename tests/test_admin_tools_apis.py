@@ -6,6 +6,8 @@ have the API, raw requests (every version kio has) where they do not."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from confluent_kafka import ElectionType, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
@@ -15,6 +17,7 @@ from kafscale.errors import ErrorCode
 from kafscale.protocol.codec import kio_versions
 from tests.support.raw import RawClient, error_code, req
 from tests.support.stored import stored_bytes, stored_segments
+from tests.support.wait import wait_until
 
 
 @pytest.fixture
@@ -70,6 +73,34 @@ def test_describe_log_dirs_sizes_match_the_object_store(broker, admin, kp, topic
             [res] = c.request(35, v, req(35, v, topics=asked)).results
         assert error_code(res.error_code) == 0
         assert [(t.name, [(p.partition_index, p.partition_size) for p in t.partitions]) for t in res.topics] == [(topic_name, [(1, sizes[1])])], v
+
+
+def _log_dir_sizes(bootstrap: str, topic: str) -> dict[int, int]:
+    with RawClient(bootstrap) as c:
+        [res] = c.request(35, 4, req(35, 4, topics=None)).results
+    return {p.partition_index: p.partition_size for t in res.topics if t.name == topic for p in t.partitions}
+
+
+def test_describe_log_dirs_sizes_in_write_ahead_pieces_and_after_their_rewrite(broker_factory, topic_name):
+    """Either default: a partition's size is its log's bytes wherever they live, while they
+    are pieces of write-ahead objects and once the merger rewrote them into its own segments."""
+    b = broker_factory(extra_args=["--write-ahead-objects", "true"])
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    create(admin, topic_name, 2)
+    produce(b.bootstrap, topic_name, {0: 7, 1: 3})
+    produce(b.bootstrap, topic_name, {0: 2})
+    in_pieces = _log_dir_sizes(b.bootstrap, topic_name)
+    assert in_pieces == {p: stored_bytes(b.data_dir, topic_name, p) for p in (0, 1)} and in_pieces[0] > in_pieces[1] > 0
+    assert not list((Path(b.data_dir) / "objects" / "default" / topic_name).rglob("*.kfs"))  # all in pieces still
+    b.stop()
+    # the same store, rewritten at once
+    b = broker_factory(data_dir=b.data_dir, extra_args=["--write-ahead-objects", "true", "--segment-max-age-ms", "0", "--merge-interval-ms", "100"])
+    pdir = Path(b.data_dir) / "objects" / "default" / topic_name
+    with RawClient(b.bootstrap) as c:  # loads the partitions: the merger rewrites the logs a broker holds
+        assert [c.list_offsets(topic_name, p, -1).offset for p in (0, 1)] == [9, 3]
+    wait_until(lambda: all(list((pdir / str(p)).glob("*.kfs")) for p in (0, 1)), 30, "the pieces rewritten into segments", interval=0.1)
+    rewritten = _log_dir_sizes(b.bootstrap, topic_name)
+    assert rewritten == {p: stored_bytes(b.data_dir, topic_name, p) for p in (0, 1)} and rewritten[0] > rewritten[1] > 0
 
 
 def test_alter_replica_log_dirs_unknown_dir_and_own_dir(broker, admin, topic_name):
