@@ -436,19 +436,27 @@ class PartitionLog:
                 return
             doomed = [s for s in self.state.segments if s.last_offset < new_start]
             await self._drop_segments(doomed, new_start)
+        await self._delete_dropped(doomed, new_start)
 
     async def drop_leading_segments(self, doomed: list[SegmentInfo]) -> None:
         """Retention: delete the leading segments `doomed` (those retention.py found past
         retention.ms / retention.bytes); the log then starts after them."""
         async with self._flush_lock:
-            nxt = doomed[-1].last_offset + 1
-            await self._drop_segments(doomed, max(nxt, self.state.log_start_offset))
+            new_start = max(doomed[-1].last_offset + 1, self.state.log_start_offset)
+            await self._drop_segments(doomed, new_start)
+        await self._delete_dropped(doomed, new_start)
 
     async def _drop_segments(self, doomed: list[SegmentInfo], new_start: int) -> None:
-        ns = self.config.namespace
         self.core.state = await self.metadata.update_partition(
             self.state, log_start_offset=new_start, remove_segments=[s.base_offset for s in doomed]
         )
+
+    async def _delete_dropped(self, doomed: list[SegmentInfo], new_start: int) -> None:
+        """Deletes the objects of segments the committed state no longer lists, after the
+        flush lock is released: a slow or retried delete must not hold up this partition's
+        commits (nor, with write-ahead objects, a whole flush cycle waiting for them). No
+        upload can reuse their keys: new segments start at or above the log start offset."""
+        ns = self.config.namespace
         keys = []
         for seg in doomed:
             keys.append(segment.segment_key(ns, self.topic, self.partition, seg.base_offset))
