@@ -15,6 +15,7 @@ outcome does not depend on two requests overlapping.
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
 
 import pytest
@@ -26,6 +27,7 @@ from kafscale.storage.backends import open_store
 from kafscale.storage.objectstore import ObjectChangedError, ObjectNotFound
 from kafscale.storage.s3 import S3ObjectStore
 from tests.support.broker import BrokerProcess
+from tests.support.servers import MotoServer
 from tests.test_conditional_segments import NAMESPACE, _AnswerDroppingProxy, _append, _backend, _close, _consume_all, _manager
 
 RECORDS_PER_SEGMENT = 3
@@ -36,9 +38,32 @@ async def backend(request, tmp_path, monkeypatch):
     return await _backend(request.param, request, tmp_path, monkeypatch)
 
 
+class SerialMotoServer(MotoServer):
+    """moto answering one request at a time. moto_server checks If-Match and then stores,
+    unlocked, on a thread per request, so two PUTs over one ETag can both win (seen under
+    load; S3 itself is atomic): one request at a time makes each conditional PUT atomic."""
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-c", "import sys; from werkzeug.serving import run_simple; "
+                "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app; "
+                "run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False)",
+                str(self.port)]
+
+
+@pytest.fixture(scope="module")
+def serial_moto():
+    server = SerialMotoServer()
+    server.start()
+    with server:
+        yield server
+
+
 @pytest.fixture(params=["file", "s3"])
 async def atomic_backend(request, tmp_path, monkeypatch):
     """Stores whose replace is atomic; the fallback's HEAD-then-PUT is not (see s3.py)."""
+    if request.param == "s3":
+        request.getfixturevalue("moto_server")  # AWS_* in os.environ
+        monkeypatch.setenv("KAFSCALE_S3_ENDPOINT", request.getfixturevalue("serial_moto").endpoint)
     return await _backend(request.param, request, tmp_path, monkeypatch)
 
 
