@@ -89,7 +89,7 @@ class BrokerConfig:
     auto_create_topics: bool = field(default=True, metadata={"help": "create unknown topics on Metadata requests"})
     default_partitions: int = field(default=1, metadata={"help": "partitions of auto-created topics"})
     cache_bytes: int = field(default=256 * 1024 * 1024, metadata={"help": "memory for recently written and read segments"})
-    write_ahead_objects: bool = field(default=True, metadata={"help": "a flush writes ONE write-ahead object holding the data of every partition of this broker, committed in one metadata transaction, instead of a segment per partition (PUTs independent of the partition count); the merger rewrites it into each partition's segments later (docs/performance.md); false: each partition uploads its own segment at every flush"})
+    write_ahead_objects: bool = field(default=None, metadata={"help": "a flush writes ONE write-ahead object holding the data of every partition of this broker, committed in one metadata transaction, instead of a segment per partition (PUTs independent of the partition count); the merger rewrites it into each partition's segments later (docs/performance.md); false: each partition uploads its own segment at every flush (default: true for s3://, false for a local directory)"})
     segment_max_age_ms: int = field(default=600_000, metadata={"help": "with write-ahead objects: longest time a partition's data stays in write-ahead objects before the merger rewrites it into the partition's own segments (sooner once it has half of segment.bytes)"})
     write_ahead_orphan_age_ms: int = field(default=300_000, metadata={"help": "with write-ahead objects: a write-ahead object no segment refers to is deleted once this old (and unreferenced for --merge-grace-ms); a flush commits nothing into an object older than a quarter of it, so this bounds the clock skew between brokers tolerated"})
     merge_interval_ms: int = field(default=10_000, metadata={"help": "how often small adjacent segments are merged and write-ahead pieces rewritten into segments (0 disables merging; the rewrite and the deletion of write-ahead objects then run every 10 s)"})
@@ -158,6 +158,12 @@ class BrokerConfig:
             # interval: the spec's cost profile (README: "Latency and S3 cost"). An idle
             # partition still answers at once.
             self.min_flush_interval_ms = self.flush_interval_ms if self.storage_url.is_s3 else 0
+        if self.write_ahead_objects is None:
+            # Write-ahead objects make the PUT bill independent of the partition count: on
+            # S3, where every PUT is billed. A local directory bills nothing, and there a
+            # partition's own segment answers sooner (docs/performance.md, #33: paced p50
+            # 8.5 ms against 12-37 ms with write-ahead objects on the embedded default).
+            self.write_ahead_objects = self.storage_url.is_s3
 
     def resolved_listeners(self):
         """(bound, advertised) listeners; raises security.listeners.ListenerError."""

@@ -27,6 +27,7 @@ class StorageConfig:
     broker_id: int = 0  # names this broker's write-ahead objects
     # One write-ahead object per flush for all partitions (storage/write_ahead_flusher.py),
     # rewritten into per-partition segments by the merger after at most segment_max_age_ms.
+    # A broker resolves it by its store (BrokerConfig: on for s3://, off for a directory).
     write_ahead_objects: bool = True
     segment_max_age_ms: int = 600_000
     write_ahead_orphan_age_ms: int = 300_000
