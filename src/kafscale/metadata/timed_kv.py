@@ -15,20 +15,20 @@ from kafscale.observed import Timed, timed
 class TimedKV(Timed, KV):
     # operations told to the hooks: get, get_many, range, commit or read_all
 
-    async def get(self, key):
-        return await timed(self.request_hooks, "get", self.inner.get(key))
+    def get(self, key):
+        return timed(self.request_hooks, "get", self.inner.get(key))
 
-    async def get_many(self, keys):
-        return await timed(self.request_hooks, "get_many", self.inner.get_many(keys))
+    def get_many(self, keys):
+        return timed(self.request_hooks, "get_many", self.inner.get_many(keys))
 
-    async def range(self, prefix):
-        return await timed(self.request_hooks, "range", self.inner.range(prefix))
+    def range(self, prefix):
+        return timed(self.request_hooks, "range", self.inner.range(prefix))
 
-    async def commit(self, txn):
-        return await timed(self.request_hooks, "commit", self.inner.commit(txn))
+    def commit(self, txn):
+        return timed(self.request_hooks, "commit", self.inner.commit(txn))
 
-    async def read_all(self):
-        return await timed(self.request_hooks, "read_all", self.inner.read_all())
+    def read_all(self):
+        return timed(self.request_hooks, "read_all", self.inner.read_all())
 
     async def check(self):
         return await self.inner.check()  # the health probe: /readyz reports it

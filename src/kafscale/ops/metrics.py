@@ -17,7 +17,9 @@ imported.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import time
 from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
@@ -34,6 +36,39 @@ log = logging.getLogger("kafscale.ops")
 # Request latency buckets: a produce waits for an object-store upload (ms on a local disk,
 # tens to hundreds of ms on S3); a fetch long-polls up to max.wait.ms (500 ms by default).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _LoopValue:
+    """A bucket's count or the sum of a LoopHistogram: a plain number, read by Histogram's
+    own exposition (get, get_exemplar), as its lock-guarded values are."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def get(self) -> float:
+        return self.value
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+class LoopHistogram(Histogram):
+    """A prometheus_client Histogram observed from the event loop only: its bucket found by
+    bisection and plain numbers added to, not a lock taken per bucket and per sum (an
+    observe was ~1.3 us of the loop's time, four a flush, one a request; #33). Exposed by
+    Histogram's own code, the same samples; no exemplars, no multiprocess mode."""
+
+    def _metric_init(self) -> None:
+        self._created = time.time()
+        self._sum = _LoopValue()
+        self._buckets = [_LoopValue() for _ in self._upper_bounds]
+
+    def observe(self, amount: float, exemplar=None) -> None:
+        self._sum.value += amount
+        if amount == amount:  # a NaN lands in no bucket (as in Histogram.observe)
+            self._buckets[bisect.bisect_left(self._upper_bounds, amount)].value += 1
 
 
 def api_name(api_key: int) -> str:
@@ -64,7 +99,7 @@ class BrokerMetrics:
         self.request_errors = Counter(
             "kafscale_request_errors", "Requests whose handler failed (the connection is closed), by API and version", ["api", "version"], registry=r
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(
             "kafscale_request_duration_seconds", "Time from a request's arrival to its response being ready, by API", ["api"], buckets=LATENCY_BUCKETS, registry=r
         )
         self.sasl_authentications = Counter(
@@ -76,19 +111,19 @@ class BrokerMetrics:
         self.partition_errors = Counter(
             "kafscale_partition_errors", "Per-partition error codes in Produce/Fetch responses, by API and error", ["api", "error"], registry=r
         )
-        self.flush_seconds = Histogram(
+        self.flush_seconds = LoopHistogram(
             "kafscale_flush_duration_seconds", "Time to upload a segment and commit it to the metadata store", buckets=LATENCY_BUCKETS, registry=r
         )
-        self.flush_bytes = Histogram(
+        self.flush_bytes = LoopHistogram(
             "kafscale_flush_size_bytes", "Size of each uploaded segment (small ones mean many PUTs per byte)",
             buckets=(1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864), registry=r,
         )
-        self.store_seconds = Histogram(
+        self.store_seconds = LoopHistogram(
             "kafscale_object_store_request_duration_seconds", "Time an object-store call took as its caller waited (retries included), by operation",
             ["op"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.store_failures = Counter("kafscale_object_store_request_failures", "Object-store calls that failed (after retries), by operation", ["op"], registry=r)
-        self.metadata_seconds = Histogram(
+        self.metadata_seconds = LoopHistogram(
             "kafscale_metadata_request_duration_seconds", "Time a metadata-store call (SQLite or etcd) took as its caller waited, by operation",
             ["op"], buckets=LATENCY_BUCKETS, registry=r,
         )

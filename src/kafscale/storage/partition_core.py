@@ -265,15 +265,27 @@ class PartitionCore:
             out = self.halt(StorageError(f"{self.name} is no longer owned here", ErrorCode.not_leader_or_follower))
             out.forget = True
             return out
-        taken, size = [], 0
-        while self.buffer and size < self.settings.segment_bytes:
-            b = self.buffer.pop(0)
-            taken.append(b)
-            size += b.nbytes
-        self.buffered_bytes -= size
+        if self.buffered_bytes < self.settings.segment_bytes:
+            # All of it (nearly every flush): one list handed over, no pops from the front.
+            taken, self.buffer = self.buffer, []
+            self.buffered_bytes = 0
+            self.waiting_acks = 0
+            self.buffered_markers = 0
+        else:
+            taken, size, limit = [], 0, self.settings.segment_bytes
+            n = acks = markers = 0
+            for b in self.buffer:
+                if size >= limit:
+                    break
+                n += 1
+                size += b.nbytes
+                acks += 1 if b.waiters else 0
+                markers += b.marker
+            taken, self.buffer = self.buffer[:n], self.buffer[n:]
+            self.buffered_bytes -= size
+            self.waiting_acks -= acks
+            self.buffered_markers -= markers
         self.buffer_since = now
-        self.waiting_acks -= sum(1 for b in taken if b.waiters)
-        self.buffered_markers -= sum(1 for b in taken if b.marker)
         base = self.uploads[-1].end_offset if self.uploads else self.state.high_watermark
         end = self.buffer[0].base_offset if self.buffer else self.next_offset
         upload = Upload(taken, base, self.producers.open_at(end, self.closing_txns), end)
@@ -285,7 +297,10 @@ class PartitionCore:
     def in_flight_upload(self, upload: Upload) -> bool:
         """Whether `upload` still waits for its outcome (False: a failure of an upload
         before it answered it already)."""
-        return any(u is upload for u in self.uploads)
+        for u in self.uploads:  # (by identity: an Upload compares equal by its fields)
+            if u is upload:
+                return True
+        return False
 
     def commit_landed(self, latest: PartitionState | None, info: SegmentInfo) -> bool:
         """After an ambiguous failure: does `latest` (the metadata re-read) hold this very
@@ -302,9 +317,13 @@ class PartitionCore:
         its batches."""
         self.state = state
         self.producers.durable(state.high_watermark)
-        self.closing_txns = [t for t in self.closing_txns if t[2] >= state.high_watermark]
+        if self.closing_txns:
+            self.closing_txns = [t for t in self.closing_txns if t[2] >= state.high_watermark]
         n = len(self.uploads.pop(0).batches) if self.uploads else len(self.in_flight)
-        done, self.in_flight = self.in_flight[:n], self.in_flight[n:]
+        if n == len(self.in_flight):  # the only upload in flight (nearly always): no slicing
+            done, self.in_flight = self.in_flight, []
+        else:
+            done, self.in_flight = self.in_flight[:n], self.in_flight[n:]
         self.uploading = bool(self.uploads)
         return Outcome([self._answer(done, None)], notify_readers=True)
 

@@ -18,47 +18,47 @@ ANSWERS = (ObjectNotFound, ObjectExistsError, ObjectChangedError)  # outcomes, n
 class TimedObjectStore(Timed, ObjectStore):
     # operations told to the hooks: put, get, list, delete or copy
 
-    async def put(self, key, parts):
-        return await timed(self.request_hooks, "put", self.inner.put(key, parts), ANSWERS)
+    def put(self, key, parts):
+        return timed(self.request_hooks, "put", self.inner.put(key, parts), ANSWERS)
 
-    async def put_many(self, objects):
-        return await timed(self.request_hooks, "put", self.inner.put_many(objects), ANSWERS)
+    def put_many(self, objects):
+        return timed(self.request_hooks, "put", self.inner.put_many(objects), ANSWERS)
 
-    async def create(self, key, parts):
-        return await timed(self.request_hooks, "put", self.inner.create(key, parts), ANSWERS)
+    def create(self, key, parts):
+        return timed(self.request_hooks, "put", self.inner.create(key, parts), ANSWERS)
 
-    async def create_many(self, objects):
-        return await timed(self.request_hooks, "put", self.inner.create_many(objects), ANSWERS)
+    def create_many(self, objects):
+        return timed(self.request_hooks, "put", self.inner.create_many(objects), ANSWERS)
 
-    async def replace(self, key, parts, expected):
-        return await timed(self.request_hooks, "put", self.inner.replace(key, parts, expected), ANSWERS)
+    def replace(self, key, parts, expected):
+        return timed(self.request_hooks, "put", self.inner.replace(key, parts, expected), ANSWERS)
 
-    async def get_with_version(self, key):
-        return await timed(self.request_hooks, "get", self.inner.get_with_version(key), ANSWERS)
+    def get_with_version(self, key):
+        return timed(self.request_hooks, "get", self.inner.get_with_version(key), ANSWERS)
 
-    async def get(self, key, start=0, end=None):
-        return await timed(self.request_hooks, "get", self.inner.get(key, start, end), ANSWERS)
+    def get(self, key, start=0, end=None):
+        return timed(self.request_hooks, "get", self.inner.get(key, start, end), ANSWERS)
 
-    async def get_many(self, requests, concurrency=32):
-        return await timed(self.request_hooks, "get", self.inner.get_many(requests, concurrency), ANSWERS)
+    def get_many(self, requests, concurrency=32):
+        return timed(self.request_hooks, "get", self.inner.get_many(requests, concurrency), ANSWERS)
 
-    async def get_tail(self, key, nbytes):
-        return await timed(self.request_hooks, "get", self.inner.get_tail(key, nbytes), ANSWERS)
+    def get_tail(self, key, nbytes):
+        return timed(self.request_hooks, "get", self.inner.get_tail(key, nbytes), ANSWERS)
 
-    async def get_tails(self, keys, nbytes, concurrency=32):
-        return await timed(self.request_hooks, "get", self.inner.get_tails(keys, nbytes, concurrency), ANSWERS)
+    def get_tails(self, keys, nbytes, concurrency=32):
+        return timed(self.request_hooks, "get", self.inner.get_tails(keys, nbytes, concurrency), ANSWERS)
 
-    async def copy(self, source, target):
-        return await timed(self.request_hooks, "copy", self.inner.copy(source, target), ANSWERS)
+    def copy(self, source, target):
+        return timed(self.request_hooks, "copy", self.inner.copy(source, target), ANSWERS)
 
-    async def delete(self, keys):
-        return await timed(self.request_hooks, "delete", self.inner.delete(keys), ANSWERS)
+    def delete(self, keys):
+        return timed(self.request_hooks, "delete", self.inner.delete(keys), ANSWERS)
 
-    async def list(self, prefix):
-        return await timed(self.request_hooks, "list", self.inner.list(prefix), ANSWERS)
+    def list(self, prefix):
+        return timed(self.request_hooks, "list", self.inner.list(prefix), ANSWERS)
 
-    async def list_sizes(self, prefix):
-        return await timed(self.request_hooks, "list", self.inner.list_sizes(prefix), ANSWERS)
+    def list_sizes(self, prefix):
+        return timed(self.request_hooks, "list", self.inner.list_sizes(prefix), ANSWERS)
 
     async def check(self):
         return await self.inner.check()  # the health probe: /readyz reports it
