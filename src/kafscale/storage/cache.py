@@ -46,16 +46,16 @@ class SegmentView:
         # base offset, and a view of the one before must not stand for it (reader.py).
         self.stands_for: tuple[int, int] | None = None
         self.data = memoryview(data)
-        self.batch_offsets = array("q")
-        self.batch_last_offsets = array("q")
-        self.positions = array("q")
-        self.max_timestamps = array("q")
-        for pos, h in records.iter_batches(self.data):
-            self.batch_offsets.append(h.base_offset)
-            self.batch_last_offsets.append(h.last_offset)
-            self.positions.append(pos)
-            self.max_timestamps.append(h.max_timestamp)
-        self.last_offset = self.batch_last_offsets[-1] if self.batch_last_offsets else base_offset - 1
+        self.batch_offsets = offsets = array("q")
+        self.batch_last_offsets = lasts = array("q")
+        self.positions = positions = array("q")
+        self.max_timestamps = stamps = array("q")
+        for pos, base, last, max_ts, _count in records.batch_spans(self.data):
+            offsets.append(base)
+            lasts.append(last)
+            positions.append(pos)
+            stamps.append(max_ts)
+        self.last_offset = lasts[-1] if lasts else base_offset - 1
 
     @property
     def nbytes(self) -> int:
@@ -122,7 +122,10 @@ class SegmentCache:
         if old is not None:
             self.bytes -= old.nbytes
         self._views[key] = view
-        self._by_partition.setdefault(key[:2], set()).add(key)
+        group = self._by_partition.get(key[:2])
+        if group is None:
+            group = self._by_partition[key[:2]] = set()
+        group.add(key)
         self.bytes += view.nbytes
         self.give_way()
 

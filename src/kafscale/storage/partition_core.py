@@ -62,8 +62,7 @@ class BufferedBatch:
     marker: bool = False  # an end-transaction marker: flushed without waiting for min_flush_interval
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
+class Answer(NamedTuple):  # a NamedTuple, as Appended: one or more a flush (#33)
     """Waiters to resolve: acknowledged when `error` is None (durable), else rejected."""
 
     waiters: list[Any]
@@ -325,6 +324,8 @@ class PartitionCore:
         else:
             done, self.in_flight = self.in_flight[:n], self.in_flight[n:]
         self.uploading = bool(self.uploads)
+        if len(done) == 1:  # one batch a flush (a producer waiting on each): no comprehension
+            return Outcome([Answer(done[0].waiters, None)], notify_readers=True)
         return Outcome([self._answer(done, None)], notify_readers=True)
 
     def flush_failed(self, error: BaseException, latest: PartitionState | None = None) -> Outcome:

@@ -133,15 +133,15 @@ def encode(
     pos = HEADER_SIZE
     for buf in batches:
         crc = records.crc32c(buf, crc)
-        for bpos, h in records.iter_batches(buf):
+        for bpos, batch_base, batch_last, batch_max_ts, records_in in records.batch_spans(buf):
             if since_entry >= index_interval:
-                entries.append(INDEX_ENTRY.pack(h.base_offset, pos + bpos))
+                entries.append(INDEX_ENTRY.pack(batch_base, pos + bpos))
                 since_entry = 0
-            since_entry += h.record_count
-            count += h.record_count
-            last_offset_seen = h.last_offset
-            if h.max_timestamp > max_ts:
-                max_ts = h.max_timestamp
+            since_entry += records_in
+            count += records_in
+            last_offset_seen = batch_last
+            if batch_max_ts > max_ts:
+                max_ts = batch_max_ts
         pos += len(buf)
     if last_offset is not None:
         if last_offset < last_offset_seen:
