@@ -157,6 +157,45 @@ def install() -> None:
 
         partition_log.PartitionLog._store = _store
         partition_log.PartitionLog._commit = _commit
+
+        if hasattr(partition_log.PartitionLog, "_store_and_commit"):  # a small flush as one job on the commit thread
+            original_one_job = partition_log.PartitionLog._store_and_commit
+
+            async def _store_and_commit(self, upload):
+                fl = new_flush(self, upload.batches)
+                fl["one_job"] = True
+                FLUSH.set(fl)
+                try:
+                    taken = await original_one_job(self, upload)
+                finally:
+                    FLUSH.set(None)
+                if taken:
+                    fl["end"] = now()
+                else:
+                    flushes.remove(fl)  # the two-stage path records it
+                return taken
+
+            partition_log.PartitionLog._store_and_commit = _store_and_commit
+
+            original_blocking = local_store.LocalObjectStore.blocking_create_many
+
+            def blocking_create_many(self, objects):
+                call = original_blocking(self, objects)
+                fl = FLUSH.get()
+                if call is None or fl is None:
+                    return call
+
+                def run():  # on the commit thread: the flush's spans go on there
+                    token = FLUSH.set(fl)
+                    try:
+                        call()
+                    finally:
+                        FLUSH.reset(token)
+                        fl["stored"] = fl["commit_start"] = now()  # then the SQLite commit, and the hop back
+
+                return run
+
+            local_store.LocalObjectStore.blocking_create_many = blocking_create_many
     else:
         original_upload = partition_log.PartitionLog._upload
 
@@ -207,11 +246,11 @@ def install() -> None:
                 fl["end"] = now()
                 FLUSH.set(None)
 
-        async def commit_segments(self, commits):
+        async def commit_segments(self, commits, *args):
             fl = FLUSH.get()
-            if fl is not None:
+            if fl is not None and not fl.get("one_job"):
                 fl["commit_start"] = now()
-            out = await original_commit_segments(self, commits)
+            out = await original_commit_segments(self, commits, *args)
             if fl is not None:
                 fl["committed"] = now()
             return out
@@ -312,6 +351,19 @@ def install() -> None:
         return ok
 
     sqlite.SqliteKV.commit = kv_commit
+
+    original_kv_commit_after = getattr(sqlite.SqliteKV, "commit_after", None)
+
+    async def kv_commit_after(self, before, txn):
+        t = now()
+        ok = await original_kv_commit_after(self, before, txn)
+        fl = FLUSH.get()
+        if fl is not None:
+            fl["kv_commit_ns"] = fl.get("kv_commit_ns", 0) + now() - fl.get("stored", t)  # the commit after the objects
+        return ok
+
+    if original_kv_commit_after is not None:
+        sqlite.SqliteKV.commit_after = kv_commit_after
 
     original_landed = partition_log.PartitionLog.flush_landed
 

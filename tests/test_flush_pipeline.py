@@ -19,7 +19,7 @@ from kafscale.errors import ErrorCode
 from kafscale.metadata.kv import MetadataUnavailable
 from kafscale.metadata.store import TopicMeta
 from kafscale.protocol import records
-from kafscale.storage import segment
+from kafscale.storage import partition_log, segment
 from kafscale.storage.failures import StorageError
 from tests.support.broker import in_process_broker
 from tests.support.wait import wait_until_async
@@ -28,8 +28,11 @@ TS = 1_700_000_000_000
 
 
 @pytest.fixture
-async def eager_broker(tmp_path):
-    """Flushes as soon as something waits (the embedded default), merges off."""
+async def eager_broker(tmp_path, monkeypatch):
+    """Flushes as soon as something waits (the embedded default), merges off; every flush
+    in two stages (upload, then commit), as a large flush is (a small one with no commit in
+    flight is one job on the commit thread: tests/test_flush_one_job.py)."""
+    monkeypatch.setattr(partition_log, "ONE_JOB_MAX_BYTES", -1)
     # Per-partition layout: these tests are about one partition's own segment uploads and commits.
     async with in_process_broker(tmp_path, min_flush_interval_ms=0, write_ahead_objects=False) as broker:
         yield broker
@@ -58,12 +61,12 @@ class HeldCommits:
         self.release = asyncio.Event()
         self.fail_first = False
 
-    async def __call__(self, st, seg):
+    async def __call__(self, st, seg, before=None):
         self.started.append(seg.base_offset)
         await self.release.wait()
         if self.fail_first and len(self.started) == 1:
             raise MetadataUnavailable("metadata store unavailable")
-        return await self.original(st, seg)
+        return await self.original(st, seg, before)
 
 
 async def _outcome(fut):

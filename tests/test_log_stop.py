@@ -387,11 +387,11 @@ async def test_an_upload_in_flight_is_answered_by_its_outcome(local_broker, monk
     may_commit = asyncio.Event()
     original = logs.metadata.commit_segments  # (a write-ahead flush's and commit_segment's)
 
-    async def slow_commit(commits):
+    async def slow_commit(commits, before=None):
         await may_commit.wait()
         if not commit_lands:  # as commit_segments answers a failed store: the error for each
             return [MetadataUnavailable("metadata store unavailable")] * len(commits)
-        return await original(commits)
+        return await original(commits, before)
 
     monkeypatch.setattr(logs.metadata, "commit_segments", slow_commit)
     flushing = asyncio.ensure_future(lg.flush())

@@ -275,7 +275,7 @@ def test_error_response_mirrors_the_request():
     assert r.error_code == ErrorCode.unknown_server_error
     [t] = r.responses
     assert t.topic == "a" and [(p.partition_index, p.error_code, p.high_watermark, p.records) for p in t.partitions] == [
-        (0, ErrorCode.unknown_server_error, -1, None), (3, ErrorCode.unknown_server_error, -1, None)]
+        (0, ErrorCode.unknown_server_error, -1, b""), (3, ErrorCode.unknown_server_error, -1, b"")]  # empty records, not null
     groups = req(DESCRIBE_GROUPS, 5, groups=("g1", "g2"), include_authorized_operations=False)
     r = error_response.build(DESCRIBE_GROUPS, 5, groups, ErrorCode.coordinator_not_available.value)
     assert [(g.group_id, g.error_code) for g in r.groups] == [("g1", ErrorCode.coordinator_not_available), ("g2", ErrorCode.coordinator_not_available)]

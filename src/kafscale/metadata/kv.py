@@ -9,11 +9,21 @@ sqlite.py) and etcd (etcd.py) behave alike; `backends.open_kv` picks one for a m
 from __future__ import annotations
 
 import abc
+import asyncio
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 class MetadataUnavailable(IOError):
     """The metadata backend cannot be reached; callers answer a retriable Kafka error."""
+
+
+class BeforeCommitFailed(Exception):
+    """The blocking step of `KV.commit_after` raised (`error`): nothing was committed."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,17 @@ class KV(abc.ABC):
     @abc.abstractmethod
     async def commit(self, txn: Txn) -> bool:
         """Apply txn atomically; False (and nothing applied) if a compare failed."""
+
+    async def commit_after(self, before: Callable[[], None], txn: Txn) -> bool:
+        """commit(txn) once `before` has returned: a blocking step (writing and fsyncing the
+        objects the txn names) that must be durable before the txn is. Raises
+        BeforeCommitFailed, with nothing committed, when `before` raised. A backend with a
+        commit thread of its own runs `before` there (sqlite.py: one thread hop for both)."""
+        try:
+            await asyncio.to_thread(before)
+        except Exception as e:  # noqa: BLE001 - the step's failure, told apart from the commit's
+            raise BeforeCommitFailed(e) from e
+        return await self.commit(txn)
 
     async def get_many(self, keys: list[str]) -> list[KeyValue | None]:
         """Each key's record (None when absent), in the order asked. Not one consistent read:

@@ -7,7 +7,7 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kafscale.metadata.kv import KV, KeyValue, Txn
+from kafscale.metadata.kv import KV, BeforeCommitFailed, KeyValue, Txn
 
 
 _KEYS_PER_SELECT = 500  # below SQLite's limit of bound parameters per statement
@@ -36,7 +36,7 @@ class SqliteKV(KV):
         self._writer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._writer.execute("PRAGMA synchronous=FULL")  # a per-connection setting
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
-        self._queued: list[tuple[Txn, asyncio.Future]] = []
+        self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its `before` or None)
         self._committing = False
 
     async def get(self, key: str) -> KeyValue | None:
@@ -60,9 +60,18 @@ class SqliteKV(KV):
         return [KeyValue(k, bytes(v), ver) for k, v, ver in rows]
 
     async def commit(self, txn: Txn) -> bool:
+        return await self._enqueue(txn, None)
+
+    async def commit_after(self, before, txn: Txn) -> bool:
+        """`before` runs on the writer thread just ahead of the group's transactions, so a
+        flush's file write and fsyncs and its commit cost one thread hop there and one back
+        (sqlite.py's group commit; kv.py's contract)."""
+        return await self._enqueue(txn, before)
+
+    async def _enqueue(self, txn: Txn, before) -> bool:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._queued.append((txn, done))
+        self._queued.append((txn, done, before))
         if not self._committing:
             self._start_group(loop)
         return await done
@@ -70,7 +79,7 @@ class SqliteKV(KV):
     def _start_group(self, loop: asyncio.AbstractEventLoop) -> None:
         group, self._queued = self._queued, []
         self._committing = True
-        work = self._thread.submit(self._commit_group, [txn for txn, _ in group])
+        work = self._thread.submit(self._commit_group, [(txn, before) for txn, _, before in group])
         work.add_done_callback(lambda w: self._hand_back(loop, group, w))
 
     def _hand_back(self, loop: asyncio.AbstractEventLoop, group: list, work) -> None:
@@ -85,7 +94,7 @@ class SqliteKV(KV):
             results = work.result()
         except BaseException as e:  # noqa: BLE001 - the whole group's outcome
             results = [e] * len(group)
-        for (_, done), result in zip(group, results):
+        for (_, done, _before), result in zip(group, results):
             if done.done():
                 continue
             if isinstance(result, BaseException):
@@ -95,14 +104,24 @@ class SqliteKV(KV):
         if self._queued:
             self._start_group(loop)
 
-    def _commit_group(self, txns: list[Txn]) -> list:
+    def _commit_group(self, txns: list[tuple[Txn, object]]) -> list:
         """On the writer thread: each txn's outcome (True, False for a failed compare, or
-        the exception it raised), all made durable by one COMMIT."""
+        the exception it raised), all made durable by one COMMIT. The `before` steps run
+        first, each before the COMMIT that makes its txn durable; a txn whose step raised
+        is left out (BeforeCommitFailed)."""
         db = self._writer
-        outcomes: list = []
+        outcomes: list = [None] * len(txns)
+        for i, (_txn, before) in enumerate(txns):
+            if before is not None:
+                try:
+                    before()
+                except Exception as e:  # noqa: BLE001 - this txn's step, not the group's
+                    outcomes[i] = BeforeCommitFailed(e)
         db.execute("BEGIN IMMEDIATE")
         try:
-            for txn in txns:
+            for i, (txn, _before) in enumerate(txns):
+                if outcomes[i] is not None:
+                    continue
                 db.execute("SAVEPOINT txn")
                 try:
                     ok = self._apply(db, txn)
@@ -111,7 +130,7 @@ class SqliteKV(KV):
                 if ok is not True:
                     db.execute("ROLLBACK TO txn")
                 db.execute("RELEASE txn")
-                outcomes.append(ok)
+                outcomes[i] = ok
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

@@ -254,17 +254,20 @@ class MetadataStore:
             st.segments = [decode_segment(s.value) for s in await self.kv.range(keys.segments_prefix(topic, partition))]
         return st
 
-    async def commit_segment(self, st: PartitionState, seg: SegmentInfo) -> PartitionState:
+    async def commit_segment(self, st: PartitionState, seg: SegmentInfo, before=None) -> PartitionState:
         """Append a flushed segment and advance the high watermark, if nobody else has.
 
         `st` is the caller's last known state; its version guards the write (fencing).
+        `before`: a blocking call that writes the segment's objects, run by the backend just
+        ahead of the commit (kv.KV.commit_after); when it raises, nothing is committed and
+        this raises kv.BeforeCommitFailed.
         """
-        result = (await self.commit_segments([(st, seg)]))[0]
+        result = (await self.commit_segments([(st, seg)], before))[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    async def commit_segments(self, commits: list[tuple[PartitionState, SegmentInfo]]) -> list[PartitionState | Exception]:
+    async def commit_segments(self, commits: list[tuple[PartitionState, SegmentInfo]], before=None) -> list[PartitionState | Exception]:
         """`commit_segment` for many partitions at once (a write-ahead flush): for each
         (state, segment) the new state, or the error that kept it out (ConflictError when
         its partition changed meanwhile: fenced, ownership moved; any other when the store
@@ -277,7 +280,7 @@ class MetadataStore:
         if len(commits) <= COMMIT_CHUNK:
             # One transaction (every per-partition flush): awaited here, not in a task of its
             # own for gather (a task, a gather future and their callbacks a flush, #33).
-            await self._commit_chunk_or_fail(commits, range(len(commits)), results)
+            await self._commit_chunk_or_fail(commits, range(len(commits)), results, before)
         else:
             await asyncio.gather(*(
                 self._commit_chunk_or_fail(commits, range(i, min(i + COMMIT_CHUNK, len(commits))), results)
@@ -285,15 +288,15 @@ class MetadataStore:
             ))
         return results  # type: ignore[return-value]
 
-    async def _commit_chunk_or_fail(self, commits, chunk: range, results: list) -> None:
+    async def _commit_chunk_or_fail(self, commits, chunk: range, results: list, before=None) -> None:
         try:
-            await self._commit_chunk(commits, chunk, results)
+            await self._commit_chunk(commits, chunk, results, before)
         except Exception as e:  # noqa: BLE001 - the store failed: these partitions' outcomes are unknown
             for i in chunk:
                 if results[i] is None:
                     results[i] = e
 
-    async def _commit_chunk(self, commits, chunk, results: list) -> None:
+    async def _commit_chunk(self, commits, chunk, results: list, before=None) -> None:
         for _ in range(COMMIT_ATTEMPTS):
             txn = Txn()
             compares, puts = txn.compares, txn.puts
@@ -310,7 +313,12 @@ class MetadataStore:
                 live.append(i)
             if not live:
                 return
-            if await self.kv.commit(txn):
+            if before is not None:  # on the first attempt only: the objects are written once
+                committed = await self.kv.commit_after(before, txn)
+                before = None
+            else:
+                committed = await self.kv.commit(txn)
+            if committed:
                 for i in live:
                     st, seg = commits[i]
                     results[i] = PartitionState(

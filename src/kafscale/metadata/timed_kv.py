@@ -27,6 +27,9 @@ class TimedKV(Timed, KV):
     def commit(self, txn):
         return timed(self.request_hooks, "commit", self.inner.commit(txn))
 
+    def commit_after(self, before, txn):
+        return timed(self.request_hooks, "commit", self.inner.commit_after(before, txn))
+
     def read_all(self):
         return timed(self.request_hooks, "read_all", self.inner.read_all())
 

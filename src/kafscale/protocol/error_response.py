@@ -158,7 +158,12 @@ def _primitive(f: dataclasses.Field, source: Any, code: ErrorCode, top: bool) ->
     nullable = is_optional(f)
     if kind == "string":
         return None if nullable else ""
-    if kind in ("bytes", "records"):
+    if kind == "records":
+        # Empty, never null, as Kafka's error responses (MemoryRecords.EMPTY): librdkafka
+        # fails to parse a null record set in a Fetch answer ("invalid MessageSetSize -1")
+        # and the consumer sees a protocol error instead of the partition's error code.
+        return b""
+    if kind == "bytes":
         return None if nullable else b""
     if kind == "bool":
         return False

@@ -158,18 +158,26 @@ class LocalObjectStore(ObjectStore):
         await self.create_many([(key, parts)])
 
     async def create_many(self, objects: list[tuple[str, list]]) -> None:
-        # One worker-thread hop, as put_many; the index only once the segment is ours.
-        def create_all() -> None:
+        # One worker-thread hop, as put_many.
+        await asyncio.to_thread(self._create_many_sync, objects)
+
+    def _create_many_sync(self, objects: list[tuple[str, list]]) -> None:
+        """The index only once the segment is ours; one directory fsync for both."""
+        try:
             paths = [self._create_sync(*objects[0])]
             paths += [self._put_sync(key, parts, sync_dir=False) for key, parts in objects[1:]]
-            self._sync_dirs(paths)  # one fsync for the segment and its index (one directory)
-
-        try:
-            await asyncio.to_thread(create_all)
+            self._sync_dirs(paths)
         except ObjectExistsError:
             raise
         except OSError as e:
             raise ObjectStoreError(f"create {objects[0][0]}: {e}") from e
+
+    def blocking_create_many(self, objects: list[tuple[str, list]]):
+        # A subclass or an instance that changes how creates go (tests' failing stores)
+        # keeps its own way: the blocking call is the plain create_many's.
+        if getattr(self.create_many, "__func__", None) is not LocalObjectStore.create_many:
+            return None
+        return lambda: self._create_many_sync(objects)
 
     @staticmethod
     def _version(data: bytes) -> str:

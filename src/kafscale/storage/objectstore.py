@@ -71,6 +71,13 @@ class ObjectStore(abc.ABC):
         if len(objects) > 1:
             await self.put_many(objects[1:])
 
+    def blocking_create_many(self, objects: list[tuple[str, list]]):
+        """`create_many` as one blocking call for a worker thread, or None when this store
+        has no such call (only network stores: the local directory has one). A flush hands
+        it to the metadata store's commit thread to run just before its commit (one thread
+        hop for the object and the commit, kv.KV.commit_after). Raises what create_many would."""
+        return None
+
     @abc.abstractmethod
     async def get_with_version(self, key: str) -> tuple[bytes, str]:
         """(the whole object, an opaque version token of exactly these bytes) in one read.

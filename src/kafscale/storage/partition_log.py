@@ -18,6 +18,7 @@ import time
 from typing import Callable
 
 from kafscale.errors import ErrorCode
+from kafscale.metadata.kv import BeforeCommitFailed
 from kafscale.metadata.segments import SegmentInfo
 from kafscale.metadata.store import MetadataStore, PartitionState, TopicMeta
 from kafscale.metadata.topic_config import LogSettings
@@ -33,6 +34,12 @@ from kafscale.storage.reader import SegmentReader
 from kafscale.storage.txn import AbortedIndex, aborted_in_range, cut_at
 
 log = logging.getLogger("kafscale.storage")
+
+# A flush of at most this many bytes writes its segment and commits it in one job on the
+# metadata store's commit thread when the store allows (PartitionLog._store_and_commit):
+# small flushes are bound by CPU (thread hops, wake-ups), large ones by the write and its
+# fsync, which the two-stage path overlaps with the commit of the flush before.
+ONE_JOB_MAX_BYTES = 128 * 1024
 
 
 class PartitionLog:
@@ -232,6 +239,8 @@ class PartitionLog:
             if out.upload is None:  # ownership lost: halted
                 self._apply(out)
                 return
+            if not self._flush_lock.locked() and await self._store_and_commit(out.upload):
+                return
             stored = await self._store(out.upload)
             if stored is None:
                 return
@@ -243,6 +252,38 @@ class PartitionLog:
         task = asyncio.get_running_loop().create_task(self._commit(out.upload, *stored))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
+
+    async def _store_and_commit(self, upload) -> bool:
+        """With no commit of this log in flight and a store that writes from a worker thread
+        (the local directory): write the segment and commit it in one job on the metadata
+        store's commit thread (kv.KV.commit_after), then answer. One thread hop each way
+        instead of two: on the embedded default a flush's hops and wake-ups were a large part
+        of the broker's CPU per acknowledged request (docs/performance.md, #33). Durability is
+        the same: the objects' fsyncs (file, directory) come before the commit's. False: not
+        taken (a large flush, another kind of store); the caller uploads and commits in two
+        stages."""
+        if sum(b.nbytes for b in upload.batches) > ONE_JOB_MAX_BYTES:
+            return False
+        body = [b.data for b in upload.batches]
+        enc = segment.encode(body, upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
+        objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
+        write = self.store.blocking_create_many(objects)
+        if write is None:
+            return False
+        started = time.monotonic()
+        async with self._flush_lock:  # free: nothing of this log is committing
+            try:
+                state = await self.metadata.commit_segment(self.core.state, enc.info, before=write)
+            except asyncio.CancelledError:
+                self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
+                raise
+            except Exception as e:  # noqa: BLE001 - not written (nothing committed), or the commit's outcome unknown
+                if self.core.in_flight_upload(upload):
+                    await self.flush_uncertain(e.error if isinstance(e, BeforeCommitFailed) else e, enc.info, body, started)
+                return True
+            if self.core.in_flight_upload(upload):  # else cancelled meanwhile (stopping): answered
+                self.flush_landed(state, enc.info, body, started, len(objects))
+        return True
 
     async def _store(self, upload):
         """Upload one segment (durable in the store, not committed): (encoded segment,

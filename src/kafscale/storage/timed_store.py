@@ -9,6 +9,9 @@ its operation. A missing object or a lost conditional write is an answer, not a 
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from kafscale.observed import Timed, timed
 from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore
 
@@ -29,6 +32,33 @@ class TimedObjectStore(Timed, ObjectStore):
 
     def create_many(self, objects):
         return timed(self.request_hooks, "put", self.inner.create_many(objects), ANSWERS)
+
+    def blocking_create_many(self, objects):
+        call = self.inner.blocking_create_many(objects)
+        if call is None:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def tell(seconds: float, failed: bool) -> None:
+            for hook in self.request_hooks:
+                hook("put", seconds, failed)
+
+        def timed_call() -> None:
+            # Timed on the thread that runs it, told on the event loop (the hooks' metrics
+            # are observed from the loop only), as `timed` tells a put.
+            started = time.perf_counter()
+            failed = False
+            try:
+                call()
+            except ANSWERS:
+                raise
+            except BaseException:
+                failed = True
+                raise
+            finally:
+                loop.call_soon_threadsafe(tell, time.perf_counter() - started, failed)
+
+        return timed_call
 
     def replace(self, key, parts, expected):
         return timed(self.request_hooks, "put", self.inner.replace(key, parts, expected), ANSWERS)

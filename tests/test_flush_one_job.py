@@ -1,0 +1,118 @@
+"""A small flush on the embedded default as one job on the metadata store's commit thread
+(#33): the segment's write and fsyncs run there just ahead of the SQLite commit
+(kv.KV.commit_after), one thread hop each way. What must hold: the objects are durable
+before the commit (tests/test_durability_syscalls.py traces the order), a write that fails
+commits nothing and answers only its own producers with a storage error, the transactions
+sharing its group commit are unaffected, and the log goes on once the store is back.
+
+A real embedded broker in this process (SQLite, file store) and a real SqliteKV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from kafscale.errors import ErrorCode
+from kafscale.metadata.kv import BeforeCommitFailed, Txn
+from kafscale.metadata.sqlite import SqliteKV
+from kafscale.metadata.store import TopicMeta
+from kafscale.protocol import records
+from kafscale.storage import segment
+from tests.support.broker import in_process_broker
+
+TS = 1_700_000_000_000
+
+
+def _append(lg, value: bytes):
+    buf = memoryview(bytearray(records.build_batch([(None, value)], timestamp=TS)))
+    return lg.append(buf, records.validate_record_set(buf), True)
+
+
+async def _outcome(fut):
+    await asyncio.wait_for(asyncio.gather(fut, return_exceptions=True), 10)
+    exc = fut.exception()
+    return None if exc is None else exc.error_code
+
+
+async def _values(lg) -> list[bytes]:
+    chunks = await lg.read(0, 1 << 20)
+    return [r.value for c in chunks for pos, h in records.iter_batches(c) for r in records.decode_records(c, pos, h)]
+
+
+async def test_commit_after_runs_its_step_on_the_commit_thread_and_a_failed_step_commits_nothing(tmp_path):
+    kv = SqliteKV(tmp_path / "meta.sqlite")
+    try:
+        ran_on = []
+
+        def write_ok():
+            ran_on.append(threading.current_thread().name)
+
+        def write_fails():
+            raise OSError(28, "No space left on device")
+
+        # Queued together: one group, one COMMIT; the failed step leaves only its own txn out.
+        ok, failed, plain = await asyncio.gather(
+            kv.commit_after(write_ok, Txn(puts=[("/a", b"1")])),
+            kv.commit_after(write_fails, Txn(puts=[("/b", b"1")])),
+            kv.commit(Txn(puts=[("/c", b"1")])),
+            return_exceptions=True,
+        )
+        assert ok is True and plain is True
+        assert isinstance(failed, BeforeCommitFailed) and isinstance(failed.error, OSError)
+        assert ran_on and ran_on[0].startswith("sqlite-commit")
+        assert (await kv.get("/a")).value == b"1" and (await kv.get("/c")).value == b"1"
+        assert await kv.get("/b") is None
+
+        # A compare that fails after the step ran: False, nothing applied (the step's
+        # objects stay, unreferenced, as after a failed commit of the two-stage path).
+        assert await kv.commit_after(write_ok, Txn(compares=[("/a", 7)], puts=[("/a", b"2")])) is False
+        assert (await kv.get("/a")).value == b"1" and len(ran_on) == 2
+    finally:
+        await kv.close()
+
+
+@pytest.fixture
+async def eager_broker(tmp_path):
+    """Flushes as soon as something waits (the embedded default), merges off, a segment per
+    partition per flush."""
+    async with in_process_broker(tmp_path, min_flush_interval_ms=0, write_ahead_objects=False) as broker:
+        yield broker
+
+
+async def test_a_failed_write_rejects_only_its_batches_and_the_log_goes_on(eager_broker):
+    broker = eager_broker
+    topic = "one-job"
+    await broker.metadata.create_topic(TopicMeta(topic, 1))
+    lg = await broker.logs.get_log(topic, 0)
+    assert await _outcome(_append(lg, b"first")[2]) is None
+    first_segment = Path(broker.config.data_dir) / "objects" / segment.segment_key(broker.logs.config.namespace, topic, 0, 0)
+    part_dir = first_segment.parent
+    first_bytes = first_segment.read_bytes()
+
+    # The partition's directory turns into a file: the next segment cannot be written.
+    moved = Path(broker.config.data_dir) / "moved"
+    shutil.move(part_dir, moved)
+    part_dir.touch()
+    try:
+        _, _, lost = _append(lg, b"never written")
+        assert await _outcome(lost) == ErrorCode.kafka_storage_error
+        st = await broker.metadata.get_partition(topic, 0)
+        assert st.high_watermark == 1 and [s.base_offset for s in st.segments] == [0]  # nothing committed
+    finally:
+        os.remove(part_dir)
+        shutil.move(moved, part_dir)
+
+    # The store is back: the rejected offset is handed out again, in order.
+    base, _, again = _append(lg, b"second")
+    assert base == 1 and await _outcome(again) is None
+    assert lg.high_watermark == 2
+    assert await _values(lg) == [b"first", b"second"]
+    st = await broker.metadata.get_partition(topic, 0)
+    assert [(s.base_offset, s.last_offset) for s in st.segments] == [(0, 0), (1, 1)]
+    assert first_segment.read_bytes() == first_bytes  # the first segment untouched
