@@ -69,8 +69,7 @@ class Answer(NamedTuple):  # a NamedTuple, as Appended: one or more a flush (#33
     error: StorageError | None
 
 
-@dataclass(frozen=True, slots=True)
-class Upload:
+class Upload(NamedTuple):  # a NamedTuple, as Appended: one a flush (#33)
     """What a flush takes: these batches, as one segment starting at `base_offset`."""
 
     batches: list[BufferedBatch]
@@ -81,7 +80,11 @@ class Upload:
     @property
     def aborted(self) -> tuple[tuple[int, int, int], ...]:
         """The aborted-transaction entries of the segment (SegmentInfo.aborted)."""
-        return tuple(a for b in self.batches for a in b.aborted)
+        out = ()
+        for b in self.batches:  # (no generator: asked once a flush, nearly always empty)
+            if b.aborted:
+                out += b.aborted
+        return out
 
 
 @dataclass(slots=True)
