@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ async def measure(args) -> dict:
             pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(args.profile)
     finally:
         await broker.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)  # /dev/shm is memory
     flushes = args.flushes * args.partitions
     lat.sort()
     return {
