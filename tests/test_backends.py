@@ -466,6 +466,27 @@ async def test_get_many_in_order_with_absent_keys(backend, request, tmp_path):
         await k.close()
 
 
+async def test_sqlite_large_transactions_applied_whole(tmp_path):
+    """Puts and deletes past one statement's rows (they go a few hundred keys a statement):
+    every one applied, versions as key-by-key statements gave them, and a failed compare
+    still applies none of them."""
+    k = SqliteKV(tmp_path / "m.sqlite")
+    try:
+        n = 1234
+        assert await k.commit(Txn(puts=[(f"/big/{i:05d}", str(i).encode()) for i in range(n)]))
+        assert await k.commit(Txn(puts=[(f"/big/{i:05d}", b"twice") for i in range(0, n, 3)]))
+        # a merge's swap: most keys deleted, one written, in one transaction
+        doomed = [f"/big/{i:05d}" for i in range(1, n)]
+        assert await k.commit(Txn(compares=[("/big/00000", 2)], deletes=doomed, puts=[("/big/00000", b"merged"), ("/big/99999", b"new")]))
+        got = await k.range("/big/")
+        assert [(x.key, x.value, x.version) for x in got] == [("/big/00000", b"merged", 3), ("/big/99999", b"new", 1)]
+        # guarded by a compare that fails: nothing of it applied
+        assert not await k.commit(Txn(compares=[("/big/00000", 1)], deletes=["/big/00000"], puts=[(f"/g/{i}", b"v") for i in range(900)]))
+        assert [x.key for x in await k.range("/")] == ["/big/00000", "/big/99999"]
+    finally:
+        await k.close()
+
+
 async def test_etcd_open_kv_and_url_parsing(etcd_server, tmp_path):
     k = open_kv(etcd_server.url, tmp_path, prefix="/openkv")
     assert isinstance(k, EtcdKV) and k.prefix == "/openkv"
