@@ -17,6 +17,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from kafscale.protocol.records import build_batch
 from kafscale.storage.cache import SegmentCache, SegmentView
+from kafscale.storage.metrics import StorageMetrics
+from kafscale.storage.reader import SegmentReader
 from tests.support.broker import free_port
 
 MiB = 1024 * 1024
@@ -61,6 +63,23 @@ def test_cache_gives_way_to_segment_data_held_outside_it():
     cache.put(("t", 1, 0), SegmentView(0, segments[0]))
     assert cache.contains(("t", 1, 0)) and not cache.contains(("t", 0, 11 * 2000))
     assert cache.bytes < 1 * MiB
+
+
+def test_a_flushed_batch_is_cached_from_its_frame_only_when_it_fills_it():
+    reader = SegmentReader(None, "ns", 64 * MiB, StorageMetrics())
+    batch = build_batch([(None, b"v" * 1000)] * 200, base_offset=0)
+    # A produce frame holding one partition's batch behind a small request header.
+    frame = bytearray(b"h" * 100 + batch)
+    reader.cache_segment("t", 0, 0, [memoryview(frame)[100:]])
+    view = reader.cache.get(("t", 0, 0))
+    assert view.data.obj is frame and view.data.readonly  # no copy, and no writer through the cache
+    assert bytes(view.data) == batch and view.read(150, 1 << 20, True)
+    # The same batch as a small part of a larger frame (other partitions' batches): copied,
+    # so the cache never keeps a frame much larger than the bytes it counts.
+    big = bytearray(b"o" * (4 * len(batch)) + batch)
+    reader.cache_segment("t", 1, 0, [memoryview(big)[4 * len(batch) :]])
+    view = reader.cache.get(("t", 1, 0))
+    assert view.data.obj is not big and bytes(view.data) == batch
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -237,9 +237,10 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 continue
             if 4 + length > READ_BUFFER_BYTES - self._start:
                 # Too big for the read buffer: read the rest directly into its own bytearray,
-                # allocated in steps as the bytes arrive (never the declared size up front).
-                frame = bytearray(min(length, max(avail, LARGE_FRAME_FIRST_BYTES)))
-                frame[:avail] = memoryview(buf)[self._start + 4 : self._end]
+                # allocated in steps as the bytes arrive (never the declared size up front),
+                # grown without zero-filling: the socket writes every byte after `avail`.
+                frame = bytearray(memoryview(buf)[self._start + 4 : self._end])
+                _grow_bytearray(frame, min(length, max(avail, LARGE_FRAME_FIRST_BYTES)))
                 self._start = self._end = 0
                 self._frame, self._frame_pos, self._frame_len = frame, avail, length
             break
