@@ -46,7 +46,7 @@ from kafscale.storage import topic_marker
 from kafscale.storage.compactor import Compactor
 from kafscale.storage.config import StorageConfig
 from kafscale.storage.failures import STORE_FAILURES, StorageError, store_failure
-from kafscale.storage.merger import SegmentMerger
+from kafscale.storage.merger import EAGER_FLUSH_PAUSE_FACTOR, SegmentMerger
 from kafscale.storage.metrics import StorageMetrics
 from kafscale.storage.objectstore import ObjectStore
 from kafscale.storage.partition_log import FlushedPartition, PartitionLog
@@ -103,6 +103,8 @@ class LogManager:
             config.merge_max_pending_objects, config.merge_min_grace_ms / 1000,
         )
         self.merger.segment_max_age_ms = config.segment_max_age_ms
+        if config.min_flush_interval_ms == 0:  # acknowledgements wait for each eager flush
+            self.merger.pause_factor = EAGER_FLUSH_PAUSE_FACTOR
         self.merger.write_ahead_seen = config.write_ahead_objects
         self.merger.write_ahead_cleanup = WriteAheadCleanup(
             store, metadata, self.namespace, config.merge_grace_ms / 1000, config.write_ahead_orphan_age_ms / 1000

@@ -91,13 +91,17 @@ def plan_write_ahead_runs(segments: list[segment.SegmentInfo], segment_bytes: in
     return runs
 
 
-# After each merge and each deletion of merged-away objects the merger pauses this many
-# times as long as the step took, so background rewriting takes at most a third of the
-# broker's time in bursts: a round of back-to-back merges (reads, a multi-MiB write and
-# fsync, thousands of unlinks on worker threads taking the GIL back after each syscall)
-# held back the produce path's flushes (paced 100 B on the file store, bench/run.py: p99
-# 49-93 ms with back-to-back merges, 27-37 ms paced, 16-19 ms with merging off; #33).
-PAUSE_FACTOR = 2.0
+# Where every acknowledgement waits for a flush of its own (eager flushes: the local
+# directory's min flush interval of 0), the merger pauses after each merge and each deletion
+# of merged-away objects this many times as long as the step took, so background rewriting
+# takes at most a third of the broker's time in bursts: a round of back-to-back merges
+# (reads, a multi-MiB write and fsync, thousands of unlinks on worker threads taking the GIL
+# back after each syscall) held back the produce path's flushes (paced 100 B on the file
+# store, bench/run.py: p99 49-93 ms with back-to-back merges, 27-37 ms paced, 16-19 ms with
+# merging off; #33). On S3 (flushes every flush interval, merges waiting on the network)
+# the rewrite of write-ahead pieces must keep up with 10 MB/s over 1,024 partitions (#32):
+# no pauses there (LogManager sets `pause_factor`).
+EAGER_FLUSH_PAUSE_FACTOR = 2.0
 # How often objects past their grace are looked for between merge rounds.
 DELETE_CHECK_INTERVAL_S = 1.0
 # With merging off (--merge-interval-ms 0) the pieces of write-ahead objects are still
@@ -137,6 +141,7 @@ class SegmentMerger:
         # compaction of a partition never overlap; set by the LogManager.
         self.compactor = None
         self.compaction_interval_s = 0.0
+        self.pause_factor = 0.0  # EAGER_FLUSH_PAUSE_FACTOR where flushes are eager
         # Segments in write-ahead objects are rewritten into spec segments after at most
         # this long (plan_write_ahead_runs); the objects then go through `write_ahead_cleanup`
         # (storage/write_ahead_cleanup.py), run after each round; both set by the LogManager.
@@ -197,7 +202,7 @@ class SegmentMerger:
                     started = time.monotonic()
                     if await self.merge(lg, run):
                         done += 1
-                    await asyncio.sleep((time.monotonic() - started) * PAUSE_FACTOR)
+                    await asyncio.sleep((time.monotonic() - started) * self.pause_factor)
                 except Exception as e:  # noqa: BLE001 - retried on the next round
                     log.warning("merge of %s-%s at %d failed: %s", lg.topic, lg.partition, run[0].base_offset, e)
                     break
@@ -265,7 +270,7 @@ class SegmentMerger:
             try:
                 started = time.monotonic()
                 await self.store.delete(keys)
-                await asyncio.sleep((time.monotonic() - started) * PAUSE_FACTOR)
+                await asyncio.sleep((time.monotonic() - started) * self.pause_factor)
             except Exception as e:  # noqa: BLE001 - tried again next round
                 log.warning("deleting merged-away objects failed (will retry): %s", e)
                 self._doomed.insert(0, (time.monotonic() - self.grace_s, keys))  # due at the next look
