@@ -131,12 +131,22 @@ def install() -> None:
         original_store = partition_log.PartitionLog._store
         original_commit = partition_log.PartitionLog._commit
 
-        async def _store(self, upload):
-            fl = new_flush(self, upload.batches)
+        if hasattr(partition_log.PartitionLog, "_encode"):  # encoded once, before either way of storing it
+            original_encode_upload = partition_log.PartitionLog._encode
+
+            def _encode(self, upload):
+                FLUSH.set(new_flush(self, upload.batches))  # flush_once's context: the way it is stored sees it
+                return original_encode_upload(self, upload)
+
+            partition_log.PartitionLog._encode = _encode
+
+        async def _store(self, upload, *args):
+            fl = FLUSH.get() or new_flush(self, upload.batches)
+            fl.pop("one_job", None)  # (not taken that way)
             _by_upload[id(upload)] = fl
             FLUSH.set(fl)
             try:
-                stored = await original_store(self, upload)
+                stored = await original_store(self, upload, *args)
             finally:
                 FLUSH.set(None)
             if stored is None:
@@ -161,19 +171,18 @@ def install() -> None:
         if hasattr(partition_log.PartitionLog, "_store_and_commit"):  # a small flush as one job on the commit thread
             original_one_job = partition_log.PartitionLog._store_and_commit
 
-            async def _store_and_commit(self, upload):
-                fl = new_flush(self, upload.batches)
+            async def _store_and_commit(self, upload, *args):
+                fl = FLUSH.get() or new_flush(self, upload.batches)
                 fl["one_job"] = True
                 FLUSH.set(fl)
+                taken = False
                 try:
-                    taken = await original_one_job(self, upload)
+                    taken = await original_one_job(self, upload, *args)
                 finally:
-                    FLUSH.set(None)
-                if taken:
-                    fl["end"] = now()
-                else:
-                    flushes.remove(fl)  # the two-stage path records it
-                return taken
+                    if taken:
+                        fl["end"] = now()
+                        FLUSH.set(None)
+                return taken  # (not taken: the two-stage path goes on with the same record)
 
             partition_log.PartitionLog._store_and_commit = _store_and_commit
 

@@ -75,8 +75,7 @@ class ObjectStore(abc.ABC):
         """`create_many` as one blocking call for a worker thread, or None when this store
         has no such call (only network stores: the local directory has one). A flush hands
         it to the metadata store's commit thread to run just before its commit (one thread
-        hop for the object and the commit, kv.KV.commit_after). Raises what create_many would.
-        Asked with no objects, it tells without work whether the store has such a call."""
+        hop for the object and the commit, kv.KV.commit_after). Raises what create_many would."""
         return None
 
     @abc.abstractmethod

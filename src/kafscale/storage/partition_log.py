@@ -241,9 +241,10 @@ class PartitionLog:
             if out.upload is None:  # ownership lost: halted
                 self._apply(out)
                 return
-            if not self._flush_lock.locked() and await self._store_and_commit(out.upload):
+            body, enc, objects = self._encode(out.upload)
+            if not self._flush_lock.locked() and await self._store_and_commit(out.upload, body, enc, objects):
                 return
-            stored = await self._store(out.upload)
+            stored = await self._store(out.upload, body, enc, objects)
             if stored is None:
                 return
             try:
@@ -255,7 +256,17 @@ class PartitionLog:
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
-    async def _store_and_commit(self, upload) -> bool:
+    def _encode(self, upload):
+        """(its batch buffers, the encoded segment, its objects): an upload encoded once,
+        for whichever of the two ways below stores it. The objects are written from the
+        buffers where they lie (the produce requests' memory, counted in the budget): a
+        joined copy made here was outside it for as long as the upload and the commit took
+        (docs/performance.md "Memory on S3")."""
+        body = [b.data for b in upload.batches]
+        enc = segment.encode(body, upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
+        return body, enc, segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
+
+    async def _store_and_commit(self, upload, body, enc, objects) -> bool:
         """With no commit of this log in flight and a store that writes from a worker thread
         (the local directory): write the segment and commit it in one job on the metadata
         store's commit thread (kv.KV.commit_after), then answer. One thread hop each way
@@ -264,13 +275,10 @@ class PartitionLog:
         the same: the objects' fsyncs (file, directory) come before the commit's. False: not
         taken (a large flush, another kind of store); the caller uploads and commits in two
         stages."""
-        if sum(b.nbytes for b in upload.batches) > ONE_JOB_MAX_BYTES or self.store.blocking_create_many([]) is None:
-            return False  # (asked before encoding: an S3 store's flush is encoded once, in _store)
-        body = [b.data for b in upload.batches]
-        enc = segment.encode(body, upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
-        objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
+        if sum(b.nbytes for b in upload.batches) > ONE_JOB_MAX_BYTES:
+            return False
         write = self.store.blocking_create_many(objects)
-        if write is None:  # the store changed its mind (a test's failing store since the probe)
+        if write is None:
             return False
         started = time.monotonic()
         async with self._flush_lock:  # free: nothing of this log is committing
@@ -287,17 +295,11 @@ class PartitionLog:
                 self.flush_landed(state, enc.info, body, started, len(objects))
         return True
 
-    async def _store(self, upload):
+    async def _store(self, upload, body, enc, objects):
         """Upload one segment (durable in the store, not committed): (encoded segment,
-        its batch buffers, start time, objects written), or None when it failed (then answered).
-        Uploaded from the buffers where they lie (the produce requests' memory, counted in the
-        budget): a joined copy made here was outside it for as long as the upload and the
-        commit took (docs/performance.md "Memory on S3")."""
-        body = [b.data for b in upload.batches]
-        enc = segment.encode(body, upload.base_offset, aborted=upload.aborted, open_txns=upload.open_txns)
+        its batch buffers, start time, objects written), or None when it failed (then answered)."""
         started = time.monotonic()
         try:
-            objects = segment.segment_objects(self.config.namespace, self.topic, self.partition, enc, self.config.index_min_bytes)
             await self.store.create_many(objects)  # never replaces another writer's segment
         except asyncio.CancelledError:
             self._upload_failed(StorageError("flush cancelled (broker stopping)"), None)
