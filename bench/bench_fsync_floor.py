@@ -1,0 +1,200 @@
+"""The floor under the embedded default's produce latency: its durable steps alone (#33).
+
+    .venv/bin/python bench/bench_fsync_floor.py [--rate 360] [--seconds 8] [--bytes 8192] [--dir DIR] [--parallel] [--merge-mib 4]
+
+What a small flush of the local directory and SQLite must do before a produce is
+acknowledged (storage/local_store.py, metadata/sqlite.py), with no broker around it: a temp
+file written and fsynced, linked to its key, the directory fsynced, then one SQLite
+transaction (WAL, synchronous=FULL). Requests arrive at a steady `--rate` a second, each for
+the next of `--partitions` directories (the paced phase of bench/run.py had ~250-360 flushes
+a second); a round serves every request that has arrived, a segment per partition then one
+commit, on one thread as the broker's commit thread does (`--parallel`: the segments side by
+side). Prints each step's latency and each request's from its arrival (queueing included)
+to its commit: what a producer would wait for if the broker's own work cost nothing. An
+in-memory peer waits for none of it. `--merge-mib` adds a merger's rewrite beside the
+flushes. `--dir` should sit on the file system of the broker's data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+STEPS = ["open + write", "fsync file", "link", "fsync directory", "SQLite commit"]
+
+
+def pct(values: list[float], q: float) -> float:  # nearest rank
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))] if ordered else float("nan")
+
+
+def write_segment(root: str, partition: int, seq: int, body: bytes) -> list[int]:
+    """One partition's segment, as the local directory writes it; each step's ns."""
+    d = f"{root}/p{partition}"
+    t0 = time.perf_counter_ns()
+    tmp = f"{d}/.tmp-{seq}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.writev(fd, [body])
+    t1 = time.perf_counter_ns()
+    os.fsync(fd)
+    os.close(fd)
+    t2 = time.perf_counter_ns()
+    os.link(tmp, f"{d}/{seq:020d}.kfs")
+    os.unlink(tmp)
+    t3 = time.perf_counter_ns()
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(dfd)
+    os.close(dfd)
+    t4 = time.perf_counter_ns()
+    return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
+
+
+_UPSERT = "INSERT INTO kv (key, value, version) VALUES (?, ?, 1) ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = kv.version + 1"
+
+
+def commit(db: sqlite3.Connection, partitions: dict[int, int]) -> int:
+    """One transaction for the flushes of a round (the broker's group commit): a segment key
+    and the partition's state per partition; its ns."""
+    t0 = time.perf_counter_ns()
+    db.execute("BEGIN IMMEDIATE")
+    for p, seq in partitions.items():
+        db.execute(_UPSERT, (f"p{p}/{seq:020d}", b"x" * 120))
+        db.execute(_UPSERT, (f"p{p}/state", b"y" * 80))
+    db.execute("COMMIT")
+    return time.perf_counter_ns() - t0
+
+
+def merge_writer(root: str, args, stop: threading.Event, written: list) -> None:
+    """A merger's rewrite beside the flushes: a --merge-mib file written and fsynced every
+    --merge-every-ms (temp file, link, directory fsync, as the local directory creates any
+    object), in one write and one fsync, or fdatasynced every --merge-chunk-kib."""
+    body = os.urandom(args.merge_mib * 1024 * 1024)
+    view = memoryview(body)
+    chunk = args.merge_chunk_kib * 1024 or len(body)
+    d = f"{root}/merged"
+    os.mkdir(d)
+    seq = 0
+    while not stop.wait(args.merge_every_ms / 1000):
+        t0 = time.perf_counter()
+        tmp = f"{d}/.tmp-{seq}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        for at in range(0, len(body), chunk):
+            os.write(fd, view[at : at + chunk])
+            if at + chunk < len(body):
+                os.fdatasync(fd)
+        os.fsync(fd)
+        os.close(fd)
+        os.link(tmp, f"{d}/{seq:020d}.kfs")
+        os.unlink(tmp)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(dfd)
+        os.close(dfd)
+        os.unlink(f"{d}/{seq:020d}.kfs")
+        written.append((time.perf_counter() - t0) * 1e3)
+        seq += 1
+
+
+def run(args) -> None:
+    root = tempfile.mkdtemp(prefix="fsync-floor-", dir=args.dir)
+    for p in range(args.partitions):
+        os.mkdir(f"{root}/p{p}")
+    db = sqlite3.connect(f"{root}/meta.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL)")
+    n = int(args.rate * args.seconds)
+    interval = 1.0 / args.rate
+    body = os.urandom(args.bytes)
+    steps: list[list[float]] = [[] for _ in STEPS]
+    pool = ThreadPoolExecutor(args.partitions) if args.parallel else None
+    rounds, sojourn = [], []
+    stop, merges = threading.Event(), []
+    merger = threading.Thread(target=merge_writer, args=(root, args, stop, merges), daemon=True) if args.merge_mib else None
+    if merger is not None:
+        merger.start()
+    start = time.perf_counter()
+    nxt = 0  # the next arrival not yet served
+    while nxt < n:
+        # Requests arrive at the steady rate, each for the next partition in turn; a round
+        # serves every one that has arrived: a segment per partition, then one commit.
+        now = time.perf_counter()
+        due_next = start + nxt * interval
+        if due_next > now:
+            time.sleep(due_next - now)
+            now = time.perf_counter()
+        upto = min(n, int((now - start) / interval) + 1)
+        began = time.perf_counter()
+        touched = {i % args.partitions: i for i in range(nxt, upto)}
+        if pool is None:
+            written = [write_segment(root, p, seq, body) for p, seq in touched.items()]
+        else:
+            written = list(pool.map(lambda ps: write_segment(root, ps[0], ps[1], body), touched.items()))
+        for w in written:
+            for k, ns in enumerate(w):
+                steps[k].append(ns / 1e6)
+        steps[-1].append(commit(db, touched) / 1e6)
+        ended = time.perf_counter()
+        rounds.append((ended - began) * 1e3)
+        sojourn += [(ended - (start + i * interval)) * 1e3 for i in range(nxt, upto)]
+        nxt = upto
+    elapsed = time.perf_counter() - start
+    if merger is not None:
+        stop.set()
+        merger.join()
+        print(f"beside them: {len(merges)} rewrites of {args.merge_mib} MiB, "
+              f"{'fdatasync every ' + str(args.merge_chunk_kib) + ' KiB' if args.merge_chunk_kib else 'one write, one fsync'}, "
+              f"p50 {pct(merges, 50):.1f} ms, max {max(merges, default=0):.1f} ms")
+    db.close()
+    if pool is not None:
+        pool.shutdown()
+    print(f"{'side by side' if args.parallel else 'one after another'}: {n} arrivals at {args.rate:g}/s over {args.partitions} directories, {len(rounds)} rounds "
+          f"({n / len(rounds):.2f} arrivals a round), {args.bytes} B a segment, {elapsed:.1f} s, in {root}")
+    print(f"{'step (ms)':<36}{'p50':>8}{'p90':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'mean':>8}")
+    rows = list(zip(STEPS, steps)) + [("round: all steps", rounds), ("arrival -> committed (queueing too)", sojourn)]
+    for name, vals in rows:
+        print(f"{name:<36}" + "".join(f"{x:8.2f}" for x in (pct(vals, 50), pct(vals, 90), pct(vals, 99), pct(vals, 99.9), max(vals), statistics.fmean(vals))))
+    if not args.keep:
+        for p in range(args.partitions):
+            d = f"{root}/p{p}"
+            for f in os.listdir(d):
+                os.unlink(f"{d}/{f}")
+            os.rmdir(d)
+        if merger is not None:
+            os.rmdir(f"{root}/merged")
+        for f in os.listdir(root):
+            os.unlink(f"{root}/{f}")
+        os.rmdir(root)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=360.0, help="flushes a second (default 360)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="how long (default 8)")
+    ap.add_argument("--bytes", type=int, default=8192, help="bytes a flush writes (default 8192)")
+    ap.add_argument("--partitions", type=int, default=4, help="directories written in turn (default 4)")
+    ap.add_argument("--dir", default=str(REPO), help="where the temp directory goes (default: the repository's file system)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs, one after another (default 1)")
+    ap.add_argument("--parallel", action="store_true", help="write a round's segments side by side, a thread each (default: one after another, as the broker's commit thread)")
+    ap.add_argument("--merge-mib", type=int, default=0, help="a merger's rewrite beside the flushes: MiB a file (default 0: none)")
+    ap.add_argument("--merge-every-ms", type=float, default=300.0, help="how often the rewrite starts (default 300)")
+    ap.add_argument("--merge-chunk-kib", type=int, default=0, help="fdatasync the rewrite every N KiB (default 0: one fsync at the end)")
+    ap.add_argument("--keep", action="store_true", help="leave the files")
+    args = ap.parse_args()
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
+    for _ in range(args.repeat):
+        run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
