@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -75,33 +76,24 @@ def commit(db: sqlite3.Connection, partitions: dict[int, int]) -> int:
 
 
 def merge_writer(root: str, args, stop: threading.Event, written: list) -> None:
-    """A merger's rewrite beside the flushes: a --merge-mib file written and fsynced every
-    --merge-every-ms (temp file, link, directory fsync, as the local directory creates any
-    object), in one write and one fsync, or fdatasynced every --merge-chunk-kib."""
+    """A merger's rewrite beside the flushes: a --merge-mib object created every
+    --merge-every-ms by the local directory's own code (storage/local_store.py: temp file,
+    written a piece at a time unless --merge-write-back-kib 0, fsync, link, directory fsync)."""
+    sys.path.insert(0, str(REPO / "src"))
+    from kafscale.storage import local_store
+
+    local_store.WRITE_BACK_BYTES = args.merge_write_back_kib * 1024 if args.merge_write_back_kib >= 0 else local_store.WRITE_BACK_BYTES
+    store = local_store.LocalObjectStore(f"{root}/merged")
     body = os.urandom(args.merge_mib * 1024 * 1024)
-    view = memoryview(body)
-    chunk = args.merge_chunk_kib * 1024 or len(body)
-    d = f"{root}/merged"
-    os.mkdir(d)
     seq = 0
     while not stop.wait(args.merge_every_ms / 1000):
         t0 = time.perf_counter()
-        tmp = f"{d}/.tmp-{seq}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        for at in range(0, len(body), chunk):
-            os.write(fd, view[at : at + chunk])
-            if at + chunk < len(body):
-                os.fdatasync(fd)
-        os.fsync(fd)
-        os.close(fd)
-        os.link(tmp, f"{d}/{seq:020d}.kfs")
-        os.unlink(tmp)
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        os.fsync(dfd)
-        os.close(dfd)
-        os.unlink(f"{d}/{seq:020d}.kfs")
+        path = store._create_sync(f"m/{seq:020d}", [body])
+        store._sync_dirs([path])
         written.append((time.perf_counter() - t0) * 1e3)
+        os.unlink(path)
         seq += 1
+    written.append(local_store.WRITE_BACK_BYTES if local_store._write_back else 0)
 
 
 def run(args) -> None:
@@ -151,8 +143,9 @@ def run(args) -> None:
     if merger is not None:
         stop.set()
         merger.join()
+        piece = merges.pop()
         print(f"beside them: {len(merges)} rewrites of {args.merge_mib} MiB, "
-              f"{'fdatasync every ' + str(args.merge_chunk_kib) + ' KiB' if args.merge_chunk_kib else 'one write, one fsync'}, "
+              f"{f'sent to disk {piece // 1024} KiB at a time' if piece else 'one write'} before the fsync, "
               f"p50 {pct(merges, 50):.1f} ms, max {max(merges, default=0):.1f} ms")
     db.close()
     if pool is not None:
@@ -170,7 +163,7 @@ def run(args) -> None:
                 os.unlink(f"{d}/{f}")
             os.rmdir(d)
         if merger is not None:
-            os.rmdir(f"{root}/merged")
+            shutil.rmtree(f"{root}/merged")
         for f in os.listdir(root):
             os.unlink(f"{root}/{f}")
         os.rmdir(root)
@@ -187,7 +180,7 @@ def main() -> int:
     ap.add_argument("--parallel", action="store_true", help="write a round's segments side by side, a thread each (default: one after another, as the broker's commit thread)")
     ap.add_argument("--merge-mib", type=int, default=0, help="a merger's rewrite beside the flushes: MiB a file (default 0: none)")
     ap.add_argument("--merge-every-ms", type=float, default=300.0, help="how often the rewrite starts (default 300)")
-    ap.add_argument("--merge-chunk-kib", type=int, default=0, help="fdatasync the rewrite every N KiB (default 0: one fsync at the end)")
+    ap.add_argument("--merge-write-back-kib", type=int, default=-1, help="the rewrite sent to disk N KiB at a time before its fsync (default: storage/local_store.py's WRITE_BACK_BYTES; 0: in one write)")
     ap.add_argument("--keep", action="store_true", help="leave the files")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 import uuid
@@ -23,6 +24,7 @@ from kafscale.metadata.store import (
     TopicMeta,
 )
 from kafscale.storage.backends import open_store
+from kafscale.storage import local_store
 from kafscale.storage.local_store import LocalObjectStore
 from kafscale.storage.objectstore import ObjectNotFound, ObjectStoreError
 from kafscale.storage.s3 import S3ObjectStore
@@ -690,6 +692,25 @@ async def test_etcd_down_then_restarted():
             assert (await store.commit_segment(st, _seg(0, 0))).high_watermark == 1
         finally:
             await kv.close()
+
+
+@pytest.mark.parametrize("piece", [0, 1000, 4096])
+async def test_local_store_large_objects_written_in_pieces(tmp_path, monkeypatch, piece):
+    """An object above WRITE_BACK_BYTES is written and sent to disk a piece at a time (parts
+    split across pieces, parts larger than a piece, empty parts); its bytes are the parts'
+    bytes in order, created and put alike. 0: the plain one-write path, for comparison."""
+    monkeypatch.setattr(local_store, "WRITE_BACK_BYTES", piece)
+    rng = random.Random(piece)
+    parts = [rng.randbytes(rng.choice([0, 1, 17, 999, 1000, 1001, 3000, 9000])) for _ in range(40)]
+    parts[5] = bytearray(parts[5])
+    parts[9] = memoryview(rng.randbytes(5000))
+    store = LocalObjectStore(tmp_path)
+    await store.create_many([("t/0/big.kfs", parts), ("t/0/big.index", parts[::-1])])
+    await store.put("t/0/put.kfs", parts)
+    whole = b"".join(bytes(p) for p in parts)
+    assert await store.get("t/0/big.kfs") == whole
+    assert await store.get("t/0/big.index") == b"".join(bytes(p) for p in parts[::-1])
+    assert await store.get("t/0/put.kfs") == whole
 
 
 async def test_local_store_ranges_and_tail(tmp_path):

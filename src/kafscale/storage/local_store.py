@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
 import hashlib
 import itertools
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
@@ -17,8 +19,17 @@ _TEMP_NAMES = itertools.count()
 
 
 def _write_all(fd: int, parts: list) -> None:
-    """Write every part at the file position, in one writev when the kernel takes it all."""
+    """Write every part at the file position, in one writev when the kernel takes it all;
+    an object of more than WRITE_BACK_BYTES a piece at a time, each piece sent to disk
+    before the next is written (see _write_back)."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if _write_back is not None and WRITE_BACK_BYTES and sum(len(v) for v in views) > WRITE_BACK_BYTES:
+        _write_in_pieces(fd, views)
+        return
+    _writev_all(fd, views)
+
+
+def _writev_all(fd: int, views: list) -> None:
     while views:
         n = os.writev(fd, views[:_IOV_MAX])
         while views and n >= len(views[0]):
@@ -26,6 +37,52 @@ def _write_all(fd: int, parts: list) -> None:
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+
+
+def _write_in_pieces(fd: int, views: list) -> None:
+    at = 0
+    while views:
+        piece, size = [], 0
+        while views and size < WRITE_BACK_BYTES:
+            v = views.pop(0)
+            if size + len(v) > WRITE_BACK_BYTES:
+                v, rest = v[: WRITE_BACK_BYTES - size], v[WRITE_BACK_BYTES - size :]
+                views.insert(0, rest)
+            piece.append(v)
+            size += len(v)
+        _writev_all(fd, piece)
+        _write_back(fd, at, size)
+        at += size
+
+
+# A large object (a merged segment, a large flush) is sent to disk a piece at a time as it
+# is written: with the whole file dirty at its fsync, the file system's journal commit
+# carries all its data, and every small flush fsyncing meanwhile (its own file, a directory,
+# SQLite's WAL) waits for that commit: tens of ms for a 4 MiB merge (#33). The fsync after
+# the last piece stays (it is what makes the object durable); the pieces only leave it
+# nothing to write. Linux's sync_file_range; elsewhere the object goes in one write.
+# (bench/bench_fsync_floor.py --merge-mib measures it.)
+WRITE_BACK_BYTES = 1024 * 1024  # above it, pieces of it; a flush of up to 1 MiB (partition_log.ONE_JOB_MAX_BYTES) goes in one write
+
+
+def _sync_file_range():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    flags = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER
+
+    def write_back(fd: int, offset: int, nbytes: int) -> None:
+        fn(fd, offset, nbytes, flags)  # a failure (a file system without it) leaves the work to the fsync
+
+    return write_back
+
+
+_write_back = _sync_file_range()
 
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
