@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import struct
 import uuid
 
 import pytest
@@ -43,3 +44,31 @@ def test_decoder_matches_kio(version):
     for cut in (4, len(raw) // 2, len(raw) - 1):
         with pytest.raises(MalformedRequest):
             produce_request.decode(version, memoryview(raw[:cut]), 3)
+
+
+def _flexible_frame(tags: bytes) -> bytes:
+    """Produce v9 by hand: transactional id null, acks -1, timeout 1234, topic "t" with
+    partition 7 of 200 record bytes (a two-byte compact length); `tags` as every tagged-field
+    section (partition, topic, request)."""
+    records = bytes(range(200))
+    partition = struct.pack(">i", 7) + bytes([0xC9, 0x01]) + records + tags  # 201 = 0xC9 0x01
+    topic = bytes([2]) + b"t" + bytes([2]) + partition + tags
+    return bytes([0]) + struct.pack(">hi", -1, 1234) + bytes([2]) + topic + tags
+
+
+def test_flexible_decoder_skips_tagged_fields_and_reads_long_varints():
+    tags = bytes([2, 0, 3]) + b"abc" + bytes([0x81, 0x01, 1]) + b"z"  # two fields: tag 0 (3 bytes), tag 129 (1 byte)
+    for section in (b"\0", tags):
+        got = produce_request.decode(9, memoryview(bytearray(_flexible_frame(section))), 0)
+        assert (got.transactional_id, got.acks, got.timeout_ms) == (None, -1, 1234)
+        (td,) = got.topic_data
+        (pd,) = td.partition_data
+        assert (td.name, pd.index, bytes(pd.records)) == ("t", 7, bytes(range(200)))
+    raw = _flexible_frame(tags)
+    for cut in range(len(raw)):  # every truncation is refused, none reads past the end
+        with pytest.raises(MalformedRequest):
+            produce_request.decode(9, memoryview(bytearray(raw[:cut])), 0)
+    with pytest.raises(MalformedRequest, match="varint too long"):
+        produce_request.decode(9, memoryview(bytearray(b"\xff" * 8)), 0)
+    with pytest.raises(MalformedRequest, match="null array"):
+        produce_request.decode(9, memoryview(bytearray(bytes([0]) + struct.pack(">hi", 1, 0) + b"\0")), 0)

@@ -51,36 +51,59 @@ class ProduceAnswer:
     def encode_frame(self, correlation_id: int) -> list[bytes]:
         v = self.version
         flexible = v >= 9
-        out = bytearray(_I32.pack(correlation_id))
-        if flexible:
-            out += b"\0"  # response header tagged fields
-        out += array_len(len(self.responses), flexible)
+        out = [_I32.pack(correlation_id) + b"\0" if flexible else _I32.pack(correlation_id), array_len(len(self.responses), flexible)]
+        append = out.append
+        plain = _PLAIN_PARTITION[min(v, 9)]  # a partition without record errors or message
         for t in self.responses:
             if not isinstance(t, TopicAnswer):
-                out += codec.encode_entity(t)
+                append(codec.encode_entity(t))
                 continue
-            out += (t.topic_id or uuid.UUID(int=0)).bytes if v >= 13 else string(t.name or "", flexible)
-            out += array_len(len(t.partition_responses), flexible)
+            append((t.topic_id or uuid.UUID(int=0)).bytes if v >= 13 else string(t.name or "", flexible))
+            append(array_len(len(t.partition_responses), flexible))
             for p in t.partition_responses:
-                out += _HEAD.pack(p.index, p.error_code, p.base_offset)
-                out += _I64.pack(p.log_append_time)
+                if not p.record_errors and p.error_message is None:
+                    append(plain(p.index, p.error_code, p.base_offset, p.log_append_time, p.log_start_offset))
+                    continue
+                append(_HEAD.pack(p.index, p.error_code, p.base_offset))
+                append(_I64.pack(p.log_append_time))
                 if v >= 5:
-                    out += _I64.pack(p.log_start_offset)
+                    append(_I64.pack(p.log_start_offset))
                 if v >= 8:
-                    out += array_len(len(p.record_errors), flexible)
+                    append(array_len(len(p.record_errors), flexible))
                     for batch_index, message in p.record_errors:
-                        out += _I32.pack(batch_index) + _nullable_string(message, flexible)
+                        append(_I32.pack(batch_index) + _nullable_string(message, flexible))
                         if flexible:
-                            out += b"\0"
-                    out += _nullable_string(p.error_message, flexible)
+                            append(b"\0")
+                    append(_nullable_string(p.error_message, flexible))
                 if flexible:
-                    out += b"\0"  # partition tagged fields
+                    append(b"\0")  # partition tagged fields
             if flexible:
-                out += b"\0"  # topic tagged fields
-        out += _I32.pack(self.throttle_time_ms)
-        if flexible:
-            out += b"\0"  # response tagged fields
-        return [_I32.pack(len(out)) + bytes(out)]
+                append(b"\0")  # topic tagged fields
+        append(_I32.pack(self.throttle_time_ms) + b"\0" if flexible else _I32.pack(self.throttle_time_ms))  # flexible: response tagged fields
+        body = b"".join(out)
+        return [_I32.pack(len(body)) + body]
+
+
+def _plain_partition(fmt: str, tail: bytes):
+    """pack(index, error code, base offset, log append time, log start offset) of one
+    version's partition entry without record errors or error message, in one call."""
+    head = struct.Struct(fmt)
+    if fmt.count("q") == 2:  # v3-v4: no log start offset
+        return lambda index, code, base, append_time, _start: head.pack(index, code, base, append_time) + tail
+    return lambda index, code, base, append_time, start: head.pack(index, code, base, append_time, start) + tail
+
+
+# By version (9: every flexible one): v5 added the log start offset, v8 the record errors
+# and error message (an empty array, a null string), v9 the compact forms and tagged fields.
+_PLAIN_PARTITION = {
+    3: _plain_partition(">ihqq", b""),
+    4: _plain_partition(">ihqq", b""),
+    5: _plain_partition(">ihqqq", b""),
+    6: _plain_partition(">ihqqq", b""),
+    7: _plain_partition(">ihqqq", b""),
+    8: _plain_partition(">ihqqq", _I32.pack(0) + _I16.pack(-1)),
+    9: _plain_partition(">ihqqq", b"\1\0\0"),  # empty compact array, null compact string, no tags
+}
 
 
 def _nullable_string(s: str | None, flexible: bool) -> bytes:
