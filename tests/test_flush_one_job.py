@@ -77,6 +77,46 @@ async def test_commit_after_runs_its_step_on_the_commit_thread_and_a_failed_step
         await kv.close()
 
 
+async def test_steps_of_one_group_run_side_by_side_before_its_commit(tmp_path):
+    """Partitions flushing at once: their steps (write and fsyncs) overlap, and every one
+    has ended before the COMMIT of the group; one failing leaves only its own txn out."""
+    kv = SqliteKV(tmp_path / "meta.sqlite")
+    try:
+        release = threading.Event()
+        side_by_side = threading.Barrier(3, timeout=10)  # broken unless three wait at once
+        ended = []
+
+        def hold():
+            release.wait(10)
+
+        def step(name, fails=False):
+            def run():
+                side_by_side.wait()
+                ended.append(name)
+                if fails:
+                    raise OSError(5, "Input/output error")
+            return run
+
+        first = asyncio.ensure_future(kv.commit_after(hold, Txn(puts=[("/hold", b"1")])))
+        await asyncio.sleep(0)  # the holding group is on the commit thread; the next three queue
+        queued = [
+            asyncio.ensure_future(kv.commit_after(step("a"), Txn(puts=[("/a", b"1")]))),
+            asyncio.ensure_future(kv.commit_after(step("b", fails=True), Txn(puts=[("/b", b"1")]))),
+            asyncio.ensure_future(kv.commit_after(step("c"), Txn(puts=[("/c", b"1")]))),
+        ]
+        await asyncio.sleep(0)
+        release.set()
+        assert await asyncio.wait_for(first, 10) is True
+        a, b, c = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
+        assert a is True and c is True, (a, c)
+        assert isinstance(b, BeforeCommitFailed) and isinstance(b.error, OSError)
+        assert sorted(ended) == ["a", "b", "c"]
+        assert (await kv.get("/a")).value == b"1" and (await kv.get("/c")).value == b"1"
+        assert await kv.get("/b") is None
+    finally:
+        await kv.close()
+
+
 @pytest.fixture
 async def eager_broker(tmp_path):
     """Flushes as soon as something waits (the embedded default), merges off, a segment per
