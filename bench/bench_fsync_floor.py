@@ -104,13 +104,28 @@ def run(args) -> None:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL)")
+    stop, merges, checkpoints = threading.Event(), [], []
+    if args.checkpoint_beside:
+        # SQLite's own checkpoint runs inside the COMMIT that crosses wal_autocheckpoint pages;
+        # this moves it to a connection of its own on another thread (PASSIVE: never blocks a writer).
+        db.execute("PRAGMA wal_autocheckpoint=0")
+
+        def checkpointer() -> None:
+            other = sqlite3.connect(f"{root}/meta.db", isolation_level=None)
+            other.execute("PRAGMA synchronous=FULL")
+            while not stop.wait(args.checkpoint_beside / 1000):
+                t0 = time.perf_counter()
+                other.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                checkpoints.append((time.perf_counter() - t0) * 1e3)
+            other.close()
+
+        threading.Thread(target=checkpointer, daemon=True).start()
     n = int(args.rate * args.seconds)
     interval = 1.0 / args.rate
     body = os.urandom(args.bytes)
     steps: list[list[float]] = [[] for _ in STEPS]
     pool = ThreadPoolExecutor(args.partitions) if args.parallel else None
     rounds, sojourn = [], []
-    stop, merges = threading.Event(), []
     merger = threading.Thread(target=merge_writer, args=(root, args, stop, merges), daemon=True) if args.merge_mib else None
     if merger is not None:
         merger.start()
@@ -140,6 +155,10 @@ def run(args) -> None:
         sojourn += [(ended - (start + i * interval)) * 1e3 for i in range(nxt, upto)]
         nxt = upto
     elapsed = time.perf_counter() - start
+    stop.set()
+    if checkpoints:
+        print(f"SQLite checkpoints on a thread of their own every {args.checkpoint_beside:g} ms: {len(checkpoints)}, "
+              f"p50 {pct(checkpoints, 50):.1f} ms, max {max(checkpoints):.1f} ms")
     if merger is not None:
         stop.set()
         merger.join()
@@ -181,6 +200,7 @@ def main() -> int:
     ap.add_argument("--merge-mib", type=int, default=0, help="a merger's rewrite beside the flushes: MiB a file (default 0: none)")
     ap.add_argument("--merge-every-ms", type=float, default=300.0, help="how often the rewrite starts (default 300)")
     ap.add_argument("--merge-write-back-kib", type=int, default=-1, help="the rewrite sent to disk N KiB at a time before its fsync (default: storage/local_store.py's WRITE_BACK_BYTES; 0: in one write)")
+    ap.add_argument("--checkpoint-beside", type=float, default=0, metavar="MS", help="SQLite's WAL checkpoints off the commits: on another connection and thread every MS (default 0: SQLite's automatic one, inside a commit)")
     ap.add_argument("--keep", action="store_true", help="leave the files")
     args = ap.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import sqlite3
 import time
 import uuid
 
@@ -15,6 +16,7 @@ from kafscale.metadata import keys
 from kafscale.metadata.etcd import EtcdKV
 from kafscale.metadata.backends import open_kv
 from kafscale.metadata.kv import MetadataUnavailable, Txn
+from kafscale.metadata import sqlite as sqlite_kv
 from kafscale.metadata.sqlite import SqliteKV
 from kafscale.metadata.store import (
     CommittedOffset,
@@ -487,6 +489,33 @@ async def test_sqlite_large_transactions_applied_whole(tmp_path):
         assert [x.key for x in await k.range("/")] == ["/big/00000", "/big/99999"]
     finally:
         await k.close()
+
+
+async def test_sqlite_checkpoints_beside_the_commits(tmp_path, monkeypatch):
+    """The WAL is checkpointed on a thread of its own while commits go on, not inside a
+    commit (SQLite's automatic checkpoint only past a 64 MiB bound); what was committed is
+    all there once the file is opened again."""
+    monkeypatch.setattr(sqlite_kv, "_CHECKPOINT_EVERY_S", 0.0)
+    path = tmp_path / "m.sqlite"
+    k = SqliteKV(path)
+    try:
+        assert k._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sqlite_kv._WAL_BOUND_PAGES
+        for i in range(200):
+            assert await k.commit(Txn(puts=[(f"/c/{i:04d}", bytes(2000))]))
+        await wait_until_async(lambda: k.checkpoints > 0, 10, "a checkpoint beside the commits")
+        ran = k.checkpoints
+        assert await k.commit(Txn(puts=[("/c/last", b"x")]))  # its turn starts one more
+        await wait_until_async(lambda: k.checkpoints > ran, 10, "a checkpoint after the last commit")
+        # the database file itself holds the commits, the connections still open (SQLite's
+        # own checkpoint would have waited for 1,000 pages of WAL)
+        assert path.stat().st_size > 200 * 2000
+    finally:
+        await k.close()
+    direct = sqlite3.connect(str(path))
+    try:
+        assert direct.execute("SELECT count(*) FROM kv WHERE key >= '/c/'").fetchone()[0] == 201
+    finally:
+        direct.close()
 
 
 async def test_etcd_open_kv_and_url_parsing(etcd_server, tmp_path):

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kafscale.metadata.kv import KV, BeforeCommitFailed, KeyValue, Txn
 
 
+log = logging.getLogger(__name__)
+
 _KEYS_PER_SELECT = 500  # below SQLite's limit of bound parameters per statement (999 before 3.32)
 _ROWS_PER_INSERT = 400  # two parameters a row
+_CHECKPOINT_EVERY_S = 0.5  # a checkpoint beside the commits at most this often, while commits go on
+_WAL_BOUND_PAGES = 16384  # SQLite's own checkpoint, inside a commit, only past 64 MiB of WAL
 _STEPS_BESIDE = 7  # a group's `before` steps run at once: the writer thread's and up to 7 more
 
 
@@ -37,6 +43,18 @@ class SqliteKV(KV):
         self._db.execute("CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL)")
         self._writer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._writer.execute("PRAGMA synchronous=FULL")  # a per-connection setting
+        # SQLite checkpoints the WAL inside the COMMIT that takes it past wal_autocheckpoint
+        # pages (1,000): a write of the database file and its fsync every second or so at the
+        # paced rate, on the commit thread, while every flush queued behind it. Checkpoints
+        # run beside the commits instead (_checkpoint); the automatic one stays as a bound
+        # on the WAL's size should those fall behind (#33).
+        self._writer.execute(f"PRAGMA wal_autocheckpoint={_WAL_BOUND_PAGES}")
+        self._checkpointer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._checkpointer.execute("PRAGMA synchronous=FULL")
+        self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-checkpoint")
+        self._checkpointing = False
+        self._last_checkpoint = time.monotonic()
+        self.checkpoints = 0  # checkpoints run beside the commits
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
         self._beside = ThreadPoolExecutor(_STEPS_BESIDE, thread_name_prefix="sqlite-step")
         self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its `before` or None)
@@ -106,6 +124,22 @@ class SqliteKV(KV):
                 done.set_result(result)
         if self._queued:
             self._start_group(loop)
+        if not self._checkpointing and time.monotonic() - self._last_checkpoint >= _CHECKPOINT_EVERY_S:
+            self._checkpointing = True
+            self._checkpoint_thread.submit(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        """On the checkpoint thread: copy what the WAL holds into the database file. PASSIVE
+        never waits for (nor blocks) the writer or readers; frames committed meanwhile go
+        with the next one."""
+        try:
+            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.checkpoints += 1
+        except sqlite3.Error as e:  # the next commit's turn will try again
+            log.warning("SQLite checkpoint failed: %s", e)
+        finally:
+            self._last_checkpoint = time.monotonic()
+            self._checkpointing = False
 
     def _commit_group(self, txns: list[tuple[Txn, object]]) -> list:
         """On the writer thread: each txn's outcome (True, False for a failed compare, or
@@ -178,5 +212,7 @@ class SqliteKV(KV):
     async def close(self) -> None:
         self._thread.shutdown(wait=True)  # commits under way end first
         self._beside.shutdown(wait=True)
+        self._checkpoint_thread.shutdown(wait=True)
+        self._checkpointer.close()
         self._writer.close()
         self._db.close()
