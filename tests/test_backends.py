@@ -517,6 +517,25 @@ async def test_sqlite_checkpoints_beside_the_commits(tmp_path, monkeypatch):
     finally:
         direct.close()
 
+    # A commit whose answer comes back after close() began: nothing is started after it.
+    errors = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+    try:
+        k = SqliteKV(path)
+        last = asyncio.ensure_future(k.commit(Txn(puts=[("/c/closing", b"x")])))
+        await asyncio.sleep(0)  # on the commit thread
+        await k.close()
+        assert await asyncio.wait_for(last, 10) is True
+        await asyncio.sleep(0.05)  # callbacks queued by the close's last group have run
+        assert errors == []
+    finally:
+        asyncio.get_running_loop().set_exception_handler(None)
+    direct = sqlite3.connect(str(path))
+    try:
+        assert direct.execute("SELECT value FROM kv WHERE key = '/c/closing'").fetchone()[0] == b"x"
+    finally:
+        direct.close()
+
 
 async def test_etcd_open_kv_and_url_parsing(etcd_server, tmp_path):
     k = open_kv(etcd_server.url, tmp_path, prefix="/openkv")

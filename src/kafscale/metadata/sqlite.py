@@ -53,6 +53,7 @@ class SqliteKV(KV):
         self._checkpointer.execute("PRAGMA synchronous=FULL")
         self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-checkpoint")
         self._checkpointing = False
+        self._closed = False
         self._last_checkpoint = time.monotonic()
         self.checkpoints = 0  # checkpoints run beside the commits
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
@@ -124,7 +125,7 @@ class SqliteKV(KV):
                 done.set_result(result)
         if self._queued:
             self._start_group(loop)
-        if not self._checkpointing and time.monotonic() - self._last_checkpoint >= _CHECKPOINT_EVERY_S:
+        if not (self._checkpointing or self._closed) and time.monotonic() - self._last_checkpoint >= _CHECKPOINT_EVERY_S:
             self._checkpointing = True
             self._checkpoint_thread.submit(self._checkpoint)
 
@@ -210,6 +211,7 @@ class SqliteKV(KV):
         return True
 
     async def close(self) -> None:
+        self._closed = True  # a group answered after this starts no checkpoint
         self._thread.shutdown(wait=True)  # commits under way end first
         self._beside.shutdown(wait=True)
         self._checkpoint_thread.shutdown(wait=True)
