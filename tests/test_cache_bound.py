@@ -80,6 +80,14 @@ def test_a_flushed_batch_is_cached_from_its_frame_only_when_it_fills_it():
     reader.cache_segment("t", 1, 0, [memoryview(big)[4 * len(batch) :]])
     view = reader.cache.get(("t", 1, 0))
     assert view.data.obj is not big and bytes(view.data) == batch
+    # The batch filling the frame, but the frame in a buffer allocated twice as large (a
+    # reused frame buffer, broker/memory.py FramePool): the buffer's allocation counts.
+    roomy = bytearray(b"h" * 100 + batch + b"x" * (len(batch) + 100))
+    del roomy[100 + len(batch) :]  # shorter, same allocation
+    assert roomy.__alloc__() > 2 * len(batch)
+    reader.cache_segment("t", 2, 0, [memoryview(roomy)[100:]])
+    view = reader.cache.get(("t", 2, 0))
+    assert view.data.obj is not roomy and bytes(view.data) == batch
 
 
 def _scrape(url: str) -> dict[str, float]:

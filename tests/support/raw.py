@@ -96,6 +96,14 @@ def frame(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
+def produce_frame(topic: str, batches: dict[int, bytes], correlation_id: int, acks: int = -1) -> bytes:
+    """A whole Produce v9 frame (length prefix included) of one topic: partition -> record set."""
+    parts = tuple(req(0, 9, "PartitionProduceData", index=p, records=b) for p, b in batches.items())
+    t = req(0, 9, "TopicProduceData", name=topic, partition_data=parts)
+    body = req(0, 9, transactional_id=None, acks=acks, timeout=30_000, topic_data=(t,))
+    return frame(encode_request(0, 9, body, correlation_id))
+
+
 def _read_uvarint(buf, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:

@@ -2,13 +2,14 @@
 responses written strictly in request order (Kafka's per-connection contract).
 
 Each frame lands in its own bytearray, so the produce path can patch record batches in
-place and keep them without another copy.
+place and keep them without another copy. A large frame is read straight into its bytearray
+(the socket writes its bytes once, where the handler reads them), one the server's
+FramePool lends and takes back when the frame is done with.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import mmap
 import struct
@@ -37,8 +38,11 @@ log = logging.getLogger("kafscale.server")
 
 _LEN = struct.Struct(">i")
 READ_BUFFER_BYTES = 256 * 1024
-# A frame larger than the read buffer starts with this much memory and doubles as its bytes
-# arrive: the declared length is only a promise.
+# A frame of at least this many bytes that has not fully arrived with its length is read
+# straight into its own buffer, not through the read buffer and a copy.
+DIRECT_READ_MIN_BYTES = 64 * 1024
+# A frame larger than this starts with this much memory and doubles as its bytes arrive
+# (the declared length is only a promise); up to it, frames get buffers of the FramePool.
 LARGE_FRAME_FIRST_BYTES = 1024 * 1024
 READ_BUFFER_RELEASE_S = 2.0  # a connection quiet this long gives its read buffer back
 MALLOC_TRIM_INTERVAL_S = 1.0  # how often freed heap memory is returned to the OS (memory.py)
@@ -64,14 +68,6 @@ PAUSE_FRAMES = PAUSE_AUTH | PAUSE_THROTTLE | PAUSE_SERIAL | PAUSE_FAILED  # reas
 # that reads the answer and the end of the connection in one go (kafka-python 3) would
 # otherwise drop the answer and report a lost connection instead of the failure.
 SASL_FAILURE_CLOSE_DELAY_S = 0.1
-
-
-# Resizing a bytearray without filling the new bytes (the recv that follows writes them):
-# bytearray.extend would need a zero-filled temporary and copy it, which measured 40 times
-# slower than allocating the frame whole. realloc moves large blocks without copying.
-_grow_bytearray = ctypes.pythonapi.PyByteArray_Resize
-_grow_bytearray.argtypes = (ctypes.py_object, ctypes.c_ssize_t)
-_grow_bytearray.restype = ctypes.c_int  # errors (BufferError while a view exists) are raised
 
 
 class LogLimiter:
@@ -180,7 +176,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
                 # that declares a huge frame and sends little gets little memory. Growing
                 # happens here, not in buffer_updated, where the event loop still holds a
                 # view of the buffer (a bytearray with views cannot be resized).
-                _grow_bytearray(frame, min(self._frame_len, 2 * len(frame)))
+                memory.resize_bytearray(frame, min(self._frame_len, 2 * len(frame)))
             return memoryview(frame)[self._frame_pos :]
         buf = self._buf
         if buf is None:
@@ -228,19 +224,23 @@ class KafkaConnection(asyncio.BufferedProtocol):
                     self._pause(PAUSE_MEMORY)  # the server calls memory_available()
                     return
                 self._head_reserved = length
-            avail = self._end - self._start - 4
+            body_start = self._start + 4
+            avail = self._end - body_start
             if avail >= length:
-                body_start = self._start + 4
-                frame = bytearray(memoryview(buf)[body_start : body_start + length])  # one copy
+                if length < DIRECT_READ_MIN_BYTES:
+                    frame = bytearray(memoryview(buf)[body_start : body_start + length])  # one copy
+                else:
+                    frame = self.server.frames.take(length)
+                    memoryview(frame)[:] = memoryview(buf)[body_start : body_start + length]  # (frame[:] = ... copies twice)
                 self._start = body_start + length
                 self._dispatch(frame)
                 continue
-            if 4 + length > READ_BUFFER_BYTES - self._start:
-                # Too big for the read buffer: read the rest directly into its own bytearray,
-                # allocated in steps as the bytes arrive (never the declared size up front),
-                # grown without zero-filling: the socket writes every byte after `avail`.
-                frame = bytearray(memoryview(buf)[self._start + 4 : self._end])
-                _grow_bytearray(frame, min(length, max(avail, LARGE_FRAME_FIRST_BYTES)))
+            if length >= DIRECT_READ_MIN_BYTES or 4 + length > READ_BUFFER_BYTES - self._start:
+                # Read the rest straight into the frame's own bytearray (not filled: the
+                # socket writes every byte after `avail`). One larger than
+                # LARGE_FRAME_FIRST_BYTES grows in steps as its bytes arrive (get_buffer).
+                frame = self.server.frames.take(length) if length <= LARGE_FRAME_FIRST_BYTES else memory.uninitialized_bytearray(LARGE_FRAME_FIRST_BYTES)
+                memoryview(frame)[:avail] = memoryview(buf)[body_start : self._end]
                 self._start = self._end = 0
                 self._frame, self._frame_pos, self._frame_len = frame, avail, length
             break
@@ -451,6 +451,7 @@ class KafkaServer:
         share = config.cache_bytes - config.cache_bytes // READ_SHARE_DIVISOR
         self.request_memory_limit = min(limit, max(share, REQUEST_MEMORY_FLOOR)) if limit > 0 else 0
         self._memory_waiters: deque[KafkaConnection] = deque()
+        self.frames = memory.FramePool(LARGE_FRAME_FIRST_BYTES)  # buffers of large frames
         self.request_memory_grew: Callable[[], None] | None = None  # the segment cache giving way (broker/app.py)
         self._memory_wake_scheduled = False
         self._servers: list[asyncio.AbstractServer] = []
@@ -604,6 +605,7 @@ class KafkaServer:
             now = time.monotonic()
             if now - last_trim >= MALLOC_TRIM_INTERVAL_S:
                 last_trim = now
+                self.frames.release_idle()
                 # Every second: RSS under a steady load then stays 20-30 MiB above
                 # --cache-bytes plus the interpreter (every 5 s left 60-100 MiB more); no
                 # measurable cost in produce throughput. It takes 1-40 ms (median 1.3), so

@@ -54,11 +54,15 @@ def _one_buffer(body: list):
     partition's batch) is cached as a read-only view of it, not copied: that copy of every
     flushed byte, a fresh allocation each flush, was about a tenth of the broker's CPU under
     a single producer of large lz4 batches (#33). The cache counts the view's bytes, so the
-    frame it keeps is at most 8/7 of that. Anything else is joined."""
+    memory it keeps is at most 8/7 of that (a bytearray's allocation counts: a frame may lie
+    in a larger buffer, broker/memory.py FramePool). Anything else is joined."""
     if len(body) == 1:
         (only,) = body
-        if isinstance(only, memoryview) and isinstance(only.obj, (bytes, bytearray)) and only.nbytes * 8 >= len(only.obj) * 7:
-            return only.toreadonly()
+        if isinstance(only, memoryview):
+            held = only.obj
+            size = held.__alloc__() if isinstance(held, bytearray) else len(held) if isinstance(held, bytes) else None
+            if size is not None and only.nbytes * 8 >= size * 7:
+                return only.toreadonly()
     return b"".join(body)
 
 
