@@ -110,6 +110,8 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._head_reserved = -1  # bytes reserved for the frame being read (-1: none yet)
         self.reserved = 0  # request memory this connection holds (server-wide budget)
         self._pending: deque[asyncio.Task] = deque()
+        self._reservations: dict[asyncio.Task, int] = {}  # request memory of each request being handled
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when connected (get_running_loop costs a getpid() a call)
         self._pause_reasons = 0
         self._reading_paused = False
         self.produce_turn: asyncio.Future | None = None  # the last Produce's turn (ordering)
@@ -128,6 +130,7 @@ class KafkaConnection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self._loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.address = peer[0] if peer else "?"
@@ -320,12 +323,15 @@ class KafkaConnection(asyncio.BufferedProtocol):
         self._close(f"idle for {idle_s:.0f} s (connections.max.idle.ms)", logging.INFO)
 
     def _dispatch(self, frame: bytearray) -> None:
-        # The frame's reservation now belongs to its request: given back when it is done.
+        # The frame's reservation now belongs to its request: given back when it is done
+        # (_on_done, the one callback a request needs).
         reserved, self._head_reserved = self._head_reserved, -1
-        task = asyncio.get_running_loop().create_task(self.server.handle(self, frame))
+        task = self._loop.create_task(self.server.handle(self, frame))
         self._pending.append(task)
+        if reserved > 0:
+            self._reservations[task] = reserved
         task.add_done_callback(self._on_done)
-        if self._under_quota(frame):
+        if self.broker.quotas.active and self._under_quota(frame):
             self._pause(PAUSE_SERIAL)  # the next frame waits for this one's answer
             task.add_done_callback(lambda _task: self._resume_frames(PAUSE_SERIAL))
         sasl = self.sasl
@@ -334,12 +340,13 @@ class KafkaConnection(asyncio.BufferedProtocol):
             # previous one left (and a pipelining client gets no parallel guesses).
             self._pause(PAUSE_AUTH)
             task.add_done_callback(lambda _task: self._resume_frames(PAUSE_AUTH))
-        if reserved > 0:
-            task.add_done_callback(lambda _task: self.server.release_request_memory(self, reserved))
         if len(self._pending) >= MAX_INFLIGHT_PER_CONNECTION:
             self._pause(PAUSE_INFLIGHT)
 
-    def _on_done(self, _task: asyncio.Task) -> None:
+    def _on_done(self, task: asyncio.Task) -> None:
+        reserved = self._reservations.pop(task, 0)
+        if reserved:
+            self.server.release_request_memory(self, reserved)
         # Write finished responses in request order; stop at the first one still running.
         # Responses finished together (a group commit acknowledges many Produce requests at
         # once) go out in one writelines: one send syscall instead of one each.

@@ -209,6 +209,7 @@ def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) ->
     """
     headers: list[BatchHeader] = []
     pos, end = 0, len(data)
+    unpack = _HEADER.unpack_from
     if end == 0:
         raise InvalidRecordError("empty record set", ErrorCode.invalid_record)
     while pos < end:
@@ -222,13 +223,13 @@ def validate_record_set(data: memoryview, max_batch_bytes: int | None = None) ->
             )
         if end - pos < HEADER_SIZE:
             raise InvalidRecordError("truncated record batch header", ErrorCode.corrupt_message)
-        header = read_header(data, pos)
-        size = header.size
+        header = _new_tuple(BatchHeader, unpack(data, pos))
+        size = header.batch_length + LOG_OVERHEAD  # header.size, without a property call (#33)
         if header.batch_length < HEADER_SIZE - LOG_OVERHEAD or pos + size > end:
             raise InvalidRecordError("record batch length exceeds the record set", ErrorCode.corrupt_message)
         if max_batch_bytes is not None and size > max_batch_bytes:
             raise InvalidRecordError(f"record batch of {size} bytes exceeds max.message.bytes", ErrorCode.message_too_large)
-        if crc32c(data[pos + CRC_START : pos + size]) != header.crc:
+        if _crc32c.crc32c(data[pos + CRC_START : pos + size]) != header.crc:
             raise InvalidRecordError("record batch CRC32C mismatch", ErrorCode.corrupt_message)
         if header.record_count < 0 or header.last_offset_delta < 0:
             raise InvalidRecordError("negative record count or offset delta", ErrorCode.corrupt_message)

@@ -45,40 +45,68 @@ class _PartitionResult:
 
 
 async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult, transactional_id: str | None = None) -> None:
-    broker = ctx.broker
+    """Append to a log being loaded, or to a topic that validates schema ids."""
     try:
-        lg = broker.logs.open_log(topic, index) or await broker.logs.get_log(topic, index)
-        if data is None:
-            raise records.InvalidRecordError("null record set", ErrorCode.invalid_record)
-        # Offsets are patched in place: the zero-copy decoder hands us a writable view
-        # into the request frame; anything else (bytes) is copied once.
-        buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
+        lg = ctx.broker.logs.open_log(topic, index) or await ctx.broker.logs.get_log(topic, index)
+        buf, headers = _validated(ctx, lg, data)
         settings = lg.settings
-        max_bytes = settings.max_message_bytes
-        if ctx.wire_version is not None and len(buf) > records.MAGIC and buf[records.MAGIC] < 2:
-            # Produce v0-v2 with message format v0/v1: one v2 batch. Sizes are checked per
-            # message, then the batch's (Kafka re-checks a converted batch's size too).
-            buf = memoryview(legacy_records.up_convert(buf, max_bytes))
-        headers = records.validate_record_set(buf, max_bytes)
-        if not settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
-            records.check_timestamps(buf, headers, settings.timestamp_before_max_ms, settings.timestamp_after_max_ms)
-        if settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
-            records.check_keys(buf, headers, f"{topic}-{index}")
         if settings.schema_validation:  # confluent.{key,value}.schema.validation (registry/validation.py)
-            await broker.schema_validator.check(topic, buf, headers, settings.key_schema_validation, settings.value_schema_validation)
-        if transactional_id is None and records.any_attribute(headers, records.TRANSACTIONAL_MASK):
-            # As Kafka: transactional records need the request's transactional id (the
-            # one authorized to write them).
-            raise records.InvalidRecordError("transactional records without a transactional id", ErrorCode.transactional_id_authorization_failed)
-        result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
-        result.log_start = lg.log_start_offset
-    except records.InvalidRecordError as e:
+            await ctx.broker.schema_validator.check(topic, buf, headers, settings.key_schema_validation, settings.value_schema_validation)
+        _append_validated(lg, buf, headers, want_ack, result, transactional_id)
+    except (records.InvalidRecordError, StorageError) as e:
+        _refused(ctx, topic, index, result, e)
+
+
+def _append_now(ctx, lg, topic: str, index: int, data, want_ack: bool, result: _PartitionResult, transactional_id: str | None) -> None:
+    """`_append` without a coroutine, for a loaded log of a topic without schema validation
+    (nearly every partition of a Produce request: a coroutine a partition was a tenth of a
+    small request's handling, #33)."""
+    try:
+        buf, headers = _validated(ctx, lg, data)
+        _append_validated(lg, buf, headers, want_ack, result, transactional_id)
+    except (records.InvalidRecordError, StorageError) as e:
+        _refused(ctx, topic, index, result, e)
+
+
+def _validated(ctx, lg, data) -> tuple[memoryview, list]:
+    """The record set as a writable buffer and its batch headers, checked as the topic's
+    settings say (raises InvalidRecordError)."""
+    if data is None:
+        raise records.InvalidRecordError("null record set", ErrorCode.invalid_record)
+    # Offsets are patched in place: the zero-copy decoder hands us a writable view
+    # into the request frame; anything else (bytes) is copied once.
+    buf = data if isinstance(data, memoryview) and not data.readonly else memoryview(bytearray(data))
+    settings = lg.settings
+    max_bytes = settings.max_message_bytes
+    if ctx.wire_version is not None and len(buf) > records.MAGIC and buf[records.MAGIC] < 2:
+        # Produce v0-v2 with message format v0/v1: one v2 batch. Sizes are checked per
+        # message, then the batch's (Kafka re-checks a converted batch's size too).
+        buf = memoryview(legacy_records.up_convert(buf, max_bytes))
+    headers = records.validate_record_set(buf, max_bytes)
+    if not settings.log_append_time:  # message.timestamp.{before,after,difference}.max.ms
+        records.check_timestamps(buf, headers, settings.timestamp_before_max_ms, settings.timestamp_after_max_ms)
+    if settings.cleanup_compact:  # Kafka: a compacted topic refuses records without a key
+        records.check_keys(buf, headers, f"{lg.topic}-{lg.partition}")
+    return buf, headers
+
+
+def _append_validated(lg, buf: memoryview, headers: list, want_ack: bool, result: _PartitionResult, transactional_id: str | None) -> None:
+    if transactional_id is None and records.any_attribute(headers, records.TRANSACTIONAL_MASK):
+        # As Kafka: transactional records need the request's transactional id (the
+        # one authorized to write them).
+        raise records.InvalidRecordError("transactional records without a transactional id", ErrorCode.transactional_id_authorization_failed)
+    result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
+    result.log_start = lg.log_start_offset
+
+
+def _refused(ctx, topic: str, index: int, result: _PartitionResult, e: Exception) -> None:
+    if isinstance(e, records.InvalidRecordError):
         result.error, result.message, result.record_errors = e.error_code, str(e), e.record_errors
         log.warning("produce from client %s to %s-%d rejected: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
-    except StorageError as e:
-        result.error, result.message = e.error_code, str(e)
-        if e.error_code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.not_leader_or_follower):
-            log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
+        return
+    result.error, result.message = e.error_code, str(e)
+    if e.error_code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.not_leader_or_follower):
+        log.warning("produce from client %s to %s-%d failed: %s", ctx.client_id, topic, index, e, extra=ctx.log_fields(topic, index))
 
 
 async def _txn_check(ctx, transactional_id: str, topic: str, partition: int, data) -> ErrorCode | None:
@@ -99,9 +127,12 @@ async def produce(ctx, req):
     # Offsets follow the connection's request order even when a request waits (e.g. for
     # its log to load) and a later one would not.
     await ctx.wait_turn()
+    transactional_id = req.transactional_id
+    open_log = broker.logs.open_log
     for td in req.topic_data:
         topic_id = getattr(td, "topic_id", None)
         name, lookup_error = await names.name_or_error(getattr(td, "name", None), topic_id)
+        internal = is_internal(name)
         results = []
         for pd in td.partition_data:
             r = _PartitionResult(pd.index)
@@ -109,13 +140,15 @@ async def produce(ctx, req):
                 r.error, r.message = lookup_error.error_code, str(lookup_error)
             elif name is None:
                 r.error = ErrorCode.unknown_topic_id
-            elif is_internal(name):
+            elif internal:
                 # Kafka's ReplicaManager: only the broker itself writes internal topics.
                 r.error, r.message = ErrorCode.invalid_topic_exception, f"Cannot append to internal topic {name}"
-            elif req.transactional_id is not None and (refused := await _txn_check(ctx, req.transactional_id, name, pd.index, pd.records)):
+            elif transactional_id is not None and (refused := await _txn_check(ctx, transactional_id, name, pd.index, pd.records)):
                 r.error, r.message = refused, f"transactional produce to {name}-{pd.index} refused by the transaction coordinator"
+            elif (lg := open_log(name, pd.index)) is not None and not lg.settings.schema_validation:
+                _append_now(ctx, lg, name, pd.index, pd.records, want_ack, r, transactional_id)
             else:
-                await _append(ctx, name, pd.index, pd.records, want_ack, r, req.transactional_id)
+                await _append(ctx, name, pd.index, pd.records, want_ack, r, transactional_id)
             results.append(r)
         by_topic.append((name, topic_id, results))
     ctx.end_turn()
