@@ -8,7 +8,8 @@ frame), others a batch for each of the 4. Here a raw client sends the same shape
 once before the clock starts, to a fresh embedded broker (`kafscale broker`, a file store
 and SQLite under a temporary directory), acks=all with `--in-flight` requests outstanding,
 and checks every answer. It prints the broker's CPU (utime + stime of every thread, from
-/proc) and minor page faults over the `--requests` requests, per MB produced. With several
+/proc) and minor page faults over the `--requests` requests, per MB produced, and its peak
+RSS (VmHWM). With several
 `--tree`s each repeat runs each tree in turn (the order flips every repeat), then the
 medians: a busy machine moves the figures by tens of percent between runs, less between
 neighbours.
@@ -103,11 +104,13 @@ def run_once(src: str, args) -> dict:
                 answered += 1
             wall = time.perf_counter() - started
             cpu1, faults1 = proc_stat(bp.proc.pid)
+            with open(f"/proc/{bp.proc.pid}/status") as f:
+                peak_mib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(60)
         mb = sum(len(f) for f in todo) / 1e6
-        return {"mb": mb, "cpu_s": cpu1 - cpu0, "faults": faults1 - faults0, "wall_s": wall}
+        return {"mb": mb, "cpu_s": cpu1 - cpu0, "faults": faults1 - faults0, "wall_s": wall, "peak_mib": peak_mib}
     finally:
         bp.stop()
 
@@ -138,11 +141,11 @@ def main(argv=None) -> int:
             r = run_once(src, args)
             results[name].append(r)
             print(f"round {rnd + 1} {name}: {r['mb']:.1f} MB, broker CPU {r['cpu_s']:.2f} s ({r['cpu_s'] / r['mb'] * 1000:.2f} ms/MB), "
-                  f"{r['faults']} page faults ({r['faults'] / r['mb']:.0f}/MB), {r['mb'] / r['wall_s']:.0f} MB/s, load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"{r['faults']} page faults ({r['faults'] / r['mb']:.0f}/MB), {r['mb'] / r['wall_s']:.0f} MB/s, peak RSS {r['peak_mib']:.0f} MiB, load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\nmedians of {args.repeat}:")
     for name, rs in results.items():
         print(f"  {name}: broker CPU {statistics.median(r['cpu_s'] / r['mb'] * 1000 for r in rs):.2f} ms/MB, "
-              f"page faults {statistics.median(r['faults'] / r['mb'] for r in rs):.0f}/MB, {statistics.median(r['mb'] / r['wall_s'] for r in rs):.0f} MB/s")
+              f"page faults {statistics.median(r['faults'] / r['mb'] for r in rs):.0f}/MB, {statistics.median(r['mb'] / r['wall_s'] for r in rs):.0f} MB/s, peak RSS {statistics.median(r['peak_mib'] for r in rs):.0f} MiB")
     return 0
 
 
