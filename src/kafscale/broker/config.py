@@ -78,7 +78,7 @@ class BrokerConfig:
     # 256 MiB: two frames of the largest size (100 MiB) at once plus room for small requests,
     # and several times what acks=all producers keep in flight at full speed (about
     # throughput x flush interval). Kafka's own default is unbounded (-1).
-    max_request_memory: int = field(default=256 * 1024 * 1024, metadata={"help": "total bytes of requests being read or handled, at most three quarters of --cache-bytes (or 32 MiB when that is less; the cache gives way to requests waiting to become durable, and keeps the rest for reads); a connection whose next request does not fit waits (Kafka's queued.max.request.bytes; 0: no limit)"})
+    max_request_memory: int = field(default=256 * 1024 * 1024, metadata={"help": "total bytes of requests being read or handled, at most half of --cache-bytes (or 32 MiB when that is less; the cache gives way to requests waiting to become durable, and keeps the other half for reads); a connection whose next request does not fit waits (Kafka's queued.max.request.bytes; 0: no limit)"})
     max_connections: int = field(default=10_000, metadata={"help": "client connections accepted at once; more are closed at accept (Kafka's max.connections; 0: no limit)"})
     max_connections_per_ip: int = field(default=0, metadata={"help": "client connections accepted at once from one address (Kafka's max.connections.per.ip; 0: no limit)"})
     connections_max_idle_ms: int = field(default=600_000, metadata={"help": "close a connection with no traffic and no open request for this long (Kafka's connections.max.idle.ms; 0: never)"})

@@ -52,8 +52,12 @@ REQUEST_MEMORY_FLOOR = 32 * 1024 * 1024
 # The share of --cache-bytes requests may not take: kept for the segments readers load. When
 # requests held all of it, a tailing consumer's loads were evicted as they landed, loaded
 # again by the next fetch, and 40-60 MiB of GET bodies were in flight outside the budget
-# (S3, 16 KiB records, saturated producers: docs/performance.md "Memory on S3").
-READ_SHARE_DIVISOR = 4
+# (S3, 16 KiB records, saturated producers: docs/performance.md "Memory on S3"). With a
+# quarter kept (3/4 for requests) a 64 MiB cache still peaked 12-16 MiB over its target:
+# the newest views, the loads in flight and aiohttp's received chunks outgrew the quarter,
+# and the loads repeated. Half: 22-30 MiB less at that peak, and the tailing consumer's
+# data stays cached (broker CPU per GiB 13-18 s -> 5-6 s, fewer PUTs per GiB, 2026-11-28).
+READ_SHARE_DIVISOR = 2
 # Stop reading a connection beyond this many open requests. Produce requests wait for a
 # flush (0.5-1 s on S3), and a producer of many partitions sends small ones: at 256 a
 # connection carried at most 256 requests a flush cycle (0.77 of 1 MB/s over 1,024
