@@ -160,13 +160,12 @@ class FramePool:
         self._taken_since_idle_check = 0
 
     def _reclaim(self) -> None:
-        """Lent buffers nothing else refers to any more become free."""
+        """Lent buffers nothing else refers to any more become free. Every view of a
+        bytearray (a memoryview, a buffer export in C) holds a reference to it too."""
         lent = self._lent
         for _ in range(len(lent)):
             buf = lent.popleft()
-            # Two references: `buf` and getrefcount's argument. Every view (memoryview,
-            # a buffer export in C) holds a reference to its bytearray too.
-            if sys.getrefcount(buf) == 2:
+            if _references(buf) == _REFERENCES_WHEN_ALONE:
                 self._free.append(buf)
             else:
                 lent.append(buf)
@@ -196,3 +195,19 @@ class FramePool:
         while tracked + size > self.max_bytes or len(self._free) + len(self._lent) >= self.max_buffers:
             tracked -= (self._free.pop(0) if self._free else self._lent.popleft()).__alloc__()
         return True
+
+
+def _references(buf: bytearray) -> int:
+    return sys.getrefcount(buf)
+
+
+def _references_when_alone() -> int:
+    """What `_references` says of a buffer held by nothing but the caller's local variable,
+    asked as `FramePool._reclaim` asks (3.11 counts the local, the parameter and
+    getrefcount's argument; later interpreters may skip some of these)."""
+    lent = deque([bytearray(1)])
+    buf = lent.popleft()
+    return _references(buf)
+
+
+_REFERENCES_WHEN_ALONE = _references_when_alone()
