@@ -217,17 +217,19 @@ class BrokerMetrics:
             if name is None:
                 continue
             nbytes = nbatches = 0
+            answers = rt.partition_responses if rt is not None else ()
             for j, pd in enumerate(td.partition_data):
-                if rt is not None:
-                    code = rt.partition_responses[j].error_code if j < len(rt.partition_responses) else ErrorCode.none
-                    if code:
-                        self._partition_error("Produce", code).inc()
-                        continue
+                answer = answers[j] if j < len(answers) else None
+                if answer is not None and answer.error_code:
+                    self._partition_error("Produce", answer.error_code).inc()
+                    continue
                 data = pd.records
                 if not data:
                     continue
                 nbytes += len(data)
-                nbatches += records.count_batches(data)
+                # the handler's count of the batches it appended (produce_response.py), else
+                # the record set walked again (acks=0, answers of old versions)
+                nbatches += getattr(answer, "batches", 0) or records.count_batches(data)
             if nbytes:
                 self._topic_counter("bytes_in", name).inc(nbytes)
                 self._topic_counter("batches_in", name).inc(nbatches)

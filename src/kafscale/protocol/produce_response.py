@@ -33,6 +33,7 @@ class PartitionAnswer:
     log_start_offset: int = -1
     record_errors: tuple[tuple[int, str | None], ...] = ()  # (batch index, message)
     error_message: str | None = None
+    batches: int = 0  # batches appended; not on the wire (the metrics tap counts them from here)
 
 
 @dataclass(slots=True)

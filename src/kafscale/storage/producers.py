@@ -169,6 +169,8 @@ class ProducerStateTable:
         before), None when the set may be appended; raises InvalidRecordError otherwise.
         A set that mixes retried and new batches is refused: answering it as a duplicate
         would drop the new ones without a word."""
+        if len(headers) == 1 and headers[0].producer_id < 0:
+            return None  # one batch of a producer without idempotence: nothing to check (#33)
         previous: dict[int, BatchHeader] = {}  # producer id -> its new batch just before, in this set
         duplicates: list[BatchRecord] = []
         new_batches = 0

@@ -31,7 +31,7 @@ log = logging.getLogger("kafscale.produce")
 
 
 class _PartitionResult:
-    __slots__ = ("index", "error", "message", "record_errors", "base_offset", "append_time", "log_start", "waiter")
+    __slots__ = ("index", "error", "message", "record_errors", "base_offset", "append_time", "log_start", "waiter", "batches")
 
     def __init__(self, index: int):
         self.index = index
@@ -42,6 +42,7 @@ class _PartitionResult:
         self.append_time = -1
         self.log_start = -1
         self.waiter = None
+        self.batches = 0
 
 
 async def _append(ctx, topic: str, index: int, data, want_ack: bool, result: _PartitionResult, transactional_id: str | None = None) -> None:
@@ -97,6 +98,7 @@ def _append_validated(lg, buf: memoryview, headers: list, want_ack: bool, result
         raise records.InvalidRecordError("transactional records without a transactional id", ErrorCode.transactional_id_authorization_failed)
     result.base_offset, result.append_time, result.waiter = lg.append(buf, headers, want_ack)
     result.log_start = lg.log_start_offset
+    result.batches = len(headers)
 
 
 def _refused(ctx, topic: str, index: int, result: _PartitionResult, e: Exception) -> None:
@@ -173,7 +175,7 @@ async def produce(ctx, req):
     if ctx.wire_version is None:  # encoded by hand (protocol/produce_response.py)
         return ProduceAnswer(ctx.version, [
             TopicAnswer(name, topic_id, [
-                PartitionAnswer(r.index, r.error, r.base_offset, r.append_time, r.log_start, r.record_errors, r.message if r.error else None)
+                PartitionAnswer(r.index, r.error, r.base_offset, r.append_time, r.log_start, r.record_errors, r.message if r.error else None, r.batches)
                 for r in results
             ])
             for name, topic_id, results in by_topic
