@@ -78,6 +78,21 @@ def test_the_pool_tracks_at_most_its_bytes_and_buffers_forgetting_the_longest_le
     assert pool.take(600 * KiB) is not None and pool.reused == 1  # a tracked one came back
 
 
+def test_free_bytes_are_the_free_buffers_allocations():
+    # The segment cache gives way to them (broker/app.py): the count must follow every move.
+    pool = FramePool(MiB, max_bytes=3 * MiB, max_buffers=6)
+    held = [pool.take(n * 100 * KiB) for n in (3, 4, 5, 6, 7, 8)]
+    assert pool.free_bytes == 0
+    del held[1::2]  # 400, 600 and 800 KiB come back
+    pool.take(100 * KiB)  # reclaims them, uses none (too large), drops the oldest for room
+    assert pool.free_bytes == sum(buf.__alloc__() for buf in pool._free) > 0
+    pool.take(590 * KiB)  # the 600 KiB one lent again
+    assert pool.reused == 1 and pool.free_bytes == sum(buf.__alloc__() for buf in pool._free) > 0
+    pool._taken_since_idle_check = 0
+    pool.release_idle()
+    assert pool.free_bytes == 0 and pool._free == []
+
+
 def test_frames_over_the_pooled_size_are_not_tracked():
     pool = FramePool(MiB)
     frame = pool.take(2 * MiB)

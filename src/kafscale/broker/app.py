@@ -93,8 +93,9 @@ class Broker:
         )
         self.server = KafkaServer(self, config)
         # Produce requests wait in memory until durable: the segment cache gives way to them
-        # (one budget, --cache-bytes, for segment data written and read; storage/cache.py).
-        self.logs.cache.held_outside = lambda: self.server.request_memory
+        # (one budget, --cache-bytes, for segment data written and read; storage/cache.py),
+        # and to the frame buffers kept for the next requests (broker/memory.py FramePool).
+        self.logs.cache.held_outside = lambda: self.server.request_memory + self.server.frames.free_bytes
         self.server.request_memory_grew = self.logs.cache.give_way
         self.server.close_hooks.append(self.shares.connection_closed)
         self.backup_store = open_store(config.metadata_backup_url) if config.metadata_backup_url else self.store

@@ -121,13 +121,15 @@ class FramePool:
     is needed: its holder frees it as any other bytearray.
 
     At most `max_bytes` (allocated sizes) and `max_buffers` are tracked, lent or free. Free
-    ones stay resident until `release_idle` sees a second without a frame. Used from the event
-    loop's thread only."""
+    ones stay resident until `release_idle` sees a second without a frame; `free_bytes` is
+    theirs, counted in the segment cache's budget by the broker (broker/app.py) as lent ones
+    are through their requests' reservations. Used from the event loop's thread only."""
 
     def __init__(self, max_frame: int, max_bytes: int = FRAME_POOL_BYTES, max_buffers: int = FRAME_POOL_BUFFERS):
         self.max_frame, self.max_bytes, self.max_buffers = max_frame, max_bytes, max_buffers
         self._free: list[bytearray] = []
         self._lent: deque[bytearray] = deque()
+        self.free_bytes = 0  # allocated bytes of the free buffers
         self.reused = 0  # frames served by a buffer used before (counted for tests and benchmarks)
         self._taken_since_idle_check = 0
 
@@ -157,6 +159,7 @@ class FramePool:
         housekeeping calls it every second)."""
         if not self._taken_since_idle_check:
             self._free.clear()
+            self.free_bytes = 0
         self._taken_since_idle_check = 0
 
     def _reclaim(self) -> None:
@@ -167,6 +170,7 @@ class FramePool:
             buf = lent.popleft()
             if _references(buf) == _REFERENCES_WHEN_ALONE:
                 self._free.append(buf)
+                self.free_bytes += buf.__alloc__()
             else:
                 lent.append(buf)
 
@@ -184,7 +188,11 @@ class FramePool:
             elif smaller_size < size <= nbytes:
                 smaller, smaller_size = i, size
         i = best if best >= 0 else smaller
-        return self._free.pop(i) if i >= 0 else None
+        if i < 0:
+            return None
+        buf = self._free.pop(i)
+        self.free_bytes -= buf.__alloc__()
+        return buf
 
     def _make_room(self, size: int) -> bool:
         """Whether a buffer of `size` may be tracked, after freeing free buffers and
@@ -193,7 +201,12 @@ class FramePool:
             return False
         tracked = self.tracked_bytes
         while tracked + size > self.max_bytes or len(self._free) + len(self._lent) >= self.max_buffers:
-            tracked -= (self._free.pop(0) if self._free else self._lent.popleft()).__alloc__()
+            if self._free:
+                dropped = self._free.pop(0).__alloc__()
+                self.free_bytes -= dropped
+            else:
+                dropped = self._lent.popleft().__alloc__()
+            tracked -= dropped
         return True
 
 
