@@ -111,6 +111,18 @@ def test_idle_buffers_are_freed_after_a_quiet_period():
     assert pool._free == []
 
 
+def test_a_buffer_given_back_while_no_frame_is_taken_is_freed_when_idle():
+    # Frames under the direct read size take nothing from the pool (a paced producer's):
+    # the buffers of the last large ones must not stay lent, resident and counted nowhere.
+    pool = FramePool(MiB)
+    frame = pool.take(300 * KiB)
+    pool.release_idle()  # a frame was taken since the last call: kept, and still in use
+    assert pool.tracked_bytes > 0 and pool.free_bytes == 0
+    del frame  # its request done, no view kept: nothing refers to it any more
+    pool.release_idle()  # no frame taken since the last call
+    assert pool.tracked_bytes == 0 and pool.free_bytes == 0
+
+
 def test_uninitialized_bytearray_has_the_asked_length():
     buf = uninitialized_bytearray(5 * MiB)
     memoryview(buf)[:3] = b"abc"

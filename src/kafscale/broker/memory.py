@@ -156,7 +156,11 @@ class FramePool:
 
     def release_idle(self) -> None:
         """Free the idle buffers if no frame was taken since the last call (the server's
-        housekeeping calls it every second)."""
+        housekeeping calls it every second). Lent buffers nothing refers to any more count
+        as free first: only `take` looked for them, so while frames stayed under the direct
+        read size (a paced producer) they stayed resident, counted nowhere (10-20 MiB over
+        a 64 MiB cache's target, docs/performance.md "Memory on S3")."""
+        self._reclaim()
         if not self._taken_since_idle_check:
             self._free.clear()
             self.free_bytes = 0
