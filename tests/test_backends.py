@@ -491,29 +491,32 @@ async def test_sqlite_large_transactions_applied_whole(tmp_path):
         await k.close()
 
 
-async def test_sqlite_checkpoints_beside_the_commits(tmp_path, monkeypatch):
-    """The WAL is checkpointed on a thread of its own while commits go on, not inside a
-    commit (SQLite's automatic checkpoint only past a 64 MiB bound); what was committed is
-    all there once the file is opened again."""
+async def test_sqlite_checkpoints_between_groups(tmp_path, monkeypatch):
+    """The WAL is checkpointed on the writer thread between groups, not inside a commit
+    (SQLite's automatic checkpoint only past a bound): the database file holds the commits
+    while the connections are open, the WAL starts over instead of growing, and what was
+    committed is all there once the file is opened again."""
     monkeypatch.setattr(sqlite_kv, "_CHECKPOINT_EVERY_S", 0.0)
     path = tmp_path / "m.sqlite"
     k = SqliteKV(path)
     try:
         assert k._writer.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == sqlite_kv._WAL_BOUND_PAGES
-        for i in range(200):
+        for i in range(400):
             assert await k.commit(Txn(puts=[(f"/c/{i:04d}", bytes(2000))]))
-        await wait_until_async(lambda: k.checkpoints > 0, 10, "a checkpoint beside the commits")
+        await wait_until_async(lambda: k.checkpoints > 0, 10, "a checkpoint between groups")
         ran = k.checkpoints
         assert await k.commit(Txn(puts=[("/c/last", b"x")]))  # its turn starts one more
         await wait_until_async(lambda: k.checkpoints > ran, 10, "a checkpoint after the last commit")
-        # the database file itself holds the commits, the connections still open (SQLite's
-        # own checkpoint would have waited for 1,000 pages of WAL)
-        assert path.stat().st_size > 200 * 2000
+        # SQLite's own checkpoint would have waited for 1,000 pages of WAL (4 MiB); 400 x
+        # 2 KB are in the database file, and the WAL was started over from its beginning
+        # (400 commits of a page or two each would have made it over 1.6 MB).
+        assert path.stat().st_size > 400 * 2000
+        assert (tmp_path / "m.sqlite-wal").stat().st_size < 1_000_000
     finally:
         await k.close()
     direct = sqlite3.connect(str(path))
     try:
-        assert direct.execute("SELECT count(*) FROM kv WHERE key >= '/c/'").fetchone()[0] == 201
+        assert direct.execute("SELECT count(*) FROM kv WHERE key >= '/c/'").fetchone()[0] == 401
     finally:
         direct.close()
 

@@ -16,8 +16,8 @@ log = logging.getLogger(__name__)
 
 _KEYS_PER_SELECT = 500  # below SQLite's limit of bound parameters per statement (999 before 3.32)
 _ROWS_PER_INSERT = 400  # two parameters a row
-_CHECKPOINT_EVERY_S = 0.5  # a checkpoint beside the commits at most this often, while commits go on
-_WAL_BOUND_PAGES = 16384  # SQLite's own checkpoint, inside a commit, only past 64 MiB of WAL
+_CHECKPOINT_EVERY_S = 0.5  # a checkpoint between groups at most this often
+_WAL_BOUND_PAGES = 4096  # SQLite's own checkpoint, inside a commit, only past 16 MiB of WAL
 _STEPS_BESIDE = 7  # a group's `before` steps run at once: the writer thread's and up to 7 more
 
 
@@ -44,18 +44,17 @@ class SqliteKV(KV):
         self._writer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self._writer.execute("PRAGMA synchronous=FULL")  # a per-connection setting
         # SQLite checkpoints the WAL inside the COMMIT that takes it past wal_autocheckpoint
-        # pages (1,000): a write of the database file and its fsync every second or so at the
-        # paced rate, on the commit thread, while every flush queued behind it. Checkpoints
-        # run beside the commits instead (_checkpoint); the automatic one stays as a bound
-        # on the WAL's size should those fall behind (#33).
+        # pages (1,000): a write of the database file and its fsync about every second at the
+        # paced rate, inside a commit that the flushes of its group (and those queued behind
+        # it) waited for. The checkpoint runs between groups instead, when none is queued
+        # (_group_done); SQLite's own only past a bound, for a queue that never empties (#33).
+        # On this connection, with no other writer: it completes, so the WAL starts over at
+        # its beginning and stays small (a checkpoint beside the commits on a connection of
+        # its own never caught up, and the WAL grew by 2 MiB a second).
         self._writer.execute(f"PRAGMA wal_autocheckpoint={_WAL_BOUND_PAGES}")
-        self._checkpointer = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._checkpointer.execute("PRAGMA synchronous=FULL")
-        self._checkpoint_thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-checkpoint")
-        self._checkpointing = False
         self._closed = False
         self._last_checkpoint = time.monotonic()
-        self.checkpoints = 0  # checkpoints run beside the commits
+        self.checkpoints = 0  # checkpoints run between groups
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
         self._beside = ThreadPoolExecutor(_STEPS_BESIDE, thread_name_prefix="sqlite-step")
         self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its `before` or None)
@@ -125,22 +124,19 @@ class SqliteKV(KV):
                 done.set_result(result)
         if self._queued:
             self._start_group(loop)
-        if not (self._checkpointing or self._closed) and time.monotonic() - self._last_checkpoint >= _CHECKPOINT_EVERY_S:
-            self._checkpointing = True
-            self._checkpoint_thread.submit(self._checkpoint)
+        elif not self._closed and time.monotonic() - self._last_checkpoint >= _CHECKPOINT_EVERY_S:
+            self._last_checkpoint = time.monotonic()
+            self._thread.submit(self._checkpoint)  # a group queued meanwhile runs after it
 
     def _checkpoint(self) -> None:
-        """On the checkpoint thread: copy what the WAL holds into the database file. PASSIVE
-        never waits for (nor blocks) the writer or readers; frames committed meanwhile go
-        with the next one."""
+        """On the writer thread, between groups: copy what the WAL holds into the database
+        file (PASSIVE: readers are not waited for; frames a reader still needs stay for the
+        next one)."""
         try:
-            self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             self.checkpoints += 1
-        except sqlite3.Error as e:  # the next commit's turn will try again
+        except sqlite3.Error as e:  # tried again after a later group
             log.warning("SQLite checkpoint failed: %s", e)
-        finally:
-            self._last_checkpoint = time.monotonic()
-            self._checkpointing = False
 
     def _commit_group(self, txns: list[tuple[Txn, object]]) -> list:
         """On the writer thread: each txn's outcome (True, False for a failed compare, or
@@ -214,7 +210,5 @@ class SqliteKV(KV):
         self._closed = True  # a group answered after this starts no checkpoint
         self._thread.shutdown(wait=True)  # commits under way end first
         self._beside.shutdown(wait=True)
-        self._checkpoint_thread.shutdown(wait=True)
-        self._checkpointer.close()
         self._writer.close()
         self._db.close()
