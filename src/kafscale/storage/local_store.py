@@ -41,13 +41,16 @@ def _writev_all(fd: int, views: list) -> None:
 
 def _write_in_pieces(fd: int, views: list) -> None:
     at = 0
-    while views:
+    i, cut = 0, 0  # the next view, and how much of it went in earlier pieces
+    while i < len(views):
         piece, size = [], 0
-        while views and size < WRITE_BACK_BYTES:
-            v = views.pop(0)
+        while i < len(views) and size < WRITE_BACK_BYTES:
+            v = views[i][cut:] if cut else views[i]
             if size + len(v) > WRITE_BACK_BYTES:
-                v, rest = v[: WRITE_BACK_BYTES - size], v[WRITE_BACK_BYTES - size :]
-                views.insert(0, rest)
+                v = v[: WRITE_BACK_BYTES - size]
+                cut += len(v)
+            else:
+                i, cut = i + 1, 0
             piece.append(v)
             size += len(v)
         _writev_all(fd, piece)
