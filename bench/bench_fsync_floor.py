@@ -30,6 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+from kafscale.storage import local_store  # noqa: E402  (the merger's writes go through its own code)
 
 STEPS = ["open + write", "fsync file", "link", "fsync directory", "SQLite commit"]
 
@@ -79,10 +82,6 @@ def merge_writer(root: str, args, stop: threading.Event, written: list) -> None:
     """A merger's rewrite beside the flushes: a --merge-mib object created every
     --merge-every-ms by the local directory's own code (storage/local_store.py: temp file,
     written a piece at a time unless --merge-write-back-kib 0, fsync, link, directory fsync)."""
-    sys.path.insert(0, str(REPO / "src"))
-    from kafscale.storage import local_store
-
-    local_store.WRITE_BACK_BYTES = args.merge_write_back_kib * 1024 if args.merge_write_back_kib >= 0 else local_store.WRITE_BACK_BYTES
     store = local_store.LocalObjectStore(f"{root}/merged")
     body = os.urandom(args.merge_mib * 1024 * 1024)
     seq = 0
@@ -93,7 +92,6 @@ def merge_writer(root: str, args, stop: threading.Event, written: list) -> None:
         written.append((time.perf_counter() - t0) * 1e3)
         os.unlink(path)
         seq += 1
-    written.append(local_store.WRITE_BACK_BYTES if local_store._write_back else 0)
 
 
 def run(args) -> None:
@@ -117,6 +115,8 @@ def run(args) -> None:
     steps: list[list[float]] = [[] for _ in STEPS]
     pool = ThreadPoolExecutor(args.partitions) if args.parallel else None
     rounds, sojourn = [], []
+    if args.merge_write_back_kib >= 0:
+        local_store.WRITE_BACK_BYTES = args.merge_write_back_kib * 1024
     merger = threading.Thread(target=merge_writer, args=(root, args, stop, merges), daemon=True) if args.merge_mib else None
     if merger is not None:
         merger.start()
@@ -157,7 +157,7 @@ def run(args) -> None:
     if merger is not None:
         stop.set()
         merger.join()
-        piece = merges.pop()
+        piece = local_store.WRITE_BACK_BYTES if local_store._write_back else 0
         print(f"beside them: {len(merges)} rewrites of {args.merge_mib} MiB, "
               f"{f'sent to disk {piece // 1024} KiB at a time' if piece else 'one write'} before the fsync, "
               f"p50 {pct(merges, 50):.1f} ms, max {max(merges, default=0):.1f} ms")
