@@ -491,6 +491,59 @@ async def test_sqlite_large_transactions_applied_whole(tmp_path):
         await k.close()
 
 
+async def test_sqlite_guarded_puts_are_one_statement(tmp_path):
+    """A transaction of puts guarded by compares (a segment's commit: the partition's state
+    and its segment key) is one statement on the writer thread, its own transaction when it
+    commits alone: written whole when every compare holds (the compare read before any of
+    its rows is written), not at all when one fails; in a group with other transactions
+    each keeps its own outcome."""
+    k = SqliteKV(tmp_path / "m.sqlite")
+    statements: list[str] = []
+    k._writer.set_trace_callback(lambda sql: statements.append(sql) if not sql.startswith("PRAGMA") else None)
+
+    async def commit(txn: Txn):
+        statements.clear()
+        ok = await k.commit(txn)
+        return ok, list(statements)
+
+    def rows(prefix="/p/"):
+        found = k._db.execute("SELECT key, value, version FROM kv WHERE key >= ? AND key < ? ORDER BY key", (prefix, prefix + "~")).fetchall()
+        return [(key, bytes(value), version) for key, value, version in found]
+
+    try:
+        ok, ran = await commit(Txn(compares=[("/p/state", 0)], puts=[("/p/state", b"hw1"), ("/p/seg/0", b"s0")]))
+        assert ok is True and len(ran) == 1 and ran[0].startswith("INSERT INTO kv (key, value, version) SELECT")
+        # the compare's key is written by the same statement: its second row still goes in
+        ok, ran = await commit(Txn(compares=[("/p/state", 1)], puts=[("/p/state", b"hw2"), ("/p/seg/1", b"s1")]))
+        assert ok is True and len(ran) == 1
+        assert rows() == [("/p/seg/0", b"s0", 1), ("/p/seg/1", b"s1", 1), ("/p/state", b"hw2", 2)]
+        before = rows()
+        for compares in ([("/p/state", 1)], [("/p/state", 2), ("/p/absent", 1)], [("/p/absent", 3)]):
+            ok, ran = await commit(Txn(compares=compares, puts=[("/p/state", b"stale"), ("/p/seg/9", b"no")]))
+            assert ok is False and len(ran) == 1, compares
+        assert rows() == before
+        ok, _ = await commit(Txn(compares=[("/p/state", 2), ("/p/absent", 0)], leased_puts=[("/p/lease", b"l")], puts=[("/p/seg/2", b"s2")]))
+        assert ok is True and rows()[0] == ("/p/lease", b"l", 1)
+
+        # A group: the first commit goes alone, the four behind it together, in one
+        # transaction; a failed compare or a transaction of deletes leaves the others be.
+        statements.clear()
+        results = await asyncio.gather(
+            k.commit(Txn(puts=[("/g/alone", b"a")])),
+            k.commit(Txn(compares=[("/g/alone", 0)], puts=[("/g/x", b"x")])),  # /g/alone is written by now
+            k.commit(Txn(compares=[("/g/alone", 1)], puts=[("/g/y", b"y"), ("/g/alone", b"a2")])),
+            k.commit(Txn(compares=[("/p/seg/0", 1)], deletes=["/p/seg/0"], puts=[("/g/z", b"z")])),
+            k.commit(Txn(puts=[("/g/twice", b"1"), ("/g/twice", b"2")])),
+        )
+        assert results == [True, False, True, True, True]
+        assert rows("/g/") == [("/g/alone", b"a2", 2), ("/g/twice", b"2", 2), ("/g/y", b"y", 1), ("/g/z", b"z", 1)]
+        assert k._db.execute("SELECT count(*) FROM kv WHERE key = '/p/seg/0'").fetchone()[0] == 0
+        assert statements[0].startswith("INSERT INTO kv (key, value, version) SELECT") and statements[1] == "BEGIN IMMEDIATE" and statements[-1] == "COMMIT"
+        assert sum(s.startswith("SAVEPOINT") for s in statements) == 2  # the deletes and the key written twice only
+    finally:
+        await k.close()
+
+
 async def test_sqlite_checkpoints_between_groups(tmp_path, monkeypatch):
     """The WAL is checkpointed on the writer thread between groups, not inside a commit
     (SQLite's automatic checkpoint only past a bound): the database file holds the commits
