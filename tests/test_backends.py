@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import socket
 import sqlite3
 import time
@@ -28,7 +29,7 @@ from kafscale.metadata.store import (
 from kafscale.storage.backends import open_store
 from kafscale.storage import local_store
 from kafscale.storage.local_store import LocalObjectStore
-from kafscale.storage.objectstore import ObjectNotFound, ObjectStoreError
+from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStoreError
 from kafscale.storage.s3 import S3ObjectStore
 from kafscale.storage.segment import SegmentInfo
 from tests.support.servers import free_port, start_etcd, start_moto
@@ -796,6 +797,37 @@ async def test_etcd_down_then_restarted():
             assert (await store.commit_segment(st, _seg(0, 0))).high_watermark == 1
         finally:
             await kv.close()
+
+
+async def test_local_store_creates_through_kept_directory_handles(tmp_path, monkeypatch):
+    """Creates write by names relative to a kept descriptor of the object's directory: the
+    objects are whole and the second writer of a key is refused as before; a directory
+    removed behind its handle is made again; no more handles are kept than the bound."""
+    monkeypatch.setattr(local_store._DirHandles, "MAX_OPEN", 2)
+    store = LocalObjectStore(tmp_path / "objects")
+    try:
+        await store.create_many([("t/0/seg-1.kfs", [b"seg", b"ment"]), ("t/0/seg-1.index", [b"idx"])])
+        await store.create("t/0/seg-2.kfs", [b"two"])
+        assert await store.get("t/0/seg-1.kfs") == b"segment" and await store.get("t/0/seg-1.index") == b"idx"
+        assert await store.get("t/0/seg-2.kfs") == b"two"
+        assert list(store._dirs._fds) == [str(tmp_path / "objects" / "t" / "0")]
+        await store.create("t/0/seg-2.kfs", [b"two"])  # the same bytes again: taken as written
+        with pytest.raises(ObjectExistsError):
+            await store.create("t/0/seg-2.kfs", [b"other"])
+        assert await store.get("t/0/seg-2.kfs") == b"two"
+
+        shutil.rmtree(tmp_path / "objects" / "t")  # behind the kept handle
+        await store.create("t/0/seg-3.kfs", [b"three"])
+        assert await store.get("t/0/seg-3.kfs") == b"three"
+        assert await store.list("t/") == ["t/0/seg-3.kfs"]
+
+        for p in range(1, 6):
+            await store.create(f"t/{p}/seg-0.kfs", [str(p).encode()])
+        assert [await store.get(f"t/{p}/seg-0.kfs") for p in range(1, 6)] == [b"1", b"2", b"3", b"4", b"5"]
+        assert len(store._dirs._fds) == 2 and not store._dirs._users
+        assert not [n for n in (tmp_path / "objects").rglob(".tmp-*")]  # no temp file left behind
+    finally:
+        await store.close()
 
 
 @pytest.mark.parametrize("piece", [0, 1000, 4096])

@@ -5,7 +5,7 @@ kill -9 tests cannot tell an fsynced file from one still in the page cache (the 
 both), so this test looks at the fsync calls themselves. Between reading a Produce request
 (acks=all) and sending its answer, the broker must have, in this order:
 
-1. fsynced the object's temp file, then linked it to its name (the partition's segment, or
+1. fsynced the object's temp file, then linked or renamed it to its name (the partition's segment, or
    with write-ahead objects the flush's object holding every partition's data);
 2. fsynced the object's directory (the new name is durable), and the parent of every
    directory it created (the first flush of a partition makes its directory);
@@ -46,7 +46,15 @@ class Call:
     end: float
     name: str
     fd_path: str | None  # the first argument's path or socket (strace -yy)
-    paths: list[str]  # the string arguments (link, rename, mkdir)
+    paths: list[str]  # the string arguments (link, rename, mkdir), relative ones joined to their directory's descriptor
+
+    def named(self) -> tuple[str, str] | None:
+        """(from, to) of a link or rename, as full paths."""
+        return (self.paths[0], self.paths[-1]) if self.name in NAMING and len(self.paths) >= 2 else None
+
+
+NAMING = ("link", "linkat", "rename", "renameat", "renameat2")
+DIR_ARG = re.compile(r'(?:^|, )(\d+<[^>]*>|AT_FDCWD), "((?:[^"\\]|\\.)*)"')
 
 
 def read_trace(prefix: Path) -> list[Call]:
@@ -60,7 +68,10 @@ def read_trace(prefix: Path) -> list[Call]:
                 continue
             start, name, args, dur = float(m.group(1)), m.group(2), m.group(3), float(m.group(5))
             fd = FD.match(args)
-            calls.append(Call(start, start + dur, name, fd.group(1) if fd else None, STRING.findall(args)))
+            paths = STRING.findall(args)
+            if name in ("linkat", "renameat", "renameat2"):  # (dirfd, name) pairs: names relative to a descriptor made whole
+                paths = [p if p.startswith("/") or d == "AT_FDCWD" else os.path.join(FD.match(d).group(1), p) for d, p in DIR_ARG.findall(args)]
+            calls.append(Call(start, start + dur, name, fd.group(1) if fd else None, paths))
     return sorted(calls, key=lambda c: c.start)
 
 
@@ -117,9 +128,10 @@ def test_acks_all_answer_follows_file_dir_and_sqlite_fsyncs(broker_factory, topi
         object_name = re.compile("/" + re.escape(write_ahead_objects.wal_prefix("default")) + r"\d{13}-0-[0-9a-z]+-\d{10}\.wal$")
     else:
         object_name = re.compile(re.escape(f"/{topic_name}/0/segment-{0:020d}.kfs") + "$")
-    link = next((c for c in window if c.name in ("link", "linkat") and object_name.search(c.paths[-1])), None)
-    assert link is not None, f"no link to {object_name.pattern} before the answer: {[(c.name, c.fd_path, c.paths) for c in window]}"
-    temp = link.paths[0]
+    link = next((c for c in window if c.named() and object_name.search(c.named()[1])), None)
+    assert link is not None, f"no link or rename to {object_name.pattern} before the answer: {[(c.name, c.fd_path, c.paths) for c in window]}"
+    temp = link.named()[0]
+    assert os.path.basename(temp).startswith(".tmp-"), link
     synced = [c for c in window if c.name in ("fsync", "fdatasync") and c.fd_path == temp]
     assert synced and synced[0].end <= link.start, f"{temp} is not fsynced before it is linked to its name"
 

@@ -11,8 +11,6 @@ A real embedded broker in this process (SQLite, file store) and a real SqliteKV.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -135,18 +133,18 @@ async def test_a_failed_write_rejects_only_its_batches_and_the_log_goes_on(eager
     part_dir = first_segment.parent
     first_bytes = first_segment.read_bytes()
 
-    # The partition's directory turns into a file: the next segment cannot be written.
-    moved = Path(broker.config.data_dir) / "moved"
-    shutil.move(part_dir, moved)
-    part_dir.touch()
+    # The next segment's name is taken by a directory: it cannot be written. (The store
+    # writes by names relative to the partition directory's kept descriptor, so moving the
+    # directory away would not stop it: the writes would follow the directory.)
+    taken = part_dir / Path(segment.segment_key(broker.logs.config.namespace, topic, 0, 1)).name
+    taken.mkdir()
     try:
         _, _, lost = _append(lg, b"never written")
         assert await _outcome(lost) == ErrorCode.kafka_storage_error
         st = await broker.metadata.get_partition(topic, 0)
         assert st.high_watermark == 1 and [s.base_offset for s in st.segments] == [0]  # nothing committed
     finally:
-        os.remove(part_dir)
-        shutil.move(moved, part_dir)
+        taken.rmdir()
 
     # The store is back: the rejected offset is handed out again, in order.
     base, _, again = _append(lg, b"second")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import fcntl
 import hashlib
 import itertools
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, ObjectNotFound, ObjectStore, ObjectStoreError
@@ -91,6 +93,116 @@ _write_back = _sync_file_range()
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
+def _umask_keeps_objects_readable() -> bool:
+    """Whether files created with mode 0o644 get it whole under this process's umask (read
+    from /proc without changing it: os.umask sets it for every thread). Where it cannot be
+    told, no: the write path then sets the mode with an fchmod of its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8) & 0o644 == 0
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace_call():
+    """renameat2(..., RENAME_NOREPLACE) (Linux): a temp file takes its name only if the
+    name is free, in one call where link + unlink took two. None where libc lacks it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_renameat2 = _rename_noreplace_call()
+
+
+class _DirHandles:
+    """Open descriptors of the directories objects are written to, kept between writes: a
+    flush creates its segment in its partition's directory by a name relative to the
+    directory's descriptor and fsyncs that descriptor, with no open and close of the
+    directory each time. Each of those calls is a syscall after which the writing thread
+    waits for the GIL while the event loop works (#33). The store never removes a
+    directory; if something else does, creating a file in it fails (ENOENT) and the handle
+    is opened again by path (`forget`). At most `MAX_OPEN` kept; one in use is never closed."""
+
+    MAX_OPEN = 256
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fds: dict[str, int] = {}  # path -> fd, least recently used first
+        self._users: dict[int, int] = {}  # fd -> threads using it now
+
+    def take(self, path: str) -> int:
+        with self._lock:
+            fd = self._fds.pop(path, None)
+            if fd is not None:
+                self._fds[path] = fd  # most recently used
+                self._users[fd] = self._users.get(fd, 0) + 1
+                return fd
+        fd = _open_dir(path)
+        with self._lock:
+            if path in self._fds:  # another thread opened it meanwhile: use theirs
+                os.close(fd)
+                fd = self._fds[path]
+            else:
+                self._fds[path] = fd
+            self._users[fd] = self._users.get(fd, 0) + 1
+            self._close_idle_over_bound()
+        return fd
+
+    def give_back(self, fd: int) -> None:
+        with self._lock:
+            left = self._users[fd] - 1
+            if left:
+                self._users[fd] = left
+            else:
+                del self._users[fd]
+                if fd not in self._fds.values():  # forgotten while in use
+                    os.close(fd)
+            self._close_idle_over_bound()
+
+    def forget(self, path: str, fd: int) -> None:
+        """The directory behind `fd` is gone: the next take opens `path` again."""
+        with self._lock:
+            if self._fds.get(path) == fd:
+                del self._fds[path]
+
+    def _close_idle_over_bound(self) -> None:
+        over = len(self._fds) - self.MAX_OPEN
+        for path in list(self._fds)[:max(over, 0)]:
+            fd = self._fds[path]
+            if fd not in self._users:
+                del self._fds[path]
+                os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                if fd not in self._users:
+                    os.close(fd)
+            self._fds.clear()
+
+
+def _open_dir(path: str) -> int:
+    """A directory's descriptor; the directory made (durably: _make_dirs) if missing."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        _make_dirs(Path(path))
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
 def _fsync_dir(path) -> None:
     """Make the names in a directory durable: a file fsynced and renamed (or linked) into
     place survives power loss only once its directory is fsynced too."""
@@ -128,6 +240,8 @@ class LocalObjectStore(ObjectStore):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._root = str(self.root)
+        self._set_mode = not _umask_keeps_objects_readable()  # else 0o644 at creation is enough
+        self._dirs = _DirHandles()
 
     def _path(self, key: str) -> Path:
         return Path(self._file(key))
@@ -154,7 +268,8 @@ class LocalObjectStore(ObjectStore):
             _make_dirs(Path(path).parent)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
+            if self._set_mode:
+                os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
             _write_all(fd, parts)
             os.fsync(fd)
         except BaseException:
@@ -229,7 +344,98 @@ class LocalObjectStore(ObjectStore):
         await asyncio.to_thread(self._create_many_sync, objects)
 
     def _create_many_sync(self, objects: list[tuple[str, list]]) -> None:
-        """The index only once the segment is ours; one directory fsync for both."""
+        """The index only once the segment is ours; one directory fsync for both. Objects
+        of one directory (a segment and its index, always) are written by names relative to
+        its kept descriptor (_DirHandles), as few syscalls as the steps take."""
+        first = self._file(objects[0][0])
+        directory = os.path.dirname(first)
+        if _renameat2 is None or any(os.path.dirname(self._file(key)) != directory for key, _ in objects[1:]):
+            return self._create_many_by_path(objects)
+        try:
+            for attempt in (1, 2):
+                dir_fd = self._dirs.take(directory)
+                try:
+                    try:
+                        self._create_at(dir_fd, objects[0][0], os.path.basename(first), objects[0][1])
+                    except FileNotFoundError:  # the directory was removed behind the kept handle
+                        self._dirs.forget(directory, dir_fd)
+                        if attempt == 2:
+                            raise
+                        continue
+                    for key, parts in objects[1:]:
+                        tmp = self._temp_at(dir_fd, parts)
+                        try:
+                            os.replace(tmp, os.path.basename(self._file(key)), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                        except BaseException:
+                            self._discard_at(dir_fd, tmp)
+                            raise
+                    os.fsync(dir_fd)
+                    return
+                finally:
+                    self._dirs.give_back(dir_fd)
+        except ObjectExistsError:
+            raise
+        except OSError as e:
+            raise ObjectStoreError(f"create {objects[0][0]}: {e}") from e
+
+    def _temp_at(self, dir_fd: int, parts: list) -> str:
+        """A temp file in the directory of `dir_fd` holding `parts`, fsynced: its name."""
+        tmp = f".tmp-{os.getpid()}-{next(_TEMP_NAMES)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+        try:
+            if self._set_mode:
+                os.fchmod(fd, 0o644)
+            _write_all(fd, parts)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self._discard_at(dir_fd, tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    @staticmethod
+    def _discard_at(dir_fd: int, tmp: str) -> None:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+
+    def _create_at(self, dir_fd: int, key: str, name: str, parts: list) -> None:
+        """The object `name` in the directory of `dir_fd`, created from a fsynced temp file
+        that takes the name only if it is free (renameat2 RENAME_NOREPLACE): of two writers
+        exactly one creates it; the other's bytes must be the same (ObjectExistsError)."""
+        tmp = self._temp_at(dir_fd, parts)
+        try:
+            if _renameat2(dir_fd, tmp.encode(), dir_fd, name.encode(), _RENAME_NOREPLACE) == 0:
+                return
+            err = ctypes.get_errno()
+            if err == errno.EEXIST:
+                if self._read_at(dir_fd, name) != self._read_at(dir_fd, tmp):
+                    raise ObjectExistsError(f"create {key}: the key holds another writer's object")
+            elif err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
+                try:
+                    os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except FileExistsError:
+                    if self._read_at(dir_fd, name) != self._read_at(dir_fd, tmp):
+                        raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
+            else:
+                raise OSError(err, os.strerror(err), name)
+        except BaseException:
+            self._discard_at(dir_fd, tmp)
+            raise
+        self._discard_at(dir_fd, tmp)  # the name was taken (the same bytes) or linked
+
+    @staticmethod
+    def _read_at(dir_fd: int, name: str) -> bytes:
+        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
+
+    def _create_many_by_path(self, objects: list[tuple[str, list]]) -> None:
         try:
             paths = [self._create_sync(*objects[0])]
             paths += [self._put_sync(key, parts, sync_dir=False) for key, parts in objects[1:]]
@@ -439,6 +645,9 @@ class LocalObjectStore(ObjectStore):
 
     async def list_sizes(self, prefix: str) -> dict[str, int]:
         return await asyncio.to_thread(self._list_sync, prefix, True)
+
+    async def close(self) -> None:
+        self._dirs.close()
 
     async def check(self) -> None:
         if not self.root.is_dir() or not os.access(self.root, os.W_OK):
