@@ -70,15 +70,23 @@ def _write_in_pieces(fd: int, views: list) -> None:
 WRITE_BACK_BYTES = 1024 * 1024  # above it, pieces of it; a flush of up to 1 MiB (partition_log.ONE_JOB_MAX_BYTES) goes in one write
 
 
-def _sync_file_range():
+def _linux_libc_call(name: str, argtypes: list):
+    """libc's `name` (it releases the GIL while it runs), or None off Linux or without it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
+    return fn
+
+
+def _sync_file_range():
+    fn = _linux_libc_call("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
+    if fn is None:
+        return None
     flags = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | _WRITE | _WAIT_AFTER
 
     def write_back(fd: int, offset: int, nbytes: int) -> None:
@@ -110,21 +118,9 @@ def _umask_keeps_objects_readable() -> bool:
 _RENAME_NOREPLACE = 1
 
 
-def _rename_noreplace_call():
-    """renameat2(..., RENAME_NOREPLACE) (Linux): a temp file takes its name only if the
-    name is free, in one call where link + unlink took two. None where libc lacks it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_renameat2 = _rename_noreplace_call()
+# renameat2(..., RENAME_NOREPLACE): a temp file takes its name only if the name is free, in
+# one call where link + unlink took two. None where libc lacks it (then link + unlink).
+_renameat2 = _linux_libc_call("renameat2", [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint])
 
 
 class _DirHandles:
