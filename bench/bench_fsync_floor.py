@@ -4,8 +4,8 @@
 
 What a small flush of the local directory and SQLite must do before a produce is
 acknowledged (storage/local_store.py, metadata/sqlite.py), with no broker around it: a temp
-file written and fsynced, linked to its key, the directory fsynced, then one SQLite
-transaction (WAL, synchronous=FULL). Requests arrive at a steady `--rate` a second, each for
+file written and fsynced, renamed to its key (no replace), the directory fsynced, then one
+SQLite transaction (WAL, synchronous=FULL). Requests arrive at a steady `--rate` a second, each for
 the next of `--partitions` directories (the paced phase of bench/run.py had ~250-360 flushes
 a second); a round serves every request that has arrived, a segment per partition then one
 commit, on one thread as the broker's commit thread does (`--parallel`: the segments side by
@@ -18,6 +18,7 @@ flushes; `--checkpoint-between` moves SQLite's checkpoints out of the commits. `
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import sqlite3
@@ -32,9 +33,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+from kafscale.metadata import sqlite as sqlite_kv  # noqa: E402
+from kafscale.metadata.kv import Txn  # noqa: E402
 from kafscale.storage import local_store  # noqa: E402  (the merger's writes go through its own code)
 
-STEPS = ["open + write", "fsync file", "link", "fsync directory", "SQLite commit"]
+STEPS = ["open + write", "fsync file", "rename (or link)", "fsync directory", "SQLite commit"]
 
 
 def pct(values: list[float], q: float) -> float:  # nearest rank
@@ -42,39 +45,57 @@ def pct(values: list[float], q: float) -> float:  # nearest rank
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))] if ordered else float("nan")
 
 
+_dir_fds: dict[str, int] = {}  # the partition directories' kept descriptors, as the store keeps them
+
+
 def write_segment(root: str, partition: int, seq: int, body: bytes) -> list[int]:
-    """One partition's segment, as the local directory writes it; each step's ns."""
+    """One partition's segment, as the local directory writes it (names relative to the
+    directory's kept descriptor, renameat2 NOREPLACE where libc has it); each step's ns."""
     d = f"{root}/p{partition}"
+    dfd = _dir_fds.get(d)
+    if dfd is None:
+        dfd = _dir_fds[d] = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     t0 = time.perf_counter_ns()
-    tmp = f"{d}/.tmp-{seq}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    tmp = f".tmp-{seq}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
     os.writev(fd, [body])
     t1 = time.perf_counter_ns()
     os.fsync(fd)
     os.close(fd)
     t2 = time.perf_counter_ns()
-    os.link(tmp, f"{d}/{seq:020d}.kfs")
-    os.unlink(tmp)
+    if local_store._renameat2 is not None:
+        if local_store._renameat2(dfd, tmp.encode(), dfd, f"{seq:020d}.kfs".encode(), local_store._RENAME_NOREPLACE) != 0:
+            raise OSError(ctypes.get_errno(), "renameat2")
+    else:
+        os.link(tmp, f"{seq:020d}.kfs", src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.unlink(tmp, dir_fd=dfd)
     t3 = time.perf_counter_ns()
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     os.fsync(dfd)
-    os.close(dfd)
     t4 = time.perf_counter_ns()
     return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
 
 
-_UPSERT = "INSERT INTO kv (key, value, version) VALUES (?, ?, 1) ON CONFLICT(key) DO UPDATE SET value = excluded.value, version = kv.version + 1"
+_versions: dict[int, int] = {}  # each partition's state key's version: the compare holds
 
 
 def commit(db: sqlite3.Connection, partitions: dict[int, int]) -> int:
     """One transaction for the flushes of a round (the broker's group commit): a segment key
-    and the partition's state per partition; its ns."""
+    and the partition's state per partition, each partition's one guarded statement
+    (metadata/sqlite.py), alone in autocommit when the round has one partition; its ns."""
     t0 = time.perf_counter_ns()
-    db.execute("BEGIN IMMEDIATE")
-    for p, seq in partitions.items():
-        db.execute(_UPSERT, (f"p{p}/{seq:020d}", b"x" * 120))
-        db.execute(_UPSERT, (f"p{p}/state", b"y" * 80))
-    db.execute("COMMIT")
+    statements = [
+        sqlite_kv._guarded_puts(Txn(compares=[(f"p{p}/state", _versions.get(p, 0))], puts=[(f"p{p}/state", b"y" * 80), (f"p{p}/{seq:020d}", b"x" * 120)]))
+        for p, seq in partitions.items()
+    ]
+    for p in partitions:
+        _versions[p] = _versions.get(p, 0) + 1
+    if len(statements) == 1:
+        assert db.execute(*statements[0]).rowcount == 2
+    else:
+        db.execute("BEGIN IMMEDIATE")
+        for statement in statements:
+            db.execute(*statement)
+        db.execute("COMMIT")
     return time.perf_counter_ns() - t0
 
 

@@ -314,6 +314,29 @@ def install() -> None:
 
     local_store.LocalObjectStore._create_sync = _create_sync
 
+    # A tree that writes by names relative to a kept directory descriptor (874b420 on): the
+    # worker thread's start is its _create_many_sync, the link its _create_at.
+    original_create_many_sync = getattr(local_store.LocalObjectStore, "_create_many_sync", None)
+    original_create_at = getattr(local_store.LocalObjectStore, "_create_at", None)
+
+    def _create_many_sync(self, objects):
+        fl = FLUSH.get()
+        if fl is not None:
+            fl.setdefault("thread", now())
+        return original_create_many_sync(self, objects)
+
+    def _create_at(self, *args):
+        fl = FLUSH.get()
+        if fl is not None:
+            fl.setdefault("thread", now())
+        original_create_at(self, *args)
+        if fl is not None:
+            fl["linked"] = now()
+
+    if original_create_at is not None:
+        local_store.LocalObjectStore._create_many_sync = _create_many_sync
+        local_store.LocalObjectStore._create_at = _create_at
+
     original_write_all = local_store._write_all
 
     def _write_all(fd, parts):
@@ -329,8 +352,12 @@ def install() -> None:
     def fsync(fd):
         original_fsync(fd)
         fl = FLUSH.get()
-        if fl is not None and not getattr(_local, "dir", False) and "file_synced" not in fl:
+        if fl is None or getattr(_local, "dir", False):
+            return
+        if "file_synced" not in fl:
             fl["file_synced"] = now()
+        elif "linked" in fl and "dir_synced" not in fl:  # the kept directory descriptor's (no _fsync_dir)
+            fl["dir_synced"] = now()
 
     local_store.os.fsync = fsync  # the os module: every caller in this process, recorded only inside a flush
 
