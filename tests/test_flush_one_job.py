@@ -43,7 +43,7 @@ async def _values(lg) -> list[bytes]:
     return [r.value for c in chunks for pos, h in records.iter_batches(c) for r in records.decode_records(c, pos, h)]
 
 
-async def test_commit_after_runs_its_step_on_the_commit_thread_and_a_failed_step_commits_nothing(tmp_path):
+async def test_commit_after_runs_its_step_on_a_step_thread_and_a_failed_step_commits_nothing(tmp_path):
     kv = SqliteKV(tmp_path / "meta.sqlite")
     try:
         ran_on = []
@@ -63,7 +63,7 @@ async def test_commit_after_runs_its_step_on_the_commit_thread_and_a_failed_step
         )
         assert ok is True and plain is True
         assert isinstance(failed, BeforeCommitFailed) and isinstance(failed.error, OSError)
-        assert ran_on and ran_on[0].startswith("sqlite-commit")
+        assert ran_on and ran_on[0].startswith("sqlite-step")  # not the event loop's, nor the writer thread's
         assert (await kv.get("/a")).value == b"1" and (await kv.get("/c")).value == b"1"
         assert await kv.get("/b") is None
 
@@ -76,19 +76,24 @@ async def test_commit_after_runs_its_step_on_the_commit_thread_and_a_failed_step
 
 
 async def test_steps_of_one_group_run_side_by_side_before_its_commit(tmp_path):
-    """Partitions flushing at once: their steps (write and fsyncs) overlap, and every one
-    has ended before the COMMIT of the group; one failing leaves only its own txn out."""
+    """Partitions flushing at once: their steps (write and fsyncs) overlap, they start while
+    the group before theirs is still on the writer thread, and every one has ended before
+    the COMMIT of their group; one failing leaves only its own txn out."""
     kv = SqliteKV(tmp_path / "meta.sqlite")
     try:
         release = threading.Event()
         side_by_side = threading.Barrier(3, timeout=10)  # broken unless three wait at once
         ended = []
 
+        started = threading.Event()
+
         def hold():
             release.wait(10)
+            assert started.is_set()  # a queued txn's step began while this group was on the writer thread
 
         def step(name, fails=False):
             def run():
+                started.set()
                 side_by_side.wait()
                 ended.append(name)
                 if fails:
@@ -103,6 +108,7 @@ async def test_steps_of_one_group_run_side_by_side_before_its_commit(tmp_path):
             asyncio.ensure_future(kv.commit_after(step("c"), Txn(puts=[("/c", b"1")]))),
         ]
         await asyncio.sleep(0)
+        await asyncio.to_thread(started.wait, 10)
         release.set()
         assert await asyncio.wait_for(first, 10) is True
         a, b, c = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)

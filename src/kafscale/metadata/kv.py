@@ -63,7 +63,8 @@ class KV(abc.ABC):
         """commit(txn) once `before` has returned: a blocking step (writing and fsyncing the
         objects the txn names) that must be durable before the txn is. Raises
         BeforeCommitFailed, with nothing committed, when `before` raised. A backend with a
-        commit thread of its own runs `before` there (sqlite.py: one thread hop for both)."""
+        commit thread of its own runs `before` beside it, with no loop hop between the step and
+        the commit (sqlite.py)."""
         try:
             await asyncio.to_thread(before)
         except Exception as e:  # noqa: BLE001 - the step's failure, told apart from the commit's

@@ -19,7 +19,7 @@ _ROWS_PER_INSERT = 400  # two parameters a row
 _CHECKPOINT_EVERY_S = 0.5  # a checkpoint between groups at most this often
 _WAL_BOUND_PAGES = 4096  # SQLite's own checkpoint, inside a commit, only past 16 MiB of WAL
 _COMPARES_PER_STATEMENT = 50  # a transaction guarded by more goes statement by statement
-_STEPS_BESIDE = 7  # a group's `before` steps run at once: the writer thread's and up to 7 more
+_STEPS_BESIDE = 8  # `before` steps run at once (partitions flushing at once), beside the writer thread
 
 
 def _guarded_puts(txn: Txn) -> tuple[str, list] | None:
@@ -89,7 +89,7 @@ class SqliteKV(KV):
         self.checkpoints = 0  # checkpoints run between groups
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
         self._beside = ThreadPoolExecutor(_STEPS_BESIDE, thread_name_prefix="sqlite-step")
-        self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its `before` or None)
+        self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its running `before` step or None)
         self._committing = False
 
     async def get(self, key: str) -> KeyValue | None:
@@ -116,15 +116,20 @@ class SqliteKV(KV):
         return await self._enqueue(txn, None)
 
     async def commit_after(self, before, txn: Txn) -> bool:
-        """`before` runs on the writer thread just ahead of the group's transactions, so a
-        flush's file write and fsyncs and its commit cost one thread hop there and one back
-        (sqlite.py's group commit; kv.py's contract)."""
+        """`before` starts at once on a step thread; the txn joins the writer thread's next
+        group, whose COMMIT waits for it to end (kv.py's contract): no await between the two,
+        so the step does not wait for the group before it (_enqueue)."""
         return await self._enqueue(txn, before)
 
     async def _enqueue(self, txn: Txn, before) -> bool:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._queued.append((txn, done, before))
+        # The step (a flush's file write and fsyncs) starts now, on a thread of its own, not
+        # when its group reaches the writer thread: it runs while the group before commits,
+        # and the writer thread only waits for it to end before its COMMIT. Queued behind a
+        # group of steps and a commit, a flush waited about half a group for nothing (#33).
+        step = self._beside.submit(before) if before is not None else None
+        self._queued.append((txn, done, step))
         if not self._committing:
             self._start_group(loop)
         return await done
@@ -132,7 +137,7 @@ class SqliteKV(KV):
     def _start_group(self, loop: asyncio.AbstractEventLoop) -> None:
         group, self._queued = self._queued, []
         self._committing = True
-        work = self._thread.submit(self._commit_group, [(txn, before) for txn, _, before in group])
+        work = self._thread.submit(self._commit_group, [(txn, step) for txn, _, step in group])
         work.add_done_callback(lambda w: self._hand_back(loop, group, w))
 
     def _hand_back(self, loop: asyncio.AbstractEventLoop, group: list, work) -> None:
@@ -147,7 +152,7 @@ class SqliteKV(KV):
             results = work.result()
         except BaseException as e:  # noqa: BLE001 - the whole group's outcome
             results = [e] * len(group)
-        for (_, done, _before), result in zip(group, results):
+        for (_, done, _step), result in zip(group, results):
             if done.done():
                 continue
             if isinstance(result, BaseException):
@@ -172,21 +177,21 @@ class SqliteKV(KV):
 
     def _commit_group(self, txns: list[tuple[Txn, object]]) -> list:
         """On the writer thread: each txn's outcome (True, False for a failed compare, or
-        the exception it raised), all made durable by one COMMIT. The `before` steps run
-        first, side by side, all ended before the COMMIT that makes their txns durable; a
-        txn whose step raised is left out (BeforeCommitFailed)."""
+        the exception it raised), all made durable by one COMMIT. Each txn's `before` step
+        (a future: it is already running) has ended before the COMMIT that makes its txn
+        durable; a txn whose step raised is left out (BeforeCommitFailed)."""
         db = self._writer
         outcomes: list = [None] * len(txns)
-        steps = [(i, before) for i, (_txn, before) in enumerate(txns) if before is not None]
-        # The steps of a group (partitions flushing at once) run side by side: their fsyncs
-        # wait for the file system's journal together, where one after another each waited
-        # for a journal commit of its own while the whole group queued behind them (on a
-        # busy disk a round of four took 10 ms p50 against 2.6 ms side by side,
-        # bench/bench_fsync_floor.py --parallel, #33).
-        beside = [(i, self._beside.submit(before)) for i, before in steps[1:]]
-        for i, step in steps[:1] + [(i, work.result) for i, work in beside]:
+        # The steps (started when their txns were queued, _enqueue) run side by side: the
+        # fsyncs of partitions flushing at once wait for the file system's journal together,
+        # where one after another each waited for a journal commit of its own (on a busy
+        # disk a round of four took 10 ms p50 against 2.6 ms side by side,
+        # bench/bench_fsync_floor.py --parallel, #33). All have ended before the COMMIT.
+        for i, (_txn, step) in enumerate(txns):
+            if step is None:
+                continue
             try:
-                step()
+                step.result()
             except Exception as e:  # noqa: BLE001 - this txn's step, not the group's
                 outcomes[i] = BeforeCommitFailed(e)
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
