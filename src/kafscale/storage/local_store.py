@@ -138,6 +138,7 @@ class _DirHandles:
         self._lock = threading.Lock()
         self._fds: dict[str, int] = {}  # path -> fd, least recently used first
         self._users: dict[int, int] = {}  # fd -> threads using it now
+        self._dropped: set[int] = set()  # no longer kept, closed when its last user gives it back
 
     def take(self, path: str) -> int:
         with self._lock:
@@ -164,7 +165,8 @@ class _DirHandles:
                 self._users[fd] = left
             else:
                 del self._users[fd]
-                if fd not in self._fds.values():  # forgotten while in use
+                if fd in self._dropped:
+                    self._dropped.discard(fd)
                     os.close(fd)
             self._close_idle_over_bound()
 
@@ -173,10 +175,13 @@ class _DirHandles:
         with self._lock:
             if self._fds.get(path) == fd:
                 del self._fds[path]
+                self._dropped.add(fd)  # the caller still uses it
 
     def _close_idle_over_bound(self) -> None:
         over = len(self._fds) - self.MAX_OPEN
-        for path in list(self._fds)[:max(over, 0)]:
+        if over <= 0:
+            return
+        for path in list(self._fds)[:over]:
             fd = self._fds[path]
             if fd not in self._users:
                 del self._fds[path]
@@ -185,7 +190,9 @@ class _DirHandles:
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():
-                if fd not in self._users:
+                if fd in self._users:
+                    self._dropped.add(fd)
+                else:
                     os.close(fd)
             self._fds.clear()
 
