@@ -43,7 +43,7 @@ async def _values(lg) -> list[bytes]:
     return [r.value for c in chunks for pos, h in records.iter_batches(c) for r in records.decode_records(c, pos, h)]
 
 
-async def test_commit_after_runs_its_step_on_a_step_thread_and_a_failed_step_commits_nothing(tmp_path):
+async def test_commit_after_runs_its_step_before_its_commit_and_a_failed_step_commits_nothing(tmp_path):
     kv = SqliteKV(tmp_path / "meta.sqlite")
     try:
         ran_on = []
@@ -51,10 +51,15 @@ async def test_commit_after_runs_its_step_on_a_step_thread_and_a_failed_step_com
         def write_ok():
             ran_on.append(threading.current_thread().name)
 
+        failed_on = []
+
         def write_fails():
+            failed_on.append(threading.current_thread().name)
             raise OSError(28, "No space left on device")
 
-        # Queued together: one group, one COMMIT; the failed step leaves only its own txn out.
+        # The first goes alone, the writer thread idle: its step runs there. The other two
+        # queue behind it as one group, the step started at once on a step thread; the
+        # failed step leaves only its own txn out.
         ok, failed, plain = await asyncio.gather(
             kv.commit_after(write_ok, Txn(puts=[("/a", b"1")])),
             kv.commit_after(write_fails, Txn(puts=[("/b", b"1")])),
@@ -63,7 +68,8 @@ async def test_commit_after_runs_its_step_on_a_step_thread_and_a_failed_step_com
         )
         assert ok is True and plain is True
         assert isinstance(failed, BeforeCommitFailed) and isinstance(failed.error, OSError)
-        assert ran_on and ran_on[0].startswith("sqlite-step")  # not the event loop's, nor the writer thread's
+        assert ran_on and ran_on[0].startswith("sqlite-commit")
+        assert failed_on and failed_on[0].startswith("sqlite-step")
         assert (await kv.get("/a")).value == b"1" and (await kv.get("/c")).value == b"1"
         assert await kv.get("/b") is None
 

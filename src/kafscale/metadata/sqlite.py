@@ -6,7 +6,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from kafscale.metadata.kv import KV, BeforeCommitFailed, KeyValue, Txn
@@ -89,7 +89,7 @@ class SqliteKV(KV):
         self.checkpoints = 0  # checkpoints run between groups
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-commit")
         self._beside = ThreadPoolExecutor(_STEPS_BESIDE, thread_name_prefix="sqlite-step")
-        self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its running `before` step or None)
+        self._queued: list[tuple[Txn, asyncio.Future, object]] = []  # (txn, its future, its `before` step: running (a Future), to run, or None)
         self._committing = False
 
     async def get(self, key: str) -> KeyValue | None:
@@ -116,19 +116,21 @@ class SqliteKV(KV):
         return await self._enqueue(txn, None)
 
     async def commit_after(self, before, txn: Txn) -> bool:
-        """`before` starts at once on a step thread; the txn joins the writer thread's next
-        group, whose COMMIT waits for it to end (kv.py's contract): no await between the two,
-        so the step does not wait for the group before it (_enqueue)."""
+        """`before` starts at once, on the writer thread when it is idle, else on a step
+        thread; the txn joins the writer thread's next group, whose COMMIT waits for it to
+        end (kv.py's contract): the step does not wait for the group before it (_enqueue)."""
         return await self._enqueue(txn, before)
 
     async def _enqueue(self, txn: Txn, before) -> bool:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        # The step (a flush's file write and fsyncs) starts now, on a thread of its own, not
-        # when its group reaches the writer thread: it runs while the group before commits,
-        # and the writer thread only waits for it to end before its COMMIT. Queued behind a
-        # group of steps and a commit, a flush waited about half a group for nothing (#33).
-        step = self._beside.submit(before) if before is not None else None
+        # With a group on the writer thread, the step (a flush's file write and fsyncs)
+        # starts now, on a thread of its own, not when its group reaches the writer thread:
+        # it runs while the group before commits, and the writer thread only waits for it to
+        # end before its COMMIT. Queued behind a group of steps and a commit, a flush waited
+        # about half a group for nothing (#33). With the writer thread idle, its group
+        # starts now: the step runs there, first, with no thread hop of its own.
+        step = self._beside.submit(before) if before is not None and self._committing else before
         self._queued.append((txn, done, step))
         if not self._committing:
             self._start_group(loop)
@@ -178,8 +180,9 @@ class SqliteKV(KV):
     def _commit_group(self, txns: list[tuple[Txn, object]]) -> list:
         """On the writer thread: each txn's outcome (True, False for a failed compare, or
         the exception it raised), all made durable by one COMMIT. Each txn's `before` step
-        (a future: it is already running) has ended before the COMMIT that makes its txn
-        durable; a txn whose step raised is left out (BeforeCommitFailed)."""
+        (a future of one already running, or the group's first, run here) has ended before
+        the COMMIT that makes its txn durable; a txn whose step raised is left out
+        (BeforeCommitFailed)."""
         db = self._writer
         outcomes: list = [None] * len(txns)
         # The steps (started when their txns were queued, _enqueue) run side by side: the
@@ -191,7 +194,7 @@ class SqliteKV(KV):
             if step is None:
                 continue
             try:
-                step.result()
+                step.result() if isinstance(step, Future) else step()  # running on a step thread, or to run here
             except Exception as e:  # noqa: BLE001 - this txn's step, not the group's
                 outcomes[i] = BeforeCommitFailed(e)
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
