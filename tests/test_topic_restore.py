@@ -95,8 +95,10 @@ def iso(ms: int) -> str:
 
 
 def produce_round(bootstrap: str, topic: str, partition: int, items: list[tuple[int, int]], codec: str = "lz4", **conf) -> None:
-    """(i, timestamp) records key k{i}, value(i), in one compressed batch (one flush)."""
-    p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 200, "batch.num.messages": 10000, **conf})
+    """(i, timestamp) records key k{i}, value(i), in one compressed batch (one flush). The
+    linger is long (flush() sends at once): a test process stalled for longer than the
+    linger between two produce() calls would split the batch in two (seen on a busy CI)."""
+    p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5000, "batch.num.messages": 10000, **conf})
     for i, ts in items:
         p.produce(topic, key=b"k%d" % i, value=value(i), partition=partition, timestamp=ts)
     assert p.flush(30) == 0
