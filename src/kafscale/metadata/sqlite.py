@@ -198,21 +198,22 @@ class SqliteKV(KV):
             except Exception as e:  # noqa: BLE001 - this txn's step, not the group's
                 outcomes[i] = BeforeCommitFailed(e)
         pending = [i for i, outcome in enumerate(outcomes) if outcome is None]
-        if len(pending) == 1 and (guarded := _guarded_puts(txns[pending[0]][0])) is not None:
+        guarded = {i: _guarded_puts(txns[i][0]) for i in pending}
+        if len(pending) == 1 and guarded[pending[0]] is not None:
             # One statement, its own transaction (autocommit), durable when it returns:
             # a flush's commit was six statements (BEGIN, SAVEPOINT, the compare, the
             # puts, RELEASE, COMMIT), and the writer thread takes the GIL back after each,
             # waiting up to the switch interval while the event loop is busy (#33).
-            outcomes[pending[0]] = _run_guarded(db, guarded)
+            outcomes[pending[0]] = _run_guarded(db, guarded[pending[0]])
             return outcomes
         db.execute("BEGIN IMMEDIATE")
         try:
             for i in pending:
                 txn = txns[i][0]
-                if (guarded := _guarded_puts(txn)) is not None:
+                if guarded[i] is not None:
                     # one statement: it applies all of its rows or none (SQLite undoes a
                     # failed statement's changes), so it needs no savepoint of its own
-                    outcomes[i] = _run_guarded(db, guarded)
+                    outcomes[i] = _run_guarded(db, guarded[i])
                     continue
                 db.execute("SAVEPOINT txn")
                 try:

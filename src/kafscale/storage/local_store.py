@@ -219,6 +219,13 @@ def _same_bytes(data: bytes, parts: list) -> bool:
     return True
 
 
+def _same_or_taken(key: str, existing: bytes, parts: list) -> None:
+    """A create found its key taken: fine if by these bytes (a retry of its own), else
+    another writer's object (ObjectExistsError)."""
+    if not _same_bytes(existing, parts):
+        raise ObjectExistsError(f"create {key}: the key holds another writer's object")
+
+
 def _fsync_dir(path) -> None:
     """Make the names in a directory durable: a file fsynced and renamed (or linked) into
     place survives power loss only once its directory is fsynced too."""
@@ -284,16 +291,20 @@ class LocalObjectStore(ObjectStore):
             _make_dirs(Path(path).parent)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            if self._set_mode:
-                os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
-            _write_all(fd, parts)
-            os.fsync(fd)
+            self._fill(fd, parts)
         except BaseException:
             os.close(fd)
             self._discard(tmp)
             raise
         os.close(fd)
         return path, tmp
+
+    def _fill(self, fd: int, parts: list) -> None:
+        """A new temp file's mode, bytes and fsync."""
+        if self._set_mode:
+            os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
+        _write_all(fd, parts)
+        os.fsync(fd)
 
     @staticmethod
     def _discard(tmp: str) -> None:
@@ -345,9 +356,8 @@ class LocalObjectStore(ObjectStore):
             try:
                 os.link(tmp, path)
             except FileExistsError:
-                with open(path, "rb") as existing, open(tmp, "rb") as ours:
-                    if existing.read() != ours.read():
-                        raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
+                with open(path, "rb") as existing:
+                    _same_or_taken(key, existing.read(), parts)
         finally:
             self._discard(tmp)
         return path
@@ -399,10 +409,7 @@ class LocalObjectStore(ObjectStore):
         tmp = f".tmp-{os.getpid()}-{next(_TEMP_NAMES)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         try:
-            if self._set_mode:
-                os.fchmod(fd, 0o644)
-            _write_all(fd, parts)
-            os.fsync(fd)
+            self._fill(fd, parts)
         except BaseException:
             os.close(fd)
             self._discard_at(dir_fd, tmp)
@@ -427,14 +434,12 @@ class LocalObjectStore(ObjectStore):
                 return
             err = ctypes.get_errno()
             if err == errno.EEXIST:
-                if self._read_at(dir_fd, name) != self._read_at(dir_fd, tmp):
-                    raise ObjectExistsError(f"create {key}: the key holds another writer's object")
+                _same_or_taken(key, self._read_at(dir_fd, name), parts)
             elif err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it
                 try:
                     os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
                 except FileExistsError:
-                    if self._read_at(dir_fd, name) != self._read_at(dir_fd, tmp):
-                        raise ObjectExistsError(f"create {key}: the key holds another writer's object") from None
+                    _same_or_taken(key, self._read_at(dir_fd, name), parts)
             else:
                 raise OSError(err, os.strerror(err), name)
         except BaseException:
