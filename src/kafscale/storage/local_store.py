@@ -20,6 +20,16 @@ from kafscale.storage.objectstore import ObjectChangedError, ObjectExistsError, 
 _TEMP_NAMES = itertools.count()
 
 
+# An object's pages leave the page cache once it is durable (clean after the fsync, so
+# nothing is written or waited for). Nobody reads them from there soon: the broker keeps the
+# segments it writes in its own cache (storage/cache.py). Kept, they grow the page cache into
+# memory the kernel has not handed out before, and copying into such pages cost ~8x the copy
+# into pages used again (a VM faults each one in): most of the broker's CPU at 1 KiB and
+# 16 KiB records (#33, docs/performance.md "Written pages out of the page cache"). Dropped,
+# the next write reuses them. None where the platform lacks posix_fadvise.
+_DROP_PAGES = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
+
+
 def _write_all(fd: int, parts: list) -> None:
     """Write every part at the file position, in one writev when the kernel takes it all;
     an object of more than WRITE_BACK_BYTES a piece at a time, each piece sent to disk
@@ -57,6 +67,8 @@ def _write_in_pieces(fd: int, views: list) -> None:
             size += len(v)
         _writev_all(fd, piece)
         _write_back(fd, at, size)
+        if _DROP_PAGES is not None:  # written back: the next piece takes these pages again
+            os.posix_fadvise(fd, at, size, _DROP_PAGES)
         at += size
 
 
@@ -300,11 +312,13 @@ class LocalObjectStore(ObjectStore):
         return path, tmp
 
     def _fill(self, fd: int, parts: list) -> None:
-        """A new temp file's mode, bytes and fsync."""
+        """A new temp file's mode, bytes and fsync, then its pages out of the page cache."""
         if self._set_mode:
             os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
         _write_all(fd, parts)
         os.fsync(fd)
+        if _DROP_PAGES is not None:
+            os.posix_fadvise(fd, 0, 0, _DROP_PAGES)
 
     @staticmethod
     def _discard(tmp: str) -> None:
