@@ -26,8 +26,10 @@ _TEMP_NAMES = itertools.count()
 # memory the kernel has not handed out before, and copying into such pages cost ~8x the copy
 # into pages used again (a VM faults each one in): most of the broker's CPU at 1 KiB and
 # 16 KiB records (#33, docs/performance.md "Written pages out of the page cache"). Dropped,
-# the next write reuses them. None where the platform lacks posix_fadvise.
+# the next write reuses them; a read past the broker's cache comes from the disk. None
+# where the platform lacks posix_fadvise.
 _DROP_PAGES = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fadvise") else None
+_READ_AHEAD = getattr(os, "POSIX_FADV_WILLNEED", None) if hasattr(os, "posix_fadvise") else None
 
 
 def _write_all(fd: int, parts: list) -> None:
@@ -545,6 +547,10 @@ class LocalObjectStore(ObjectStore):
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         try:
             with open(self._path(key), "rb") as f:
+                if _READ_AHEAD is not None and (end is None or end > start):
+                    # Written objects are not in the page cache (_DROP_PAGES): ask for the
+                    # whole range at once rather than a readahead window at a time.
+                    os.posix_fadvise(f.fileno(), start, 0 if end is None else max(0, end - start), _READ_AHEAD)
                 f.seek(start)
                 return f.read() if end is None else f.read(max(0, end - start))
         except FileNotFoundError:
