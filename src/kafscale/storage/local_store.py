@@ -550,7 +550,7 @@ class LocalObjectStore(ObjectStore):
                 if _READ_AHEAD is not None and (end is None or end > start):
                     # Written objects are not in the page cache (_DROP_PAGES): ask for the
                     # whole range at once rather than a readahead window at a time.
-                    os.posix_fadvise(f.fileno(), start, 0 if end is None else max(0, end - start), _READ_AHEAD)
+                    os.posix_fadvise(f.fileno(), start, 0 if end is None else end - start, _READ_AHEAD)
                 f.seek(start)
                 return f.read() if end is None else f.read(max(0, end - start))
         except FileNotFoundError:
