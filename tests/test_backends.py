@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import mmap
 import os
 import random
@@ -879,6 +880,29 @@ async def test_local_store_objects_leave_the_page_cache_once_durable(tmp_path, m
         assert await store.get("t/0/seg-1.index") == data[:9000]
     finally:
         await store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="needs posix_fadvise")
+async def test_local_store_page_cache_advice_refused_fails_nothing(tmp_path, monkeypatch):
+    """posix_fadvise is advice: where the file system refuses it, objects are still created,
+    put, written in pieces and read whole (it was called, and its error went nowhere)."""
+    calls = []
+
+    def refuse(fd, offset, length, advice):
+        calls.append(advice)
+        raise OSError(errno.EINVAL, "refused")
+
+    monkeypatch.setattr(os, "posix_fadvise", refuse)
+    monkeypatch.setattr(local_store, "WRITE_BACK_BYTES", 4096)
+    store = LocalObjectStore(tmp_path / "objects")
+    try:
+        await store.create("t/0/seg-1.kfs", [b"a" * 10_000])
+        await store.put("t/0/wal-1", [b"b" * 100])
+        assert await store.get("t/0/seg-1.kfs") == b"a" * 10_000 and await store.get("t/0/wal-1") == b"b" * 100
+        assert await store.get("t/0/seg-1.kfs", 9_990, 10_000) == b"a" * 10
+    finally:
+        await store.close()
+    assert os.POSIX_FADV_DONTNEED in calls and os.POSIX_FADV_WILLNEED in calls
 
 
 @pytest.mark.parametrize("piece", [0, 1000, 4096])

@@ -32,6 +32,16 @@ _DROP_PAGES = getattr(os, "POSIX_FADV_DONTNEED", None) if hasattr(os, "posix_fad
 _READ_AHEAD = getattr(os, "POSIX_FADV_WILLNEED", None) if hasattr(os, "posix_fadvise") else None
 
 
+def _advise(fd: int, offset: int, length: int, advice: int | None) -> None:
+    """posix_fadvise, where there is one; advice only: a file system that refuses it fails
+    no write or read."""
+    if advice is not None:
+        try:
+            os.posix_fadvise(fd, offset, length, advice)
+        except OSError:
+            pass
+
+
 def _write_all(fd: int, parts: list) -> None:
     """Write every part at the file position, in one writev when the kernel takes it all;
     an object of more than WRITE_BACK_BYTES a piece at a time, each piece sent to disk
@@ -69,8 +79,7 @@ def _write_in_pieces(fd: int, views: list) -> None:
             size += len(v)
         _writev_all(fd, piece)
         _write_back(fd, at, size)
-        if _DROP_PAGES is not None:  # written back: the next piece takes these pages again
-            os.posix_fadvise(fd, at, size, _DROP_PAGES)
+        _advise(fd, at, size, _DROP_PAGES)  # written back: the next piece takes these pages again
         at += size
 
 
@@ -319,8 +328,7 @@ class LocalObjectStore(ObjectStore):
             os.fchmod(fd, 0o644)  # whatever the umask: readable as objects always were
         _write_all(fd, parts)
         os.fsync(fd)
-        if _DROP_PAGES is not None:
-            os.posix_fadvise(fd, 0, 0, _DROP_PAGES)
+        _advise(fd, 0, 0, _DROP_PAGES)
 
     @staticmethod
     def _discard(tmp: str) -> None:
@@ -547,10 +555,10 @@ class LocalObjectStore(ObjectStore):
     def _get_sync(self, key: str, start: int, end: int | None) -> bytes:
         try:
             with open(self._path(key), "rb") as f:
-                if _READ_AHEAD is not None and (end is None or end > start):
+                if end is None or end > start:
                     # Written objects are not in the page cache (_DROP_PAGES): ask for the
                     # whole range at once rather than a readahead window at a time.
-                    os.posix_fadvise(f.fileno(), start, 0 if end is None else end - start, _READ_AHEAD)
+                    _advise(f.fileno(), start, 0 if end is None else end - start, _READ_AHEAD)
                 f.seek(start)
                 return f.read() if end is None else f.read(max(0, end - start))
         except FileNotFoundError:
