@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
-import mmap
 import os
 import random
 import shutil
@@ -36,6 +34,7 @@ from kafscale.storage.local_store import LocalObjectStore
 from kafscale.storage.objectstore import ObjectExistsError, ObjectNotFound, ObjectStoreError
 from kafscale.storage.s3 import S3ObjectStore
 from kafscale.storage.segment import SegmentInfo
+from tests.support.page_cache import resident_pages, skip_unless_pages_can_be_dropped
 from tests.support.servers import free_port, start_etcd, start_moto
 from tests.support.wait import wait_until_async
 
@@ -834,48 +833,21 @@ async def test_local_store_creates_through_kept_directory_handles(tmp_path, monk
         await store.close()
 
 
-def resident_pages(path) -> tuple[int, int]:
-    """(pages of the file in the page cache, pages in all), by mincore(2) over a mapping that
-    touches none of them."""
-    size = os.path.getsize(path)
-    pages = -(-size // mmap.PAGESIZE)
-    mincore = ctypes.CDLL(None, use_errno=True).mincore
-    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
-        start = ctypes.c_char.from_buffer(mm)
-        vec = (ctypes.c_ubyte * pages)()
-        try:
-            assert mincore(ctypes.addressof(start), size, vec) == 0, os.strerror(ctypes.get_errno())
-        finally:
-            del start
-    return sum(v & 1 for v in vec), pages
-
-
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not hasattr(mmap, "MAP_PRIVATE"), reason="needs posix_fadvise and mincore")
 @pytest.mark.parametrize("piece", [0, 64 * 1024])
 async def test_local_store_objects_leave_the_page_cache_once_durable(tmp_path, monkeypatch, piece):
     """A written object's pages are dropped from the page cache after its fsync (created, put,
     and, above WRITE_BACK_BYTES, each piece as it is written back), so the next writes reuse
-    them; its bytes read back whole. A file written and fsynced the plain way beside it stays
-    cached (the check sees cached pages where there are some) until it is told to drop them
-    (where the file system does not, tmpfs, there is nothing to check)."""
+    them; its bytes read back whole. (A plainly written file beside them stays cached until
+    told to drop its pages: skip_unless_pages_can_be_dropped.)"""
+    skip_unless_pages_can_be_dropped(tmp_path)
     monkeypatch.setattr(local_store, "WRITE_BACK_BYTES", piece)
     data = random.Random(7).randbytes(1024 * 1024)
-    plain = tmp_path / "plain"
-    with open(plain, "wb") as f:
-        f.write(data)
-        os.fsync(f.fileno())
-    assert resident_pages(plain)[0] > 0  # written pages stay cached unless dropped
-    with open(plain, "rb") as f:
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    if resident_pages(plain)[0]:
-        pytest.skip("this file system keeps pages it is told to drop (tmpfs)")
     store = LocalObjectStore(tmp_path / "objects")
     try:
         await store.create_many([("t/0/seg-1.kfs", [data[:1000], memoryview(data)[1000:]]), ("t/0/seg-1.index", [data[:9000]])])
         await store.put("t/0/wal-1", [data])
         for key in ("t/0/seg-1.kfs", "t/0/seg-1.index", "t/0/wal-1"):
-            assert resident_pages(tmp_path / "objects" / key)[0] == 0, key
+            assert resident_pages(tmp_path / "objects" / key) == 0, key
         assert await store.get("t/0/seg-1.kfs") == data and await store.get("t/0/wal-1") == data
         assert await store.get("t/0/seg-1.index") == data[:9000]
     finally:
